@@ -1,0 +1,33 @@
+"""gemmkit: Triton GEMM kernels for NVIDIA Hopper, with tuned configs, tests and benchmarks.
+
+Public names are imported lazily: the Triton kernels are defined on first use, after the caller
+had the chance to choose the CPU interpreter (TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "gemm_a16w16": "gemmkit.ops.a16w16",
+    "GemmConfig": "gemmkit.core.config",
+    "select_config": "gemmkit.core.config",
+    "device_info": "gemmkit.core.device",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gemmkit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,1 @@
+"""Host-side machinery shared by all ops: devices, configs, validation, launches."""

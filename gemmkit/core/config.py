@@ -1,0 +1,205 @@
+"""GEMM configs: the type, the tuned JSON tables, and configs derived from a device's limits.
+
+Tables live in ``gemmkit/configs/<DEVICE>/<op>.json`` (DEVICE as in ``DeviceInfo.name``)::
+
+    {"buckets": {"M_LEQ_16": {...}, ..., "any": {...}},
+     "shapes":  {"4096,14336": {"M_LEQ_16": {...}, ...}}}
+
+A lookup for (M, N, K) takes the exact "N,K" entry if there is one, else the generic buckets; in
+either, the smallest bucket with M <= bound, else "any". With no table or no fitting entry the
+config is derived from the device (shared memory, SM count) and the shape. Results are cached per
+(op, M bucket, N, K, dtypes, device), so the per-call cost is one dict lookup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .device import DeviceInfo
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+# Upper bounds of the M buckets; larger M falls in "any".
+M_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+# Small-M GEMMs are dominated by host launch cost in eager mode: keep them on pointer loads, which
+# need no per-call tensor-descriptor encoding (see README, "Host cost").
+TMA_MIN_M = 128
+
+
+def m_bucket(M: int) -> str:
+    for bound in M_BUCKETS:
+        if M <= bound:
+            return f"M_LEQ_{bound}"
+    return "any"
+
+
+def bucket_bound(bucket: str) -> int | None:
+    return None if bucket == "any" else int(bucket.rsplit("_", 1)[1])
+
+
+def _pow2(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
+
+
+def next_pow2(v: int) -> int:
+    return 1 << max(0, (int(v) - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Launch parameters of the shared GEMM kernel.
+
+    BLOCK_M/N/K: tile sizes. GROUP_M: tile-rows per group of the grouped (L2-friendly) order.
+    SPLIT_K: K slices computed by separate programs and summed by a second, small kernel.
+    TMA: operand loads and output stores through tensor descriptors where the layout allows
+    (Hopper and newer); otherwise masked pointer accesses. PERSISTENT: one program per SM looping
+    over tiles, with the tile and K loops flattened into one software-pipelined loop.
+    WARP_SPECIALIZE: producer/consumer warp groups (needs TMA and PERSISTENT). EPILOGUE_SUBTILE:
+    store the tile in two halves (halves the epilogue's shared memory, freeing it for stages).
+    """
+
+    BLOCK_M: int
+    BLOCK_N: int
+    BLOCK_K: int
+    GROUP_M: int = 8
+    SPLIT_K: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    TMA: bool = False
+    PERSISTENT: bool = False
+    WARP_SPECIALIZE: bool = False
+    EPILOGUE_SUBTILE: bool = False
+
+    def __post_init__(self):
+        errors = []
+        for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or not _pow2(v) or not 16 <= v <= 512:
+                errors.append(f"{name}={v!r} must be a power of two in [16, 512]")
+        if not isinstance(self.GROUP_M, int) or self.GROUP_M < 1:
+            errors.append(f"GROUP_M={self.GROUP_M!r} must be an int >= 1")
+        if not isinstance(self.SPLIT_K, int) or not 1 <= self.SPLIT_K <= 64:
+            errors.append(f"SPLIT_K={self.SPLIT_K!r} must be an int in [1, 64]")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            errors.append(f"num_warps={self.num_warps!r} must be 1, 2, 4, 8 or 16")
+        if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
+            errors.append(f"num_stages={self.num_stages!r} must be an int in [1, 8]")
+        for name in ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE"):
+            if not isinstance(getattr(self, name), bool):
+                errors.append(f"{name} must be a bool")
+        if self.WARP_SPECIALIZE and not (self.TMA and self.PERSISTENT):
+            errors.append("WARP_SPECIALIZE needs TMA and PERSISTENT")
+        if errors:
+            raise ValueError("config: " + "; ".join(errors))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "GemmConfig":
+        if isinstance(d, GemmConfig):
+            return d
+        if not isinstance(d, dict):
+            raise TypeError(f"config must be a dict or GemmConfig, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"config: unknown keys {sorted(unknown)}; known keys: {sorted(known)}")
+        missing = {"BLOCK_M", "BLOCK_N", "BLOCK_K"} - set(d)
+        if missing:
+            raise ValueError(f"config: missing keys {sorted(missing)}")
+        return cls(**d)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def smem_bytes(self, in_bytes: float, out_bytes: int) -> int:
+        """Shared memory the pipelined loop and a TMA-store epilogue need (an estimate)."""
+        stage = (self.BLOCK_M + self.BLOCK_N) * self.BLOCK_K * in_bytes
+        epilogue = self.BLOCK_M * self.BLOCK_N * out_bytes
+        if self.EPILOGUE_SUBTILE:
+            epilogue //= 2
+        return int(stage * self.num_stages + (epilogue if self.TMA else 0))
+
+
+@functools.lru_cache(maxsize=None)
+def load_table(device_name: str, op: str) -> dict | None:
+    path = CONFIG_DIR / device_name / f"{op}.json"
+    if not path.is_file():
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def _pick_bucket(entries: dict | None, M: int) -> dict | None:
+    if not entries:
+        return None
+    best = None
+    for key, cfg in entries.items():
+        bound = bucket_bound(key)
+        if bound is not None and M <= bound and (best is None or bound < best[0]):
+            best = (bound, cfg)
+    if best is not None:
+        return best[1]
+    return entries.get("any")
+
+
+def derive_config(M: int, N: int, K: int, dev: DeviceInfo, in_bytes: float, out_bytes: int) -> GemmConfig:
+    """A config from the device's limits, for shapes and devices without a tuned entry.
+
+    BLOCK_K spans one 128-byte line of the operand (64 bf16, 128 fp8), doubled when M is small and
+    the loop only streams weights; BLOCK_M follows M; BLOCK_N shrinks until the tiles cover the
+    SMs; num_stages fills the shared memory; SPLIT_K makes up for tiles that still leave SMs idle
+    when K is long (the way OpenAI's triton_kernels picks its opt_flags).
+    """
+    small_m = M <= 64
+    block_m = min(128, max(16, next_pow2(M)))
+    block_n = 64 if small_m else (256 if M >= 1024 and N >= 4096 else 128)
+    block_n = min(block_n, max(16, next_pow2(N)))
+    tiles = lambda bn: -(-M // block_m) * -(-N // bn)  # noqa: E731
+    while small_m and block_n > 32 and tiles(block_n) < dev.num_sms:
+        block_n //= 2
+    block_k = max(16, int(128 // in_bytes))
+    if small_m and K >= 8 * block_k:
+        block_k *= 2
+    block_k = min(block_k, max(16, next_pow2(K)))
+    num_warps = 8 if block_m * block_n >= 128 * 256 else 4
+    use_tma = dev.has_tma and M >= TMA_MIN_M
+    work = tiles(block_n)
+    split_k = 1
+    k_tiles = -(-K // block_k)
+    if work < dev.num_sms and k_tiles >= 8:
+        split_k = max(1, min(dev.num_sms // work, k_tiles // 4, 16))
+    persistent = use_tma and split_k == 1 and work > dev.num_sms
+    subtile = use_tma and block_n >= 128 and block_m >= 128
+    cfg = GemmConfig(block_m, block_n, block_k, 8, split_k, num_warps, 2, use_tma, persistent, False, subtile)
+    budget = dev.smem_per_block - 8 * 1024  # barriers, reduction scratch
+    stages = 2
+    while stages < 6 and dataclasses.replace(cfg, num_stages=stages + 1).smem_bytes(in_bytes, out_bytes) <= budget:
+        stages += 1
+    return dataclasses.replace(cfg, num_stages=stages)
+
+
+@functools.lru_cache(maxsize=8192)
+def _select(op: str, bucket: str, N: int, K: int, dev: DeviceInfo, in_bytes: float, out_bytes: int) -> GemmConfig:
+    table = load_table(dev.name, op)
+    M = bucket_bound(bucket) or 2 * M_BUCKETS[-1]
+    if table is not None:
+        for entries in (table.get("shapes", {}).get(f"{N},{K}"), table.get("buckets")):
+            cfg = _pick_bucket(entries, M)
+            if cfg is not None:
+                return GemmConfig.from_dict(cfg)
+    return derive_config(M, N, K, dev, in_bytes, out_bytes)
+
+
+def select_config(op: str, M: int, N: int, K: int, dev: DeviceInfo, in_bytes: float, out_bytes: int) -> GemmConfig:
+    """The config for this op and shape on this device: tuned entry, else derived."""
+    return _select(op, m_bucket(M), N, K, dev, in_bytes, out_bytes)
+
+
+def clear_caches() -> None:
+    """Forget loaded tables and selections (after the tuner rewrote a table)."""
+    load_table.cache_clear()
+    _select.cache_clear()

@@ -1,0 +1,233 @@
+"""Host side of the shared dense GEMM: plans, operand layouts, TMA descriptors, grid, launch.
+
+A `DensePlan` holds everything about a call that depends only on shapes, strides, dtypes,
+devices and pointer alignments. Ops build one after validating their arguments and cache it under
+`plan_key(...)`; a repeated call with the same key skips validation, config lookup and Triton's
+argument binding, and costs one dict lookup plus the launch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import GemmConfig, select_config
+from .device import DeviceInfo
+from .launcher import launch_compiled, launch_jit, profiling_hooks_active
+
+_INT32_MAX = 2**31 - 1
+_SPLITK_REDUCE_BLOCK = (32, 128)
+_kernels: dict = {}
+
+
+def _jit_kernels():
+    """The Triton kernels, imported on first use: TRITON_INTERPRET is read when they are defined."""
+    if not _kernels:
+        from ..kernels.gemm import gemm_kernel, splitk_reduce_kernel
+
+        _kernels["gemm"], _kernels["reduce"] = gemm_kernel, splitk_reduce_kernel
+    return _kernels["gemm"], _kernels["reduce"]
+
+
+# ---------------------------------------------------------------------------------------------
+# plan cache keys
+
+
+def _facts(t):
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15, t.requires_grad)
+
+
+def plan_key(tensors, extras):
+    """A hashable key covering every fact a plan depends on, or None (then: build a plan, which
+    validates and raises on bad input). Includes the grad mode: plans refuse autograd inputs."""
+    try:
+        key = (tuple(map(_facts, tensors)), extras, torch.is_grad_enabled())
+        hash(key)
+        return key
+    except (AttributeError, TypeError):
+        return None
+
+
+class PlanCache(dict):
+    """Plans by key, bounded: a serving process sees many distinct M values."""
+
+    def __init__(self, capacity: int = 4096):
+        super().__init__()
+        self.capacity = capacity
+
+    def add(self, key, plan):
+        if key is not None:
+            if len(self) >= self.capacity:
+                self.clear()
+            self[key] = plan
+        return plan
+
+
+# ---------------------------------------------------------------------------------------------
+# layouts and descriptors
+
+
+def operand_layout(t: torch.Tensor):
+    """(k_major, stride_rows, stride_k) of a 2-D operand (rows, K) with a unit-stride dimension.
+
+    A size-1 dimension may have any stride; it is given the stride of a contiguous layout.
+    Returns None when neither dimension has unit stride.
+    """
+    R, Kd = t.shape
+    sr, sk = t.stride()
+    if sk == 1 or Kd == 1:
+        return True, (sr if R > 1 else max(Kd, 1)), 1
+    if sr == 1 or R == 1:
+        return False, 1, (sk if Kd > 1 else max(R, 1))
+    return None
+
+
+def _tma_ok(t: torch.Tensor, outer_stride: int, block) -> bool:
+    return t.data_ptr() % 16 == 0 and (outer_stride * t.element_size()) % 16 == 0 and max(block) <= 256
+
+
+class _Descriptor:
+    """Builds the host TensorDescriptor of one operand per call. Its layout was validated when the
+    plan was built and the plan key pins it, so later calls skip TensorDescriptor's checks."""
+
+    def __init__(self, shape, strides, block, transposed: bool):
+        self.shape, self.strides, self.block, self.transposed = list(shape), list(strides), list(block), transposed
+
+    def __call__(self, t: torch.Tensor, checked: bool):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        if not checked:
+            return TensorDescriptor(t, self.shape, self.strides, self.block)
+        d = object.__new__(TensorDescriptor)
+        d.base, d.shape, d.strides, d.block_shape, d.padding = t, self.shape, self.strides, self.block, "zero"
+        return d
+
+
+def _operand_descriptor(t, layout, block_r, block_k):
+    R, Kd = t.shape
+    k_major, s_r, s_k = layout
+    if k_major and _tma_ok(t, s_r, (block_r, block_k)):
+        return _Descriptor((R, Kd), (s_r, 1), (block_r, block_k), False)
+    if not k_major and _tma_ok(t, s_k, (block_r, block_k)):
+        return _Descriptor((Kd, R), (s_k, 1), (block_k, block_r), True)
+    return None
+
+
+def _max_offset(t: torch.Tensor) -> int:
+    return sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
+
+
+def resolve_config(op: str, config, M: int, N: int, K: int, dev: DeviceInfo, in_bytes, out_bytes) -> GemmConfig:
+    if config is None:
+        return select_config(op, M, N, K, dev, in_bytes, out_bytes)
+    if isinstance(config, GemmConfig):
+        return config
+    if isinstance(config, dict):
+        return GemmConfig.from_dict(config)
+    raise TypeError(f"config must be None, a dict or a GemmConfig, got {type(config).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan
+
+
+class DensePlan:
+    """y (M, N) = activation(x (M, K) @ w (N, K)^T * scales + bias) for fixed tensor facts.
+
+    Built from validated example arguments (M, N, K >= 1). Call it with tensors that have the
+    same facts (the plan key guarantees it). `out_shape`: the shape returned to the user ((M, N)
+    or (*, N)); x is reshaped to (M, K) when `flatten_x`.
+    """
+
+    def __init__(self, x2, w, y2, bias, activation: str, cfg: GemmConfig, dev: DeviceInfo, *,
+                 out_dtype, out_shape, flatten_x: bool, a_scale=None, b_scale=None,
+                 a_scale_mode: int = 0, b_scale_mode: int = 0):
+        M, K = x2.shape
+        N = w.shape[0]
+        self.M, self.N, self.K = M, N, K
+        self.cfg = cfg
+        self.out_dtype, self.out_shape, self.flatten_x = out_dtype, tuple(out_shape), flatten_x
+        self.device = x2.device
+        self.device_index = x2.device.index or 0
+        self.cuda = x2.device.type == "cuda"
+        self.int_dot = x2.dtype == torch.int8
+        bm, bn, bk = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
+        split_k = cfg.SPLIT_K if cfg.SPLIT_K * M * N <= _INT32_MAX else 1
+        self.split_k = split_k
+
+        x_layout, w_layout = operand_layout(x2), operand_layout(w)
+        want_tma = cfg.TMA and dev.has_tma
+        self.a_desc = _operand_descriptor(x2, x_layout, bm, bk) if want_tma else None
+        self.b_desc = _operand_descriptor(w, w_layout, bn, bk) if want_tma else None
+        self.c_desc = None
+        s_cm, s_cn = y2.stride()
+        if split_k == 1 and want_tma and (s_cn == 1 or N == 1):
+            bn_store = bn // 2 if cfg.EPILOGUE_SUBTILE else bn
+            s_cm_eff = s_cm if M > 1 else N
+            if _tma_ok(y2, s_cm_eff, (bm, bn_store)):
+                self.c_desc = _Descriptor((M, N), (s_cm_eff, 1), (bm, bn_store), False)
+        index_64 = max(_max_offset(x2), _max_offset(w), _max_offset(y2)) > _INT32_MAX
+
+        num_work = -(-M // bm) * -(-N // bn) * split_k
+        self.grid = (min(num_work, dev.num_sms) if cfg.PERSISTENT else num_work, 1, 1)
+        flatten = cfg.PERSISTENT and split_k == 1
+        warp_specialize = cfg.WARP_SPECIALIZE and flatten and self.a_desc is not None and self.b_desc is not None
+        a_km, s_am, s_ak = x_layout
+        b_km, s_bn, s_bk = w_layout
+        # gemm_kernel's parameters after (a, b, c, bias, a_scale, b_scale), in signature order
+        self.gemm_tail = (
+            M, N, K, s_am, s_ak, s_bn, s_bk, s_cm, s_cn,
+            bm, bn, bk, cfg.GROUP_M, split_k,
+            self.a_desc is not None, a_km, self.b_desc is not None, b_km, self.c_desc is not None,
+            K % bk == 0, index_64, self.int_dot,
+            a_scale_mode, b_scale_mode, activation,
+            flatten, warp_specialize, cfg.EPILOGUE_SUBTILE and split_k == 1,
+        )
+        rbm, rbn = _SPLITK_REDUCE_BLOCK
+        self.reduce_grid = (-(-M // rbm), -(-N // rbn), 1)
+        self.reduce_tail = (M, N, s_cm, s_cn, split_k, rbm, rbn, index_64, a_scale_mode, b_scale_mode, activation)
+        self.ws_shape = (split_k, M, N)
+        self.ws_dtype = torch.int32 if self.int_dot else torch.float32
+        self.gemm_kernel = None  # compiled kernels, after the first launch
+        self.reduce_kernel = None
+
+    def __call__(self, x, w, bias=None, y=None, a_scale=None, b_scale=None):
+        if self.cuda and torch.cuda.current_device() != self.device_index:
+            with torch.cuda.device(self.device_index):
+                return self._run(x, w, bias, y, a_scale, b_scale)
+        return self._run(x, w, bias, y, a_scale, b_scale)
+
+    def _run(self, x, w, bias, y, a_scale, b_scale):
+        if self.flatten_x:
+            x = x.reshape(self.M, self.K)
+        if y is None:
+            out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+        else:
+            out = y
+        y2 = out.view(self.M, self.N) if len(self.out_shape) != 2 else out
+        ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=self.device) if self.split_k > 1 else None
+        direct = self.gemm_kernel is not None and not profiling_hooks_active()  # None when interpreted
+        a = self.a_desc(x, direct) if self.a_desc is not None else x
+        b = self.b_desc(w, direct) if self.b_desc is not None else w
+        c = ws if ws is not None else (self.c_desc(y2, direct) if self.c_desc is not None else y2)
+        gemm, reduce = _jit_kernels()
+        cfg = self.cfg
+        if direct:
+            launch_compiled(self.gemm_kernel, self.grid, (
+                _ptr(a), _ptr(b), _ptr(c), _ptr(bias), _ptr(a_scale), _ptr(b_scale), *self.gemm_tail,
+            ), self.device_index)
+        else:
+            self.gemm_kernel = launch_jit(gemm, self.grid, (a, b, c, bias, a_scale, b_scale, *self.gemm_tail),
+                                          cfg.num_warps, cfg.num_stages)
+        if ws is not None:
+            if direct and self.reduce_kernel is not None:
+                launch_compiled(self.reduce_kernel, self.reduce_grid, (
+                    ws.data_ptr(), y2.data_ptr(), _ptr(bias), _ptr(a_scale), _ptr(b_scale), *self.reduce_tail,
+                ), self.device_index)
+            else:
+                self.reduce_kernel = launch_jit(reduce, self.reduce_grid,
+                                                (ws, y2, bias, a_scale, b_scale, *self.reduce_tail), 4, 1)
+        return out
+
+
+def _ptr(t):
+    return t.data_ptr() if isinstance(t, torch.Tensor) else t

@@ -1,0 +1,50 @@
+"""Kernel launches: through Triton the first time, directly afterwards.
+
+`kernel[grid](...)` re-binds and re-specializes every argument, rebuilds its cache key, computes
+launch metadata and asks the driver, for every tensor, which device its pointer lives on. On the
+H100 machine's host that costs more than a decode-sized GEMM (see README, "Host cost"). gemmkit
+launches through Triton once per plan (a set of shapes, strides, dtypes, devices and pointer
+alignments: everything Triton specializes on) and then calls the compiled kernel directly with
+raw pointers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .device import interpreter_active
+from .interpreter import apply_interpreter_fixes
+
+
+_runtime_knobs = None
+
+
+def profiling_hooks_active() -> bool:
+    """True while a profiler (e.g. proton) hooks kernel launches: then launch the regular way."""
+    global _runtime_knobs
+    if _runtime_knobs is None:
+        from triton import knobs
+
+        _runtime_knobs = knobs.runtime
+    hook = _runtime_knobs.launch_enter_hook
+    return bool(getattr(hook, "calls", hook))  # a HookChain in triton >= 3.5, else a callable or None
+
+
+def launch_jit(fn, grid, args, num_warps: int, num_stages: int):
+    """Launch a @triton.jit function the regular way; returns the compiled kernel (None when
+    interpreted). `args`: every parameter in signature order, tensors as tensors."""
+    if interpreter_active():
+        apply_interpreter_fixes()
+        fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
+        return None
+    return fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
+
+
+def launch_compiled(kernel, grid, args, device_index: int) -> None:
+    """Launch a compiled kernel on the current stream. `args` as for `launch_jit`, except that
+    pointers may be raw ints (data_ptr()). The caller guarantees that `args` has the
+    specialization the kernel was compiled for."""
+    kernel.run(
+        grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device_index),
+        kernel.function, kernel.packed_metadata, None, None, None, *args,
+    )

@@ -1,0 +1,158 @@
+"""Argument checks shared by the ops. Every check runs before any launch and names the argument."""
+
+from __future__ import annotations
+
+import torch
+
+from .config import GemmConfig
+from .device import interpreter_active
+
+ACTIVATIONS = ("none", "relu", "gelu_tanh", "silu")
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_tensor(name: str, t, dtypes=None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None and t.dtype not in dtypes:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; expected one of: {allowed}")
+    return t
+
+
+def check_devices(**tensors) -> torch.device:
+    """All given tensors on one device, a CUDA one (or the CPU under TRITON_INTERPRET=1)."""
+    device = None
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        check_tensor(name, t)
+        if device is None:
+            device, first = t.device, name
+            if device.type == "cuda":
+                continue
+            if device.type == "cpu" and interpreter_active():
+                continue
+            raise ValueError(
+                f"{name} is on {device}: gemmkit kernels run on CUDA devices "
+                "(CPU tensors only under the Triton interpreter, TRITON_INTERPRET=1)"
+            )
+        elif t.device != device:
+            raise ValueError(f"{name} is on {t.device} but {first} is on {device}")
+    return device
+
+
+def check_activation(activation) -> str:
+    if activation is None:
+        return "none"
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        raise ValueError(f"activation={activation!r} is not one of {ACTIVATIONS} (or None)")
+    return activation
+
+
+def check_out_dtype(out_dtype, y, default: torch.dtype) -> torch.dtype:
+    if out_dtype is None:
+        out_dtype = y.dtype if isinstance(y, torch.Tensor) else default
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype={out_dtype} is not one of bfloat16, float16, float32")
+    return out_dtype
+
+
+def as_rows(name: str, x: torch.Tensor):
+    """(*, K) -> ((M, K) view or copy, leading shape). A 1-D x is one row."""
+    if x.ndim == 0:
+        raise ValueError(f"{name} must have at least 1 dimension, got a 0-d tensor")
+    if x.ndim == 2:
+        return x, x.shape[:1]
+    return x.reshape(-1, x.shape[-1]), x.shape[:-1]
+
+
+def check_weight(name: str, w: torch.Tensor, K: int) -> int:
+    if w.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (N, K), got shape {tuple(w.shape)}")
+    if w.shape[1] != K:
+        raise ValueError(f"{name} has shape {tuple(w.shape)}: its K ({w.shape[1]}) differs from x's ({K})")
+    return w.shape[0]
+
+
+def check_bias(bias, N: int, dtypes) -> None:
+    if bias is None:
+        return
+    check_tensor("bias", bias, dtypes)
+    if bias.ndim != 1 or bias.shape[0] != N:
+        raise ValueError(f"bias must have shape ({N},), got {tuple(bias.shape)}")
+    if N > 1 and bias.stride(0) != 1:
+        raise ValueError("bias must have unit stride (call .contiguous())")
+
+
+def check_layout(name: str, t: torch.Tensor) -> None:
+    from .dense import operand_layout
+
+    if operand_layout(t) is None:
+        raise ValueError(f"{name} needs one dimension with unit stride (call .contiguous())")
+
+
+def check_no_autograd(**tensors) -> None:
+    if torch.is_grad_enabled():
+        for name, t in tensors.items():
+            if t is not None and t.requires_grad:
+                raise ValueError(
+                    f"{name} requires grad, but gemmkit ops have no backward: call them under "
+                    "torch.no_grad() / torch.inference_mode(), or pass detached tensors"
+                )
+
+
+def config_key(config):
+    """A hashable stand-in for `config` in plan keys (a fresh object when it has none)."""
+    if config is None or isinstance(config, GemmConfig):
+        return config
+    if isinstance(config, dict):
+        try:
+            return tuple(sorted(config.items()))
+        except TypeError:
+            pass
+    return object()
+
+
+def check_out(y, lead, M: int, N: int, dtype: torch.dtype, device: torch.device):
+    """Check a user-given y; returns it as (M, N), or None when y is None."""
+    if y is None:
+        return None
+    check_tensor("y", y)
+    if tuple(y.shape) != (*lead, N):
+        raise ValueError(f"y must have shape {(*lead, N)}, got {tuple(y.shape)}")
+    if y.dtype != dtype:
+        raise TypeError(f"y has dtype {y.dtype} but the result dtype is {dtype}")
+    if y.device != device:
+        raise ValueError(f"y is on {y.device} but x is on {device}")
+    if y.ndim == 2:
+        return y
+    try:
+        return y.view(M, N)
+    except RuntimeError:
+        raise ValueError("y's leading dimensions cannot be flattened without a copy") from None
+
+
+class DegeneratePlan:
+    """M, N or K is zero: an empty result, or (K == 0) activation(bias) broadcast; no kernel."""
+
+    def __init__(self, out_shape, dtype, device, activation):
+        self.out_shape, self.dtype, self.device, self.activation = tuple(out_shape), dtype, device, activation
+
+    def __call__(self, x, w, bias=None, y=None, *scales):
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device) if y is None else y
+        if out.numel():
+            acc = torch.zeros(self.out_shape, dtype=torch.float32, device=self.device)
+            if bias is not None:
+                acc += bias.float()
+            out.copy_(_TORCH_ACTIVATIONS[self.activation](acc))
+        return out
+
+
+_TORCH_ACTIVATIONS = {
+    "none": lambda t: t,
+    "relu": torch.relu,
+    "silu": torch.nn.functional.silu,
+    "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+}

@@ -1,0 +1,90 @@
+"""Tile loads and stores, through TMA tensor descriptors or masked pointers.
+
+Both operands of C = A @ B^T are addressed the same way: as a logical (rows, K) matrix, A as (M, K)
+and B as (N, K) (the nn.Linear weight layout). A load returns a (BLOCK_R, BLOCK_K) tile.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_k_tile(
+    src,
+    off_r,
+    off_k,
+    R,
+    K,
+    stride_r,
+    stride_k,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    TMA: tl.constexpr,
+    K_MAJOR: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    INDEX_64: tl.constexpr,
+):
+    """Load the (BLOCK_R, BLOCK_K) tile at (off_r, off_k) of a logical (R, K) operand.
+
+    TMA: `src` is a tensor descriptor over the storage, (R, K) if K_MAJOR else (K, R) (then the
+    tile is transposed on the way, which is free: it only changes the shared-memory layout).
+    Elements past R or K read as zero.
+    Pointers: `src` points at element (0, 0). Elements past K read as zero; rows past R are either
+    clamped to row 0 (K-major: the results of those rows are never stored) or masked.
+    """
+    if TMA:
+        if K_MAJOR:
+            tile = src.load([off_r, off_k])
+        else:
+            tile = src.load([off_k, off_r]).T
+    else:
+        rk = tl.max_contiguous(tl.multiple_of(off_k + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
+        rr = off_r + tl.arange(0, BLOCK_R)
+        if K_MAJOR:
+            rr = tl.where(rr < R, rr, 0)
+        else:
+            rr = tl.max_contiguous(tl.multiple_of(rr, BLOCK_R), BLOCK_R)
+        if INDEX_64:
+            rr = rr.to(tl.int64)
+            rk = rk.to(tl.int64)
+        ptrs = src + rr[:, None] * stride_r + rk[None, :] * stride_k
+        if K_MAJOR:
+            if EVEN_K:
+                tile = tl.load(ptrs)
+            else:
+                tile = tl.load(ptrs, mask=rk[None, :] < K, other=0.0)
+        else:
+            if EVEN_K:
+                tile = tl.load(ptrs, mask=rr[:, None] < R, other=0.0)
+            else:
+                tile = tl.load(ptrs, mask=(rr[:, None] < R) & (rk[None, :] < K), other=0.0)
+    return tile
+
+
+@triton.jit
+def store_tile(
+    dst,
+    value,
+    off_m,
+    off_n,
+    M,
+    N,
+    stride_m,
+    stride_n,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TMA: tl.constexpr,
+    INDEX_64: tl.constexpr,
+):
+    """Store a (BLOCK_M, BLOCK_N) tile at (off_m, off_n) of an (M, N) matrix; out-of-range
+    elements are dropped. TMA: `dst` is a descriptor with block [BLOCK_M, BLOCK_N]."""
+    if TMA:
+        dst.store([off_m, off_n], value)
+    else:
+        rm = tl.max_contiguous(tl.multiple_of(off_m + tl.arange(0, BLOCK_M), BLOCK_M), BLOCK_M)
+        rn = tl.max_contiguous(tl.multiple_of(off_n + tl.arange(0, BLOCK_N), BLOCK_N), BLOCK_N)
+        if INDEX_64:
+            rm = rm.to(tl.int64)
+            rn = rn.to(tl.int64)
+        ptrs = dst + rm[:, None] * stride_m + rn[None, :] * stride_n
+        tl.store(ptrs, value, mask=(rm[:, None] < M) & (rn[None, :] < N))

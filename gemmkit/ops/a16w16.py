@@ -1,0 +1,59 @@
+"""A16W16: bf16/fp16 activations and weights, fp32 accumulation."""
+
+from __future__ import annotations
+
+import torch
+
+from ..core import validate as v
+from ..core.dense import DensePlan, PlanCache, plan_key, resolve_config
+from ..core.device import device_info
+
+OP = "a16w16"
+_IN_DTYPES = (torch.bfloat16, torch.float16)
+_BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_plans = PlanCache()
+
+
+def gemm_a16w16(x, w, bias=None, *, activation=None, out_dtype=None, y=None, config=None):
+    """activation(x @ w.T + bias), like ``F.linear`` followed by an activation.
+
+    x: (M, K) (or (*, K), or (K,)), bf16 or fp16. w: (N, K), the dtype of x (nn.Linear.weight).
+    bias: (N,), bf16/fp16/fp32, or None. activation: None, "relu", "gelu_tanh" or "silu".
+    out_dtype: bf16, fp16 or fp32; default: y's dtype if y is given, else x's.
+    y: optional preallocated output of shape (M, N) (or (*, N)), written and returned.
+    config: None (tuned table, else derived from the device), a dict or a GemmConfig.
+    Each operand needs one unit-stride dimension (row- or column-major, any other stride).
+    Accumulation is fp32; the result is rounded once to out_dtype. No autograd.
+    """
+    key = plan_key((x, w, bias, y), (activation, out_dtype, v.config_key(config)))
+    plan = _plans.get(key) if key is not None else None
+    if plan is None:
+        plan = _plans.add(key, _make_plan(x, w, bias, y, activation, out_dtype, config))
+    return plan(x, w, bias, y)
+
+
+def _make_plan(x, w, bias, y, activation, out_dtype, config):
+    v.check_tensor("x", x, _IN_DTYPES)
+    v.check_tensor("w", w, _IN_DTYPES)
+    if w.dtype != x.dtype:
+        raise TypeError(f"w has dtype {w.dtype} but x has {x.dtype}; both must be the same 16-bit type")
+    activation = v.check_activation(activation)
+    device = v.check_devices(x=x, w=w, bias=bias, y=y)
+    v.check_no_autograd(x=x, w=w, bias=bias)
+    x2, lead = v.as_rows("x", x)
+    M, K = x2.shape
+    N = v.check_weight("w", w, K)
+    v.check_bias(bias, N, _BIAS_DTYPES)
+    out_dtype = v.check_out_dtype(out_dtype, y, x.dtype)
+    y2 = v.check_out(y, lead, M, N, out_dtype, device)
+    if M == 0 or N == 0 or K == 0:
+        return v.DegeneratePlan((*lead, N), out_dtype, device, activation)
+    v.check_layout("x", x2)
+    v.check_layout("w", w)
+    if y2 is not None:
+        v.check_layout("y", y2)
+    dev = device_info(device)
+    cfg = resolve_config(OP, config, M, N, K, dev, x.element_size(), out_dtype.itemsize)
+    example_y = y2 if y2 is not None else torch.empty((M, N), dtype=out_dtype, device=device)
+    return DensePlan(x2, w, example_y, bias, activation, cfg, dev, out_dtype=out_dtype,
+                     out_shape=(*lead, N), flatten_x=x.ndim != 2)

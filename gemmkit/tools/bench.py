@@ -1,0 +1,237 @@
+"""`gemmkit bench`: gemmkit against the torch baseline, same inputs, same run.
+
+For each shape: check gemmkit's result (and the baseline's) against a float32 reference, then
+time both under CUDA-graph replay (kernel time) and as back-to-back eager calls (per-call time,
+host cost included), with inputs rotating over sets larger than the L2. Prints a table with
+ratios (baseline time / gemmkit time: above 1 means gemmkit is faster), TFLOP/s, GB/s and % of
+roofline (max of FLOP time and byte time at the device's datasheet peaks over measured time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from ..core.device import device_info
+from .registry import get_op, model_shapes
+from .timing import time_eager_us, time_graph_us
+from .tune import input_sets, rel_error
+
+DEFAULT_MODELS = ["llama3-8b", "llama3-70b"]
+DEFAULT_M = [1, 16, 64, 256, 1024, 4096]
+DEFAULT_SQUARES = [(4096, 4096, 4096), (8192, 8192, 8192)]
+
+
+def geomean(values):
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def commit_id() -> str:
+    if os.environ.get("GEMMKIT_COMMIT"):
+        return os.environ["GEMMKIT_COMMIT"]
+    root = Path(__file__).resolve().parents[2]
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        return rev + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def measure(op, label, M, N, K, dtype, dev, rep_ms, eager: bool) -> dict:
+    sets = input_sets(op, M, N, K, dtype, dev)
+    ref = op.reference(sets[0])
+    row = {"shape": label, "M": M, "N": N, "K": K, "dtype": dtype,
+           "err": rel_error(op.run(sets[0]), ref), "base_err": rel_error(op.baseline(sets[0]), ref)}
+    row["ok"] = row["err"] < op.tolerance
+    row["graph_us"] = time_graph_us([lambda s=s: op.run(s) for s in sets], rep_ms=rep_ms)
+    row["base_graph_us"] = time_graph_us([lambda s=s: op.baseline(s) for s in sets], rep_ms=rep_ms)
+    if eager:
+        row["eager_us"] = time_eager_us([lambda s=s: op.run(s) for s in sets])
+        row["base_eager_us"] = time_eager_us([lambda s=s: op.baseline(s) for s in sets])
+    flops = 2.0 * M * N * K
+    nbytes = (M * K + N * K) * op.in_bytes + M * N * op.out_bytes
+    row["tflops"] = flops / row["graph_us"] / 1e6
+    row["base_tflops"] = flops / row["base_graph_us"] / 1e6
+    row["gbps"] = nbytes / row["graph_us"] / 1e3
+    peak_f, peak_b = dev.peak_tflops(op.operand_bits), dev.peak_tbps()
+    if peak_f and peak_b:
+        floor_us = max(flops / (peak_f * 1e6), nbytes / (peak_b * 1e6))
+        row["roofline_pct"] = 100.0 * floor_us / row["graph_us"]
+    row["ratio"] = row["base_graph_us"] / row["graph_us"]
+    if eager:
+        row["eager_ratio"] = row["base_eager_us"] / row["eager_us"]
+    del sets
+    torch.cuda.empty_cache()
+    return row
+
+
+def _fmt(v, nd=1):
+    return "-" if v is None else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
+
+
+def table_lines(rows, eager: bool) -> list[str]:
+    head = ["shape", "M", "N", "K", "graph µs", "base µs", "ratio"]
+    if eager:
+        head += ["eager µs", "base eager µs", "eager ratio"]
+    head += ["TFLOP/s", "GB/s", "% roofline", "rel err"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [r["shape"], r["M"], r["N"], r["K"], _fmt(r["graph_us"]), _fmt(r["base_graph_us"]), _fmt(r["ratio"], 2)]
+        if eager:
+            cells += [_fmt(r.get("eager_us")), _fmt(r.get("base_eager_us")), _fmt(r.get("eager_ratio"), 2)]
+        cells += [_fmt(r["tflops"]), _fmt(r["gbps"], 0), _fmt(r.get("roofline_pct"), 0),
+                  f"{r['err']:.1e}" + ("" if r["ok"] else " FAIL")]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return lines
+
+
+def summary_lines(rows, eager: bool) -> list[str]:
+    out = []
+
+    def add(name, sel, key="ratio"):
+        vals = [r[key] for r in rows if sel(r) and key in r]
+        if vals:
+            out.append(f"- {name}: geomean {geomean(vals):.3f}, min {min(vals):.3f} ({len(vals)} shapes)")
+
+    add("graph ratio, all shapes", lambda r: True)
+    add("graph ratio, M <= 16", lambda r: r["M"] <= 16)
+    add("graph ratio, M >= 1024", lambda r: r["M"] >= 1024)
+    if eager:
+        add("eager ratio, all shapes", lambda r: True, "eager_ratio")
+        add("eager ratio, M = 1", lambda r: r["M"] == 1, "eager_ratio")
+    bad = [r["shape"] + f" M={r['M']}" for r in rows if not r["ok"]]
+    out.append("- correctness: " + ("all results within tolerance" if not bad else "FAILED: " + ", ".join(bad)))
+    return out
+
+
+def plot(rows, metric: str, path: Path, title: str) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("--plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
+        return
+    key = {"time": ("graph_us", "base_graph_us", "µs (graph replay)"),
+           "tflops": ("tflops", "base_tflops", "TFLOP/s"),
+           "bandwidth": ("gbps", None, "GB/s")}[metric]
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["shape"], r["N"], r["K"]), []).append(r)
+    n = len(groups)
+    cols = min(4, n)
+    fig, axes = plt.subplots(-(-n // cols), cols, figsize=(4.2 * cols, 3.2 * -(-n // cols)), squeeze=False)
+    for ax, ((label, N, K), rs) in zip(axes.flat, groups.items()):
+        rs = sorted(rs, key=lambda r: r["M"])
+        ms = [r["M"] for r in rs]
+        ax.plot(ms, [r[key[0]] for r in rs], "o-", label="gemmkit")
+        if key[1]:
+            ax.plot(ms, [r[key[1]] for r in rs], "s--", label="torch")
+        else:
+            ax.plot(ms, [r["gbps"] * r["ratio"] for r in rs], "s--", label="torch")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{label} (N={N}, K={K})", fontsize=8)
+        ax.set_xlabel("M")
+        ax.set_ylabel(key[2])
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def run_demo() -> int:
+    from . import demo
+
+    return demo.main()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="gemmkit bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("op", nargs="?", default="a16w16")
+    p.add_argument("--shape", type=int, nargs=3, action="append", metavar=("M", "N", "K"), default=None)
+    p.add_argument("--model", nargs="+", default=None, help="models from gemmkit/tools/models.json")
+    p.add_argument("--m-sweep", type=int, nargs="+", default=None, help="M values for --model shapes")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--metric", choices=["time", "tflops", "bandwidth"], default="tflops", help="what --plot shows")
+    p.add_argument("--rep-ms", type=float, default=25)
+    p.add_argument("--no-eager", action="store_true", help="skip the eager per-call timing")
+    p.add_argument("--csv", type=Path)
+    p.add_argument("--plot", type=Path)
+    p.add_argument("--markdown", type=Path, help="append the result as a section to this Markdown file")
+    args = p.parse_args(argv)
+    argv_used = argv if argv is not None else sys.argv[2:]
+
+    if not torch.cuda.is_available():
+        print("No CUDA GPU found: gemmkit bench times kernels on an NVIDIA GPU. Running a small CPU demo "
+              "of the same kernels under the Triton interpreter instead (correctness only, no timing).\n")
+        return run_demo()
+
+    op = get_op(args.op)
+    dtype = args.dtype or op.dtypes[0]
+    if dtype not in op.dtypes:
+        raise SystemExit(f"--dtype for {args.op}: one of {op.dtypes}")
+    problems = [(f"{m}x{n}x{k}", m, n, k) for m, n, k in (args.shape or [])]
+    if args.model or not args.shape:
+        ms = args.m_sweep or DEFAULT_M
+        problems += [(label, m, n, k) for label, n, k in model_shapes(args.model or DEFAULT_MODELS) for m in ms]
+    if not args.shape and not args.model:
+        problems += [(f"{m}x{n}x{k}", m, n, k) for m, n, k in DEFAULT_SQUARES]
+
+    dev = device_info()
+    title = (f"gemmkit bench {args.op} ({dtype}) on {dev.name}, baseline {op.baseline_name}; "
+             f"torch {torch.__version__}, triton {_triton_version()}, commit {commit_id()}")
+    print(title, flush=True)
+    rows = []
+    for i, (label, M, N, K) in enumerate(problems):
+        row = measure(op, label, M, N, K, dtype, dev, args.rep_ms, not args.no_eager)
+        rows.append(row)
+        print(f"[{i + 1}/{len(problems)}] {label} M={M} N={N} K={K}: graph {row['graph_us']:.1f} µs vs "
+              f"{row['base_graph_us']:.1f} ({row['ratio']:.2f}x)"
+              + (f", eager {row['eager_us']:.1f} vs {row['base_eager_us']:.1f} ({row['eager_ratio']:.2f}x)"
+                 if "eager_us" in row else "") + ("" if row["ok"] else "  RESULT WRONG"), flush=True)
+    lines = table_lines(rows, not args.no_eager)
+    summary = summary_lines(rows, not args.no_eager)
+    print("\n" + "\n".join(lines) + "\n\n" + "\n".join(summary))
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+            writer.writeheader()
+            writer.writerows(rows)
+    if args.plot:
+        plot(rows, args.metric, args.plot, title)
+    if args.markdown:
+        date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+        section = [
+            f"## {args.op} ({dtype}) on {dev.name}, {date}, commit {commit_id()}", "",
+            f"Command: `gemmkit bench {' '.join(argv_used)}`  ",
+            f"torch {torch.__version__}, triton {_triton_version()}; baseline: {op.baseline_name}, measured in "
+            "the same run. graph = CUDA-graph replay (kernel time); eager = back-to-back eager calls "
+            "(host cost included); ratio = baseline time / gemmkit time (> 1: gemmkit faster).", "",
+            *lines, "", *summary, "", "",
+        ]
+        with open(args.markdown, "a") as f:
+            f.write("\n".join(section))
+        print(f"appended to {args.markdown}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def _triton_version():
+    import triton
+
+    return triton.__version__

@@ -1,0 +1,263 @@
+"""`gemmkit tune`: measure candidate configs on the GPU and write the op's JSON config table.
+
+Per problem (M, N, K): candidates from the op's pruned search space are compiled in parallel
+worker processes (filling Triton's on-disk cache), then timed one by one in this process under
+CUDA-graph replay with rotating inputs; a candidate whose result is wrong is discarded. Every
+measurement is appended to a JSONL cache, so an interrupted run resumes where it stopped. The
+best config per (N, K, M bucket) goes to the table's "shapes" section; per bucket, the config with
+the best geometric-mean slowdown over all tuned shapes becomes the generic "buckets" entry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+import torch
+
+from ..core.config import CONFIG_DIR, GemmConfig, clear_caches, m_bucket
+from ..core.device import device_info
+from .registry import get_op, model_shapes, search_space
+from .timing import rotation_count, time_graph_us
+
+
+def _progress(total: int, desc: str):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, file=sys.stdout, mininterval=2.0, ascii=True)
+    except ImportError:
+        return _PlainProgress(total, desc)
+
+
+class _PlainProgress:
+    def __init__(self, total, desc):
+        self.total, self.desc, self.n, self.t0 = total, desc, 0, time.time()
+
+    def update(self, k=1):
+        self.n += k
+        if self.n == self.total or self.n % max(1, self.total // 20) == 0:
+            print(f"{self.desc}: {self.n}/{self.total} ({time.time() - self.t0:.0f} s)", flush=True)
+
+    def close(self):
+        pass
+
+
+def cfg_key(cfg: GemmConfig) -> str:
+    return json.dumps(cfg.to_dict(), sort_keys=True)
+
+
+def input_sets(op, M, N, K, dtype, dev, device="cuda"):
+    """Input sets for timing: enough that one pass over them is several times the L2."""
+    first = op.make_inputs(M, N, K, dtype, device)
+    per_set = sum(t.numel() * t.element_size() for t in first.values() if isinstance(t, torch.Tensor))
+    n = rotation_count(per_set, dev.l2_bytes, max_sets=8)
+    return [first] + [op.make_inputs(M, N, K, dtype, device) for _ in range(n - 1)]
+
+
+def rel_error(out, ref) -> float:
+    return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+# ---------------------------------------------------------------------------------------------
+# parallel compilation
+
+
+def _compile_worker(op_name, M, N, K, dtype, cfg_dict):
+    """Run one candidate once in a worker process; Triton caches the compiled kernel on disk."""
+    try:
+        op = get_op(op_name)
+        inp = op.make_inputs(M, N, K, dtype, "cuda")
+        op.run(inp, GemmConfig.from_dict(cfg_dict))
+        torch.cuda.synchronize()
+        return None
+    except Exception as e:  # noqa: BLE001 - any failure disqualifies the candidate
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
+def precompile(op_name, jobs, workers: int) -> dict:
+    """jobs: [(M, N, K, dtype, cfg)] -> {(M, N, K, cfg_key): error or None}."""
+    results = {}
+    if not jobs:
+        return results
+    import multiprocessing as mp
+
+    bar = _progress(len(jobs), "compile")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(_compile_worker, op_name, M, N, K, dt, cfg.to_dict()): (M, N, K, cfg_key(cfg))
+                   for M, N, K, dt, cfg in jobs}
+        for fut in as_completed(futures):
+            try:
+                results[futures[fut]] = fut.result()
+            except Exception as e:  # noqa: BLE001 - a crashed worker
+                results[futures[fut]] = f"worker failed: {e!r}"[:200]
+            bar.update(1)
+    bar.close()
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# the tuning run
+
+
+def load_cache(path: Path) -> dict:
+    cache = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                cache[(r["M"], r["N"], r["K"], r["dtype"], r["cfg"])] = r
+    return cache
+
+
+def tune(op_name, shapes, ms, dtype, out_path: Path, cache_path: Path, workers: int, rep_ms: int,
+         command: str, time_budget_s: float | None = None) -> dict:
+    op = get_op(op_name)
+    dev = device_info()
+    cache = load_cache(cache_path)
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+
+    problems = [(M, N, K) for _, N, K in shapes for M in ms]
+    todo = {p: [c for c in search_space(op, *p, dev) if (*p, dtype, cfg_key(c)) not in cache] for p in problems}
+    jobs = [(M, N, K, dtype, c) for (M, N, K), cands in todo.items() for c in cands]
+    print(f"tuning {op_name} ({dtype}) on {dev.name}: {len(problems)} problems, {len(jobs)} candidates to measure "
+          f"({sum(1 for k in cache if k[3] == dtype)} cached)", flush=True)
+    compile_errors = precompile(op_name, jobs, workers)
+
+    bar = _progress(len(jobs), "measure")
+    with open(cache_path, "a") as log:
+        for (M, N, K), cands in todo.items():
+            if not cands:
+                continue
+            if time_budget_s is not None and time.time() - t_start > time_budget_s:
+                print("time budget spent; rerun to resume", flush=True)
+                break
+            sets = input_sets(op, M, N, K, dtype, dev)
+            ref = op.reference(sets[0])
+            for cfg in cands:
+                rec = {"M": M, "N": N, "K": K, "dtype": dtype, "cfg": cfg_key(cfg)}
+                err = compile_errors.get((M, N, K, rec["cfg"]))
+                if err is None:
+                    try:
+                        e = rel_error(op.run(sets[0], cfg), ref)
+                        if not e < op.tolerance:
+                            err = f"wrong result: relative error {e:.2e}"
+                        else:
+                            rec["us"] = time_graph_us([lambda s=s: op.run(s, cfg) for s in sets], rep_ms=rep_ms, retries=5)
+                    except Exception as ex:  # noqa: BLE001
+                        err = f"{type(ex).__name__}: {str(ex).splitlines()[0][:200] if str(ex) else ''}"
+                if err is not None:
+                    rec["error"] = err
+                cache[(M, N, K, dtype, rec["cfg"])] = rec
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+                bar.update(1)
+            del sets, ref
+            torch.cuda.empty_cache()
+    bar.close()
+    table = write_table(op_name, dtype, cache, out_path, command, dev.name)
+    print(f"wrote {out_path} ({time.time() - t_start:.0f} s)", flush=True)
+    return table
+
+
+def write_table(op_name, dtype, cache, out_path: Path, command: str, device_name: str) -> dict:
+    """Regenerate the tuned entries of the JSON table at out_path from all measurements in
+    `cache` for this dtype (entries of the table that the cache does not cover are kept).
+
+    shapes: the fastest config per (N, K) and M bucket; the largest tuned M of an (N, K) also
+    fills its "any". buckets: per tuned M, the config with the least geometric-mean slowdown
+    over every (N, K) measured at that M (among the configs measured on all of them).
+    """
+    table = json.loads(out_path.read_text()) if out_path.is_file() else {}
+    table.setdefault("buckets", {})
+    table.setdefault("shapes", {})
+    by_problem = {}
+    for (M, N, K, dt, ck), rec in cache.items():
+        if dt == dtype and "us" in rec:
+            by_problem.setdefault((M, N, K), {})[ck] = rec["us"]
+    largest_m = {}
+    for M, N, K in by_problem:
+        largest_m[(N, K)] = max(M, largest_m.get((N, K), 0))
+    overall_largest = max(largest_m.values(), default=0)
+    slowdowns = {}
+    for (M, N, K), times in sorted(by_problem.items()):
+        best_key = min(times, key=times.get)
+        entry = table["shapes"].setdefault(f"{N},{K}", {})
+        entry[m_bucket(M)] = json.loads(best_key)
+        if M == largest_m[(N, K)]:
+            entry["any"] = json.loads(best_key)
+        for ck, t in times.items():
+            slowdowns.setdefault(M, {}).setdefault(ck, []).append(t / times[best_key])
+    for M, per_cfg in slowdowns.items():
+        most = max(map(len, per_cfg.values()))
+        covered = {ck: v for ck, v in per_cfg.items() if len(v) == most}
+        generic = json.loads(min(covered, key=lambda ck: math.fsum(map(math.log, covered[ck]))))
+        table["buckets"][m_bucket(M)] = generic
+        if M == overall_largest:
+            table["buckets"]["any"] = generic
+    table["_meta"] = {
+        "op": op_name, "device": device_name, "dtype": dtype,
+        "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": command, "triton": _triton_version(), "torch": torch.__version__,
+    }
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(_sorted_table(table), indent=1) + "\n")
+    clear_caches()
+    return table
+
+
+def _sorted_table(table):
+    out = {"_meta": table["_meta"], "buckets": dict(sorted(table["buckets"].items(), key=_bucket_order))}
+    # generated by the tuner from measurements; see _meta.command
+    out["shapes"] = {k: dict(sorted(v.items(), key=_bucket_order)) for k, v in sorted(table["shapes"].items())}
+    return out
+
+
+def _bucket_order(item):
+    return (1, 0) if item[0] == "any" else (0, int(item[0].rsplit("_", 1)[1]))
+
+
+def _triton_version():
+    import triton
+
+    return triton.__version__
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="gemmkit tune", description=__doc__.split("\n\n")[0])
+    p.add_argument("op", help="op to tune, e.g. a16w16")
+    p.add_argument("--shapes", type=int, nargs="+", metavar="N K", help="(N, K) weight shapes, pairs of ints")
+    p.add_argument("--model", nargs="+", default=[], help="models from gemmkit/tools/models.json")
+    p.add_argument("--m", type=int, nargs="+", default=[16, 64, 256, 1024, 4096],
+                   help="M values to tune, one per bucket (the largest also fills 'any')")
+    p.add_argument("--dtype", default=None, help="operand dtype (default: the op's first)")
+    p.add_argument("--out", type=Path, default=None, help="table to write/merge (default: the package's)")
+    p.add_argument("--cache", type=Path, default=None, help="JSONL of measurements, for resuming")
+    p.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
+    p.add_argument("--rep-ms", type=int, default=8, help="graph replay time per measurement")
+    p.add_argument("--time-budget-s", type=float, default=None, help="stop measuring after this long")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("gemmkit tune measures kernels on a CUDA GPU; none is available here")
+    op = get_op(args.op)
+    dtype = args.dtype or op.dtypes[0]
+    shapes = model_shapes(args.model) if args.model else []
+    if args.shapes:
+        if len(args.shapes) % 2:
+            raise SystemExit("--shapes takes pairs: N K [N K ...]")
+        shapes += [(f"{n}x{k}", n, k) for n, k in zip(args.shapes[::2], args.shapes[1::2])]
+    if not shapes:
+        raise SystemExit("give --shapes N K ... and/or --model NAME ...")
+    dev = device_info()
+    out = args.out or CONFIG_DIR / dev.name / f"{args.op}.json"
+    cache = args.cache or Path.home() / ".cache" / "gemmkit" / f"tune-{dev.name}-{args.op}.jsonl"
+    command = "gemmkit tune " + " ".join(argv if argv is not None else sys.argv[1:])
+    tune(args.op, shapes, sorted(set(args.m)), dtype, out, cache, args.workers, args.rep_ms, command, args.time_budget_s)

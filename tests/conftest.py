@@ -1,0 +1,70 @@
+"""Test setup: the same tests run on CUDA (larger sizes) or, without a GPU, under the Triton
+interpreter on CPU tensors (small sizes). The interpreter must be chosen before gemmkit defines
+its kernels, hence here, before any test module imports them."""
+
+import os
+import zlib
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
+if not ON_GPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+DEVICE = "cuda" if ON_GPU else "cpu"
+TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def pytest_report_header(config):
+    if ON_GPU:
+        return f"gemmkit tests on {torch.cuda.get_device_name()}"
+    return "gemmkit tests under the Triton interpreter (TRITON_INTERPRET=1, CPU tensors)"
+
+
+def sizes(cpu, gpu):
+    """Pick the CPU (interpreter) or GPU variant of a parameter list."""
+    return gpu if ON_GPU else cpu
+
+
+def randn(*shape, dtype, device=DEVICE, scale=1.0):
+    return (torch.randn(*shape, device=device, dtype=torch.float32) * scale).to(dtype)
+
+
+def poisoned(shape, dtype, device=DEVICE):
+    """An output buffer full of NaN: any element a kernel forgets to write fails the check."""
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+ACT_REF = {
+    "none": lambda t: t,
+    "relu": torch.relu,
+    "silu": torch.nn.functional.silu,
+    "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
+}
+
+
+def reference(x, w, bias=None, activation="none", x_scale=None, w_scale=None):
+    """float64 reference of activation(x @ w.T * scales + bias), computed by torch."""
+    acc = x.double() @ w.double().T
+    if x_scale is not None:
+        acc = acc * x_scale.double().reshape(-1, 1) if x_scale.numel() > 1 else acc * x_scale.double().reshape(())
+    if w_scale is not None:
+        acc = acc * w_scale.double().reshape(1, -1) if w_scale.numel() > 1 else acc * w_scale.double().reshape(())
+    if bias is not None:
+        acc = acc + bias.double()
+    return ACT_REF[activation or "none"](acc)
+
+
+def assert_close(out, ref, dtype=None):
+    dtype = dtype or out.dtype
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert not torch.isnan(out).any(), "output has NaN (unwritten elements or bad math)"
+    err = ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+    assert err < TOL[dtype], f"relative error {err:.3e} >= {TOL[dtype]:.0e}"
+
+
+@pytest.fixture(autouse=True)
+def _seed(request):
+    # fresh data per test, reproducible per test id
+    torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))

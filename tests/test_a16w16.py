@@ -1,0 +1,187 @@
+"""Correctness of gemm_a16w16 against a float64 torch reference, on every kernel path."""
+
+import pytest
+import torch
+
+import gemmkit
+from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference, sizes
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+
+# Kernel paths, forced through config overrides. CPU sizes keep the interpreter quick while still
+# giving several tiles, several K iterations and ragged edges; GPU sizes are realistic.
+_B = sizes(dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32), dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8))
+_BS = sizes(dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64), dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_stages=4))
+PATHS = {
+    "ptr": dict(_B),
+    "ptr_small_m": dict(_BS),
+    "ptr_persistent": dict(_B, PERSISTENT=True),
+    "ptr_splitk": dict(_BS, SPLIT_K=3),
+    "tma": dict(_B, TMA=True),
+    "tma_persistent": dict(_B, TMA=True, PERSISTENT=True),
+    "tma_persistent_subtile": dict(_B, TMA=True, PERSISTENT=True, EPILOGUE_SUBTILE=True),
+    "tma_warp_specialized": dict(_B, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=True),
+    "tma_splitk": dict(_B, TMA=True, SPLIT_K=2),
+}
+
+RAGGED = sizes(
+    [(1, 40, 72), (45, 70, 100), (96, 64, 64), (33, 17, 8), (7, 1, 24)],
+    [(1, 4096, 4096), (1, 1000, 1000), (200, 333, 1000), (1024, 1024, 1024), (300, 500, 40), (129, 1, 72)],
+)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("M,N,K", RAGGED)
+def test_paths_ragged(path, M, N, K):
+    x, w = randn(M, K, dtype=BF16), randn(N, K, dtype=BF16)
+    bias = randn(N, dtype=FP32)
+    y = poisoned((M, N), BF16)
+    out = gemmkit.gemm_a16w16(x, w, bias, y=y, config=PATHS[path])
+    assert out is y
+    assert_close(out, reference(x, w, bias))
+
+
+@pytest.mark.parametrize("in_dtype", [BF16, FP16])
+@pytest.mark.parametrize("out_dtype", [BF16, FP16, FP32])
+@pytest.mark.parametrize("M,N,K", sizes([(1, 33, 47), (37, 70, 64), (130, 96, 80)], [(1, 4096, 4096), (77, 1000, 3000), (2048, 2048, 1024)]))
+def test_dtypes_default_config(in_dtype, out_dtype, M, N, K):
+    x, w = randn(M, K, dtype=in_dtype), randn(N, K, dtype=in_dtype)
+    out = gemmkit.gemm_a16w16(x, w, out_dtype=out_dtype)
+    assert out.dtype == out_dtype and out.shape == (M, N)
+    assert_close(out, reference(x, w))
+
+
+@pytest.mark.parametrize("activation", ["relu", "gelu_tanh", "silu", None])
+@pytest.mark.parametrize("bias_dtype", [None, BF16, FP16, FP32])
+@pytest.mark.parametrize("path", ["ptr", "tma_persistent_subtile", "ptr_splitk"])
+def test_bias_and_activation(activation, bias_dtype, path):
+    M, N, K = sizes((19, 48, 96), (300, 1000, 512))
+    x, w = randn(M, K, dtype=FP16), randn(N, K, dtype=FP16)
+    bias = None if bias_dtype is None else randn(N, dtype=bias_dtype)
+    out = gemmkit.gemm_a16w16(x, w, bias, activation=activation, out_dtype=FP32, config=PATHS[path])
+    assert_close(out, reference(x, w, bias, activation))
+
+
+def _layout(t, kind):
+    """The same values as `t` in another memory layout."""
+    if kind == "row":
+        return t
+    if kind == "col":  # column-major: stride (1, rows)
+        return t.t().contiguous().t()
+    if kind == "strided":  # rows spaced wider than needed
+        buf = torch.empty(t.shape[0], t.shape[1] + 24, dtype=t.dtype, device=t.device)
+        buf[:, 5 : 5 + t.shape[1]] = t  # odd offset: base not 16-byte aligned, TMA must step aside
+        return buf[:, 5 : 5 + t.shape[1]]
+    if kind == "strided_aligned":
+        buf = torch.empty(t.shape[0], t.shape[1] + 16, dtype=t.dtype, device=t.device)
+        buf[:, 8 : 8 + t.shape[1]] = t
+        return buf[:, 8 : 8 + t.shape[1]]
+    raise ValueError(kind)
+
+
+LAYOUTS = ["row", "col", "strided", "strided_aligned"]
+
+
+@pytest.mark.parametrize("x_layout", LAYOUTS)
+@pytest.mark.parametrize("w_layout", LAYOUTS)
+@pytest.mark.parametrize("path", ["ptr", "tma_persistent"])
+def test_operand_layouts(x_layout, w_layout, path):
+    M, N, K = sizes((40, 36, 80), (257, 384, 512))
+    x, w = randn(M, K, dtype=BF16), randn(N, K, dtype=BF16)
+    xl, wl = _layout(x, x_layout), _layout(w, w_layout)
+    assert torch.equal(xl, x) and torch.equal(wl, w)
+    out = gemmkit.gemm_a16w16(xl, wl, config=PATHS[path])
+    assert_close(out, reference(x, w))
+
+
+@pytest.mark.parametrize("y_layout", ["col", "strided", "strided_aligned"])
+@pytest.mark.parametrize("path", ["ptr", "tma_persistent_subtile", "ptr_splitk"])
+def test_output_layouts(y_layout, path):
+    M, N, K = sizes((33, 40, 64), (300, 520, 256))
+    x, w = randn(M, K, dtype=FP16), randn(N, K, dtype=FP16)
+    y = _layout(poisoned((M, N), FP16), y_layout)
+    out = gemmkit.gemm_a16w16(x, w, y=y, config=PATHS[path])
+    assert out is y
+    assert_close(out, reference(x, w))
+
+
+def test_leading_dims_and_vector_input():
+    K, N = 48, 24
+    w = randn(N, K, dtype=BF16)
+    x3 = randn(2, 3, K, dtype=BF16)
+    out = gemmkit.gemm_a16w16(x3, w)
+    assert out.shape == (2, 3, N)
+    assert_close(out, reference(x3.reshape(-1, K), w).reshape(2, 3, N))
+    y = poisoned((2, 3, N), BF16)
+    assert gemmkit.gemm_a16w16(x3, w, y=y) is y
+    assert_close(y, reference(x3.reshape(-1, K), w).reshape(2, 3, N))
+    x1 = randn(K, dtype=BF16)
+    out1 = gemmkit.gemm_a16w16(x1, w)
+    assert out1.shape == (N,)
+    assert_close(out1, reference(x1[None], w)[0])
+
+
+def test_empty_dimensions():
+    w = randn(8, 16, dtype=BF16)
+    out = gemmkit.gemm_a16w16(torch.empty(0, 16, dtype=BF16, device=DEVICE), w)
+    assert out.shape == (0, 8)
+    out = gemmkit.gemm_a16w16(randn(5, 16, dtype=BF16), torch.empty(0, 16, dtype=BF16, device=DEVICE))
+    assert out.shape == (5, 0)
+    bias = randn(8, dtype=FP32)
+    x0, w0 = torch.empty(5, 0, dtype=BF16, device=DEVICE), torch.empty(8, 0, dtype=BF16, device=DEVICE)
+    out = gemmkit.gemm_a16w16(x0, w0, bias, activation="relu", out_dtype=FP32)
+    torch.testing.assert_close(out, torch.relu(bias).expand(5, 8))
+
+
+def test_repeated_calls_fresh_data():
+    """The cached fast launch path must compute the same function on new data and new pointers,
+    including a base pointer of another alignment (a different specialization)."""
+    M, N, K = sizes((20, 40, 64), (64, 4096, 4096))
+    for i in range(4):
+        x, w = randn(M, K, dtype=BF16), randn(N, K, dtype=BF16)
+        if i == 3:  # misaligned base: must not reuse the kernel compiled for aligned pointers
+            xs = torch.empty(M * K + 1, dtype=BF16, device=DEVICE)
+            xs[1:] = x.reshape(-1)
+            x = xs[1:].view(M, K)
+        assert_close(gemmkit.gemm_a16w16(x, w), reference(x, w))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="int64 indexing at > 2**31 elements needs a GPU-sized tensor")
+@pytest.mark.parametrize("path", ["ptr", "tma_persistent"])
+def test_int64_indexing(path):
+    M, N, K = 2**19 + 3, 64, 4096  # x has > 2**31 elements
+    x = randn(M, K, dtype=BF16)
+    w = randn(N, K, dtype=BF16)
+    out = gemmkit.gemm_a16w16(x, w, config=PATHS[path])
+    rows = torch.tensor([0, 1, M // 2, M - 2, M - 1], device=DEVICE)
+    assert_close(out[rows], reference(x[rows], w))
+
+
+def test_inference_with_parameters():
+    """nn.Linear parameters require grad; under no_grad/inference_mode that is fine."""
+    lin = torch.nn.Linear(48, 40, dtype=FP16, device=DEVICE)
+    x = randn(5, 48, dtype=FP16)
+    for ctx in (torch.no_grad, torch.inference_mode):
+        with ctx():
+            out = gemmkit.gemm_a16w16(x, lin.weight, lin.bias)
+        assert_close(out, reference(x, lin.weight, lin.bias))
+
+
+def test_one_launch_per_call(monkeypatch):
+    """One kernel launch per call, two with split-K; repeated calls skip Triton's launch path on GPU."""
+    from gemmkit.core import dense
+
+    calls = []
+    for name in ("launch_jit", "launch_compiled"):
+        original = getattr(dense, name)
+        monkeypatch.setattr(dense, name, lambda *a, _n=name, _f=original: (calls.append(_n), _f(*a))[1])
+    M, N, K = sizes((24, 40, 64), (24, 4096, 4096))
+    for cfg, launches in ((PATHS["ptr"], 1), (PATHS["tma_persistent"], 1), (PATHS["ptr_splitk"], 2)):
+        x, w = randn(M, K, dtype=BF16), randn(N, K, dtype=BF16)
+        for i in range(3):
+            calls.clear()
+            out = gemmkit.gemm_a16w16(x, w, config=cfg)
+            assert len(calls) == launches, (cfg, calls)
+            if ON_GPU and i > 0:
+                assert set(calls) == {"launch_compiled"}, calls
+        assert_close(out, reference(x, w))

@@ -1,0 +1,132 @@
+"""The config tables, the tuner's search space and table writer, the benchmark's report, the CLI."""
+
+import json
+
+import pytest
+
+import gemmkit
+from gemmkit.core import config as cfgmod
+from gemmkit.core.config import GemmConfig, derive_config, m_bucket, select_config
+from gemmkit.core.device import DeviceInfo
+from gemmkit.tools import bench, registry, tune
+
+H100 = DeviceInfo("NVIDIA_H100_80GB_HBM3", (9, 0), 132, 232448, 50 << 20)
+A100 = DeviceInfo("NVIDIA_A100_SXM4_80GB", (8, 0), 108, 166912, 40 << 20)
+
+
+def test_m_buckets():
+    assert m_bucket(1) == "M_LEQ_16" and m_bucket(16) == "M_LEQ_16" and m_bucket(17) == "M_LEQ_32"
+    assert m_bucket(8192) == "M_LEQ_8192" and m_bucket(8193) == "any"
+
+
+@pytest.mark.parametrize("dev", [H100, A100], ids=["h100", "a100"])
+@pytest.mark.parametrize("M", [1, 7, 16, 33, 64, 100, 256, 1000, 4096, 20000])
+@pytest.mark.parametrize("N,K", [(4096, 4096), (28672, 4096), (4096, 14336), (17, 8), (1, 1), (200, 5000)])
+def test_derived_configs_fit_the_device(dev, M, N, K):
+    cfg = derive_config(M, N, K, dev, 2, 2)
+    assert cfg.smem_bytes(2, 2) <= dev.smem_per_block
+    assert cfg.TMA <= dev.has_tma
+    assert cfg.BLOCK_M <= max(16, 2 * M) and cfg.BLOCK_K <= max(16, 2 * K)
+    if M <= 64:
+        assert not cfg.TMA  # small M: no per-call descriptor cost
+    fp8 = derive_config(M, N, K, dev, 1, 2)
+    assert fp8.BLOCK_K >= cfg.BLOCK_K  # the 128-byte line holds twice the fp8 elements
+
+
+def test_table_lookup(tmp_path, monkeypatch):
+    entry = lambda bm: {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 64}  # noqa: E731
+    table = {"buckets": {"M_LEQ_16": entry(16), "M_LEQ_256": entry(64), "any": entry(128)},
+             "shapes": {"4096,4096": {"M_LEQ_64": entry(32)}}}
+    (tmp_path / H100.name).mkdir()
+    (tmp_path / H100.name / "a16w16.json").write_text(json.dumps(table))
+    monkeypatch.setattr(cfgmod, "CONFIG_DIR", tmp_path)
+    cfgmod.clear_caches()
+    try:
+        pick = lambda M, N=100, K=100: select_config("a16w16", M, N, K, H100, 2, 2).BLOCK_M  # noqa: E731
+        assert pick(1) == 16 and pick(16) == 16
+        assert pick(17) == 64 and pick(256) == 64  # smallest bucket >= M
+        assert pick(257) == 128 and pick(10**6) == 128  # "any"
+        assert pick(50, 4096, 4096) == 32  # exact (N, K) entry first
+        assert pick(100, 4096, 4096) == 64  # ... then the generic buckets
+        assert select_config("a16w16", 8, 100, 100, A100, 2, 2) == derive_config(16, 100, 100, A100, 2, 2)
+    finally:
+        cfgmod.clear_caches()
+
+
+def test_shipped_tables_are_valid():
+    tables = list(cfgmod.CONFIG_DIR.glob("*/*.json"))
+    for path in tables:
+        table = json.loads(path.read_text())
+        for entries in [table.get("buckets", {})] + list(table.get("shapes", {}).values()):
+            for bucket, cfg in entries.items():
+                assert bucket == "any" or bucket.startswith("M_LEQ_")
+                c = GemmConfig.from_dict(cfg)
+                assert c.smem_bytes(2, 2) <= H100.smem_per_block
+
+
+@pytest.mark.parametrize("M", [1, 16, 32, 64, 256, 1024, 4096])
+def test_search_space(M):
+    op = registry.get_op("a16w16")
+    for _, N, K in registry.model_shapes(["llama3-8b", "llama3-70b"]):
+        cands = registry.search_space(op, M, N, K, H100)
+        assert 5 <= len(cands) <= 64
+        assert len(set(cands)) == len(cands)
+        for c in cands:
+            assert c.smem_bytes(2, 2) <= H100.smem_per_block
+            assert c.TMA == (M >= cfgmod.TMA_MIN_M)
+
+
+def test_models_file():
+    models = registry.load_models()
+    for name in ("llama3-8b", "llama3-70b", "qwen2.5-7b", "qwen3-8b", "mixtral-8x7b", "deepseek-v3"):
+        assert name in models
+    shapes = registry.model_shapes(["llama3-8b", "llama3-70b"])
+    assert ("llama3-8b.gate_up", 28672, 4096) in shapes and len({(n, k) for _, n, k in shapes}) == len(shapes)
+
+
+def test_write_table_merges_and_picks_best(tmp_path):
+    def key(bm):
+        return tune.cfg_key(GemmConfig(bm, 64, 64))
+
+    cache = {}
+    times = {(16, 100, 200): {16: 5.0, 32: 6.0}, (16, 300, 400): {16: 9.0, 32: 4.0},
+             (64, 100, 200): {16: 7.0, 32: 8.0}, (64, 300, 400): {16: 7.0, 32: 9.0}}
+    for (M, N, K), by_bm in times.items():
+        for bm, us in by_bm.items():
+            cache[(M, N, K, "bf16", key(bm))] = {"us": us}
+    cache[(16, 100, 200, "bf16", key(64))] = {"error": "OutOfResources"}
+    out = tmp_path / "t.json"
+    out.write_text(json.dumps({"shapes": {"1,1": {"M_LEQ_16": GemmConfig(16, 16, 16).to_dict()}}}))
+    table = tune.write_table("a16w16", "bf16", cache, out, "gemmkit tune test", "DEV")
+    assert table["shapes"]["100,200"]["M_LEQ_16"]["BLOCK_M"] == 16
+    assert table["shapes"]["300,400"]["M_LEQ_16"]["BLOCK_M"] == 32
+    assert table["shapes"]["1,1"]["M_LEQ_16"]["BLOCK_M"] == 16  # kept from before
+    # generic bucket: geomean slowdown 16 -> (1, 2.25), 32 -> (1.2, 1): 32 wins
+    assert table["buckets"]["M_LEQ_16"]["BLOCK_M"] == 32
+    assert table["buckets"]["M_LEQ_64"]["BLOCK_M"] == 16 and table["buckets"]["any"]["BLOCK_M"] == 16
+    assert table["shapes"]["300,400"]["any"]["BLOCK_M"] == 16  # from its largest tuned M (64)
+    assert json.loads(out.read_text())["_meta"]["command"] == "gemmkit tune test"
+
+
+def test_bench_report():
+    rows = [dict(shape="s", M=m, N=8, K=8, graph_us=2.0, base_graph_us=3.0, ratio=1.5, eager_us=4.0,
+                 base_eager_us=2.0, eager_ratio=0.5, tflops=1.0, gbps=2.0, roofline_pct=50.0, err=1e-3, ok=m != 16)
+            for m in (1, 16, 2048)]
+    lines = bench.table_lines(rows, eager=True)
+    assert len(lines) == 5 and "FAIL" in lines[3]
+    summary = "\n".join(bench.summary_lines(rows, eager=True))
+    assert "graph ratio, all shapes: geomean 1.500" in summary and "eager ratio, M = 1: geomean 0.500" in summary
+    assert "FAILED: s M=16" in summary
+    assert bench.geomean([2, 8]) == pytest.approx(4)
+
+
+def test_cli_help_and_cpu_fallback(capsys):
+    from gemmkit import cli
+
+    assert cli.main([]) == 0 and "bench" in capsys.readouterr().out
+    assert cli.main(["nope"]) == 2
+    if not gemmkit.device_info().interpreter:
+        pytest.skip("the CPU fallback is for machines without a GPU")
+    assert cli.main(["bench"]) == 0
+    out = capsys.readouterr().out
+    assert "No CUDA GPU found" in out and "12/12 correct" in out
