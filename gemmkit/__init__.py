@@ -12,6 +12,10 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "gemm_a16w16": "gemmkit.ops.a16w16",
+    "gemm_a8w8": "gemmkit.ops.a8w8",
+    "quantize_fp8": "gemmkit.quant",
+    "quantize_int8": "gemmkit.quant",
+    "dequantize": "gemmkit.quant",
     "GemmConfig": "gemmkit.core.config",
     "select_config": "gemmkit.core.config",
     "device_info": "gemmkit.core.device",
@@ -21,6 +25,8 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
+    if name in ("quant", "ops", "core", "tools"):
+        return importlib.import_module(f"gemmkit.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'gemmkit' has no attribute {name!r}")

@@ -169,12 +169,12 @@ def test_inference_with_parameters():
 
 def test_one_launch_per_call(monkeypatch):
     """One kernel launch per call, two with split-K; repeated calls skip Triton's launch path on GPU."""
-    from gemmkit.core import dense
+    from gemmkit.core import launcher
 
     calls = []
     for name in ("launch_jit", "launch_compiled"):
-        original = getattr(dense, name)
-        monkeypatch.setattr(dense, name, lambda *a, _n=name, _f=original: (calls.append(_n), _f(*a))[1])
+        original = getattr(launcher, name)
+        monkeypatch.setattr(launcher, name, lambda *a, _n=name, _f=original: (calls.append(_n), _f(*a))[1])
     M, N, K = sizes((24, 40, 64), (24, 4096, 4096))
     for cfg, launches in ((PATHS["ptr"], 1), (PATHS["tma_persistent"], 1), (PATHS["ptr_splitk"], 2)):
         x, w = randn(M, K, dtype=BF16), randn(N, K, dtype=BF16)

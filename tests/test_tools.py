@@ -65,15 +65,17 @@ def test_shipped_tables_are_valid():
 
 
 @pytest.mark.parametrize("M", [1, 16, 32, 64, 256, 1024, 4096])
-def test_search_space(M):
-    op = registry.get_op("a16w16")
+@pytest.mark.parametrize("name", ["a16w16", "a8w8", "a8w8_int8"])
+def test_search_space(M, name):
+    op = registry.get_op(name)
     for _, N, K in registry.model_shapes(["llama3-8b", "llama3-70b"]):
         cands = registry.search_space(op, M, N, K, H100)
         assert 5 <= len(cands) <= 64
         assert len(set(cands)) == len(cands)
         for c in cands:
-            assert c.smem_bytes(2, 2) <= H100.smem_per_block
+            assert c.smem_bytes(op.in_bytes, op.out_bytes) <= H100.smem_per_block
             assert c.TMA == (M >= cfgmod.TMA_MIN_M)
+            assert not c.TMA or max(c.BLOCK_M, c.BLOCK_N, c.BLOCK_K) <= 256  # TMA boxes
 
 
 def test_models_file():
@@ -118,6 +120,22 @@ def test_bench_report():
     assert "graph ratio, all shapes: geomean 1.500" in summary and "eager ratio, M = 1: geomean 0.500" in summary
     assert "FAILED: s M=16" in summary
     assert bench.geomean([2, 8]) == pytest.approx(4)
+    rows[0].pop("ratio"), rows[0].pop("base_graph_us")
+    rows[0]["base_error"] = "RuntimeError: unsupported"
+    assert "| - | - |" in bench.table_lines(rows, eager=True)[2]
+    summary = "\n".join(bench.summary_lines(rows, eager=True))
+    assert "graph ratio, all shapes: geomean 1.500, min 1.500 (2 shapes)" in summary and "baseline failed" in summary
+
+
+@pytest.mark.parametrize("name", list(registry.OPS))
+def test_tool_ops_on_cpu(name):
+    """Each op's inputs, gemmkit call and reference agree (the bench's correctness check)."""
+    op = registry.get_op(name)
+    M, N, K = 5, 24, 64
+    inp = op.make_inputs(M, N, K, op.dtypes[0], "cpu")
+    err = tune.rel_error(op.run(inp), op.reference(inp))
+    assert err < op.tolerance, err
+    assert op.nbytes(M, N, K) > 0 and (op.flops(M, N, K) > 0) == op.gemm
 
 
 def test_cli_help_and_cpu_fallback(capsys):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import gemmkit
-from gemmkit.core import dense
+from gemmkit.core import launcher
 from conftest import DEVICE, randn
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -15,8 +15,8 @@ def no_launch(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("a kernel was launched for invalid input")
 
-    monkeypatch.setattr(dense, "launch_jit", fail)
-    monkeypatch.setattr(dense, "launch_compiled", fail)
+    monkeypatch.setattr(launcher, "launch_jit", fail)
+    monkeypatch.setattr(launcher, "launch_compiled", fail)
 
 
 def _x(M=4, K=32, dtype=BF16):

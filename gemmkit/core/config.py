@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,22 +116,36 @@ class GemmConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def smem_bytes(self, in_bytes: float, out_bytes: int) -> int:
-        """Shared memory the pipelined loop and a TMA-store epilogue need (an estimate)."""
-        stage = (self.BLOCK_M + self.BLOCK_N) * self.BLOCK_K * in_bytes
+    def smem_bytes(self, in_bytes: float, out_bytes: int, b_bytes: float | None = None) -> int:
+        """Shared memory the pipelined loop and a TMA-store epilogue need (an estimate).
+        in_bytes: bytes per element of A (and of B unless b_bytes is given)."""
+        b_bytes = in_bytes if b_bytes is None else b_bytes
+        stage = (self.BLOCK_M * in_bytes + self.BLOCK_N * b_bytes) * self.BLOCK_K
         epilogue = self.BLOCK_M * self.BLOCK_N * out_bytes
         if self.EPILOGUE_SUBTILE:
             epilogue //= 2
         return int(stage * self.num_stages + (epilogue if self.TMA else 0))
 
 
+def fit_to_smem(cfg: GemmConfig, dev: DeviceInfo, a_bytes: float, b_bytes: float, out_bytes: int) -> GemmConfig:
+    """`cfg` with fewer pipeline stages if its operands (of these widths) would not fit."""
+    budget = dev.smem_per_block - 8 * 1024
+    while cfg.num_stages > 1 and cfg.smem_bytes(a_bytes, out_bytes, b_bytes) > budget:
+        cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+    return cfg
+
+
 @functools.lru_cache(maxsize=None)
 def load_table(device_name: str, op: str) -> dict | None:
-    path = CONFIG_DIR / device_name / f"{op}.json"
-    if not path.is_file():
-        return None
-    with open(path) as f:
-        return json.load(f)
+    """The tuned table of `op` for this device: $GEMMKIT_CONFIG_DIR first (tables you tuned
+    yourself with `gemmkit tune --out`), then the package's."""
+    for root in (os.environ.get("GEMMKIT_CONFIG_DIR"), CONFIG_DIR):
+        if root:
+            path = Path(root) / device_name / f"{op}.json"
+            if path.is_file():
+                with open(path) as f:
+                    return json.load(f)
+    return None
 
 
 def _pick_bucket(entries: dict | None, M: int) -> dict | None:

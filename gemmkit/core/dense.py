@@ -12,7 +12,7 @@ import torch
 
 from .config import GemmConfig, select_config
 from .device import DeviceInfo
-from .launcher import launch_compiled, launch_jit, profiling_hooks_active
+from .launcher import CachedLaunch
 
 _INT32_MAX = 2**31 - 1
 _SPLITK_REDUCE_BLOCK = (32, 128)
@@ -139,8 +139,8 @@ class DensePlan:
     """
 
     def __init__(self, x2, w, y2, bias, activation: str, cfg: GemmConfig, dev: DeviceInfo, *,
-                 out_dtype, out_shape, flatten_x: bool, a_scale=None, b_scale=None,
-                 a_scale_mode: int = 0, b_scale_mode: int = 0):
+                 out_dtype, out_shape, flatten_x: bool, a_scale_mode: int = 0, b_scale_mode: int = 0,
+                 a_quant: str = ""):
         M, K = x2.shape
         N = w.shape[0]
         self.M, self.N, self.K = M, N, K
@@ -149,27 +149,27 @@ class DensePlan:
         self.device = x2.device
         self.device_index = x2.device.index or 0
         self.cuda = x2.device.type == "cuda"
-        self.int_dot = x2.dtype == torch.int8
+        self.int_dot = w.dtype == torch.int8
         bm, bn, bk = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
-        split_k = cfg.SPLIT_K if cfg.SPLIT_K * M * N <= _INT32_MAX else 1
+        # in-kernel quantization of A keeps its scales in registers: no split-K, no TMA for A
+        split_k = cfg.SPLIT_K if cfg.SPLIT_K * M * N <= _INT32_MAX and not a_quant else 1
         self.split_k = split_k
 
         x_layout, w_layout = operand_layout(x2), operand_layout(w)
         want_tma = cfg.TMA and dev.has_tma
-        self.a_desc = _operand_descriptor(x2, x_layout, bm, bk) if want_tma else None
+        self.a_desc = _operand_descriptor(x2, x_layout, bm, bk) if want_tma and not a_quant else None
         self.b_desc = _operand_descriptor(w, w_layout, bn, bk) if want_tma else None
         self.c_desc = None
         s_cm, s_cn = y2.stride()
         if split_k == 1 and want_tma and (s_cn == 1 or N == 1):
-            bn_store = bn // 2 if cfg.EPILOGUE_SUBTILE else bn
+            bn_store = bn // 2 if cfg.EPILOGUE_SUBTILE and not a_quant else bn
             s_cm_eff = s_cm if M > 1 else N
             if _tma_ok(y2, s_cm_eff, (bm, bn_store)):
                 self.c_desc = _Descriptor((M, N), (s_cm_eff, 1), (bm, bn_store), False)
         index_64 = max(_max_offset(x2), _max_offset(w), _max_offset(y2)) > _INT32_MAX
 
         num_work = -(-M // bm) * -(-N // bn) * split_k
-        self.grid = (min(num_work, dev.num_sms) if cfg.PERSISTENT else num_work, 1, 1)
-        flatten = cfg.PERSISTENT and split_k == 1
+        flatten = cfg.PERSISTENT and split_k == 1 and not a_quant
         warp_specialize = cfg.WARP_SPECIALIZE and flatten and self.a_desc is not None and self.b_desc is not None
         a_km, s_am, s_ak = x_layout
         b_km, s_bn, s_bk = w_layout
@@ -180,15 +180,16 @@ class DensePlan:
             self.a_desc is not None, a_km, self.b_desc is not None, b_km, self.c_desc is not None,
             K % bk == 0, index_64, self.int_dot,
             a_scale_mode, b_scale_mode, activation,
-            flatten, warp_specialize, cfg.EPILOGUE_SUBTILE and split_k == 1,
+            flatten, warp_specialize, cfg.EPILOGUE_SUBTILE and split_k == 1 and not a_quant, a_quant,
         )
         rbm, rbn = _SPLITK_REDUCE_BLOCK
-        self.reduce_grid = (-(-M // rbm), -(-N // rbn), 1)
         self.reduce_tail = (M, N, s_cm, s_cn, split_k, rbm, rbn, index_64, a_scale_mode, b_scale_mode, activation)
         self.ws_shape = (split_k, M, N)
         self.ws_dtype = torch.int32 if self.int_dot else torch.float32
-        self.gemm_kernel = None  # compiled kernels, after the first launch
-        self.reduce_kernel = None
+        gemm, reduce = _jit_kernels()
+        grid = (min(num_work, dev.num_sms) if cfg.PERSISTENT else num_work,)
+        self.gemm = CachedLaunch(gemm, grid, cfg.num_warps, cfg.num_stages, self.device_index)
+        self.reduce = CachedLaunch(reduce, (-(-M // rbm), -(-N // rbn)), 4, 1, self.device_index)
 
     def __call__(self, x, w, bias=None, y=None, a_scale=None, b_scale=None):
         if self.cuda and torch.cuda.current_device() != self.device_index:
@@ -205,29 +206,11 @@ class DensePlan:
             out = y
         y2 = out.view(self.M, self.N) if len(self.out_shape) != 2 else out
         ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=self.device) if self.split_k > 1 else None
-        direct = self.gemm_kernel is not None and not profiling_hooks_active()  # None when interpreted
-        a = self.a_desc(x, direct) if self.a_desc is not None else x
-        b = self.b_desc(w, direct) if self.b_desc is not None else w
-        c = ws if ws is not None else (self.c_desc(y2, direct) if self.c_desc is not None else y2)
-        gemm, reduce = _jit_kernels()
-        cfg = self.cfg
-        if direct:
-            launch_compiled(self.gemm_kernel, self.grid, (
-                _ptr(a), _ptr(b), _ptr(c), _ptr(bias), _ptr(a_scale), _ptr(b_scale), *self.gemm_tail,
-            ), self.device_index)
-        else:
-            self.gemm_kernel = launch_jit(gemm, self.grid, (a, b, c, bias, a_scale, b_scale, *self.gemm_tail),
-                                          cfg.num_warps, cfg.num_stages)
+        checked = self.gemm.ready  # layouts were validated when the first call built the descriptors
+        a = self.a_desc(x, checked) if self.a_desc is not None else x
+        b = self.b_desc(w, checked) if self.b_desc is not None else w
+        c = ws if ws is not None else (self.c_desc(y2, checked) if self.c_desc is not None else y2)
+        self.gemm((a, b, c, bias, a_scale, b_scale), self.gemm_tail)
         if ws is not None:
-            if direct and self.reduce_kernel is not None:
-                launch_compiled(self.reduce_kernel, self.reduce_grid, (
-                    ws.data_ptr(), y2.data_ptr(), _ptr(bias), _ptr(a_scale), _ptr(b_scale), *self.reduce_tail,
-                ), self.device_index)
-            else:
-                self.reduce_kernel = launch_jit(reduce, self.reduce_grid,
-                                                (ws, y2, bias, a_scale, b_scale, *self.reduce_tail), 4, 1)
+            self.reduce((ws, y2, bias, a_scale, b_scale), self.reduce_tail)
         return out
-
-
-def _ptr(t):
-    return t.data_ptr() if isinstance(t, torch.Tensor) else t

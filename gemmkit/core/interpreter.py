@@ -4,14 +4,19 @@ Kernels stay untouched; the fixes patch the interpreter itself, once, and only w
 The library applies them before its first interpreted launch, so tests, the CPU demo and users
 all get the same behaviour.
 
-Fixed here:
-- ``tl.dot`` on bf16 operands: the interpreter holds bf16 as uint16 and multiplies the raw integers
-  (triton 3.6 and 3.9). We widen bf16 bit patterns to float32 exactly before the product.
+Fixed here (seen in triton 3.6; 3.9 has the first two as well):
+- ``tl.dot`` on bf16 operands: the interpreter holds bf16 as uint16 and multiplies the raw
+  integers. We widen bf16 bit patterns to float32 exactly before the product.
+- Float downcasts to fp8: the interpreter's round-to-nearest drops the mantissa carry (it is ORed
+  into the exponent's low bit), so some values lose up to half their magnitude. Downcasts to bf16
+  truncate, where GPUs round to nearest even. Both now go through torch's exact conversions;
+  fp8 saturates to the largest finite value, as the GPU's ``cvt.rn.satfinite`` does.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from .device import interpreter_active
 
@@ -30,7 +35,43 @@ def apply_interpreter_fixes() -> None:
     import triton.language as tl
     from triton.runtime import interpreter as interp
 
+    # storage dtype of the interpreter (numpy) and the torch dtype of the same bits
+    torch_of = {
+        tl.float32: (np.float32, torch.float32, None),
+        tl.float16: (np.float16, torch.float16, None),
+        tl.bfloat16: (np.uint16, torch.bfloat16, None),
+        tl.float8e4nv: (np.uint8, torch.float8_e4m3fn, 448.0),
+        tl.float8e5: (np.uint8, torch.float8_e5m2, 57344.0),
+    }
+    fixed_targets = (tl.bfloat16, tl.float8e4nv, tl.float8e5)
+
+    def exact_downcast(data: np.ndarray, src, dst) -> np.ndarray:
+        src_np, src_torch, _ = torch_of[src]
+        dst_np, dst_torch, sat = torch_of[dst]
+        t = torch.from_numpy(np.ascontiguousarray(data).view(src_np).copy()).view(src_torch).to(torch.float32)
+        if sat is not None:
+            t = t.clamp(-sat, sat)  # NaN stays NaN
+        out = t.to(dst_torch)
+        return out.view({1: torch.uint8, 2: torch.int16}[out.element_size()]).numpy().view(dst_np)
+
+    def wants_fix(src, dst_type, rounding_mode=None) -> bool:
+        dst = dst_type.scalar
+        return (dst in fixed_targets and src.dtype.scalar in torch_of and src.dtype.scalar != dst
+                and rounding_mode != interp._ir.ROUNDING_MODE.RTZ)
+
+    original_fp_to_fp = interp.InterpreterBuilder.create_fp_to_fp
+    original_cast = interp.InterpreterBuilder.cast_impl
     original_dot = interp.InterpreterBuilder.create_dot
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        if wants_fix(src, dst_type, rounding_mode):
+            return interp.TensorHandle(exact_downcast(src.data, src.dtype.scalar, dst_type.scalar), dst_type.scalar)
+        return original_fp_to_fp(self, src, dst_type, rounding_mode)
+
+    def cast_impl(self, src, dst_type):
+        if wants_fix(src, dst_type):
+            return interp.TensorHandle(exact_downcast(src.data, src.dtype.scalar, dst_type.scalar), dst_type.scalar)
+        return original_cast(self, src, dst_type)
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         if a.dtype.scalar == tl.bfloat16 or b.dtype.scalar == tl.bfloat16:
@@ -40,5 +81,7 @@ def apply_interpreter_fixes() -> None:
             return interp.TensorHandle(out, d.dtype.scalar)
         return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
 
+    interp.InterpreterBuilder.create_fp_to_fp = create_fp_to_fp
+    interp.InterpreterBuilder.cast_impl = cast_impl
     interp.InterpreterBuilder.create_dot = create_dot
     _applied = True

@@ -48,3 +48,32 @@ def launch_compiled(kernel, grid, args, device_index: int) -> None:
         grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device_index),
         kernel.function, kernel.packed_metadata, None, None, None, *args,
     )
+
+
+def _ptr(a):
+    return a.data_ptr() if isinstance(a, torch.Tensor) else a
+
+
+class CachedLaunch:
+    """One kernel launch of fixed specialization (the caller's plan key guarantees it): the first
+    call goes through Triton, compiling if needed; later calls launch the compiled kernel directly
+    with raw pointers. Called with `head` (the leading parameters: tensors, None or descriptors)
+    and `tail` (the rest: ints, bools, strings), together every parameter of `fn` in order."""
+
+    __slots__ = ("fn", "grid", "num_warps", "num_stages", "device_index", "kernel")
+
+    def __init__(self, fn, grid, num_warps: int, num_stages: int, device_index: int):
+        self.fn, self.num_warps, self.num_stages, self.device_index = fn, num_warps, num_stages, device_index
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.kernel = None
+
+    @property
+    def ready(self) -> bool:
+        """True when the next call launches directly (never under the interpreter)."""
+        return self.kernel is not None and not profiling_hooks_active()
+
+    def __call__(self, head, tail) -> None:
+        if self.ready:
+            launch_compiled(self.kernel, self.grid, (*map(_ptr, head), *tail), self.device_index)
+        else:
+            self.kernel = launch_jit(self.fn, self.grid, (*head, *tail), self.num_warps, self.num_stages)

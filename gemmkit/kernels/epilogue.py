@@ -4,10 +4,12 @@ import triton
 import triton.language as tl
 
 # Scale modes of the epilogue (A_SCALE / B_SCALE): none, one scalar, one value per row of A
-# (per token) or per row of B (per output channel).
+# (per token) or per row of B (per output channel) loaded from memory, or (A only) the tile's
+# per-row scales already in registers (computed in-kernel by dynamic quantization).
 SCALE_NONE = tl.constexpr(0)
 SCALE_TENSOR = tl.constexpr(1)
 SCALE_VECTOR = tl.constexpr(2)
+SCALE_ROWS_IN_REGISTERS = tl.constexpr(3)
 
 
 @triton.jit
@@ -41,8 +43,9 @@ def finish_tile(
 ):
     """(acc * a_scale * b_scale + bias) then ACTIVATION, in fp32, for the tile at (off_m, off_n).
 
-    `bias` is None or an (N,) vector; `a_scale` an (M,) or 1-element vector, `b_scale` an (N,) or
-    1-element vector, as selected by A_SCALE / B_SCALE.
+    `bias` is None or an (N,) vector; `a_scale` an (M,) or 1-element vector (or, with
+    SCALE_ROWS_IN_REGISTERS, the tile's (BLOCK_M,) scales), `b_scale` an (N,) or 1-element vector,
+    as selected by A_SCALE / B_SCALE.
     """
     out = acc.to(tl.float32)
     rm = off_m + tl.arange(0, BLOCK_M)
@@ -51,6 +54,8 @@ def finish_tile(
         out = out * tl.load(a_scale)
     elif A_SCALE == SCALE_VECTOR:
         out = out * tl.load(a_scale + rm, mask=rm < M, other=0.0)[:, None]
+    elif A_SCALE == SCALE_ROWS_IN_REGISTERS:
+        out = out * a_scale[:, None]
     if B_SCALE == SCALE_TENSOR:
         out = out * tl.load(b_scale)
     elif B_SCALE == SCALE_VECTOR:

@@ -8,8 +8,9 @@ specific to one op.
 import triton
 import triton.language as tl
 
-from .epilogue import finish_tile
+from .epilogue import SCALE_ROWS_IN_REGISTERS, finish_tile
 from .memory import load_k_tile, store_tile
+from .quant import quantize_values, rows_absmax, scales_from_absmax
 from .schedule import work_item
 
 
@@ -41,6 +42,7 @@ def gemm_kernel(
     EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, INT_DOT: tl.constexpr,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, ACTIVATION: tl.constexpr,
     FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
+    A_QUANT: tl.constexpr,
 ):
     """One program per work item (classic grid) or per SM (persistent grid), striding over
     work items (tile, K slice). With SPLIT_K > 1, `c` is a (SPLIT_K, M, N) contiguous workspace of
@@ -49,6 +51,9 @@ def gemm_kernel(
     A_K_MAJOR / B_K_MAJOR: the operand's K dimension has unit stride (else its row dimension has).
     EVEN_K: K % BLOCK_K == 0. INDEX_64: pointer offsets need 64 bits. INT_DOT: int8 operands,
     int32 accumulation. FLATTEN: flatten the work loop and the K loop into one pipelined loop.
+    A_QUANT ("" or "e4m3", "e5m2", "int8"): A is 16-bit and quantized per row on the fly (dynamic
+    per-token scales, computed by each program for its rows; needs pointer loads of A and
+    SPLIT_K == 1; the scales reach the epilogue in registers).
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -74,10 +79,15 @@ def gemm_kernel(
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
         else:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        if A_QUANT != "":
+            a_amax = rows_absmax(a, off_m, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_K_MAJOR, EVEN_K, INDEX_64)
+            a_rows_scale, a_rows_inv = scales_from_absmax(a_amax, A_QUANT)
         for ki in range(k_lo, k_hi):
             off_k = ki * BLOCK_K
             x = load_k_tile(a, off_m, off_k, M, K, stride_am, stride_ak,
                             BLOCK_M, BLOCK_K, A_TMA, A_K_MAJOR, EVEN_K, INDEX_64)
+            if A_QUANT != "":
+                x = quantize_values(x, a_rows_inv[:, None], A_QUANT)
             w = load_k_tile(b, off_n, off_k, N, K, stride_bn, stride_bk,
                             BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64)
             if INT_DOT:
@@ -89,7 +99,10 @@ def gemm_kernel(
         pid_m, pid_n, pid_k = work_item(work_c, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        if SPLIT_K > 1:
+        if A_QUANT != "":
+            _finish_and_store(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_rows_scale, b_scale,
+                              BLOCK_M, BLOCK_N, C_TMA, INDEX_64, SCALE_ROWS_IN_REGISTERS, B_SCALE, ACTIVATION)
+        elif SPLIT_K > 1:
             store_tile(c + pid_k * M * N, acc, off_m, off_n, M, N, N, 1, BLOCK_M, BLOCK_N, False, INDEX_64)
         elif EPILOGUE_SUBTILE:
             halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))

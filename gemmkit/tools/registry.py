@@ -25,19 +25,35 @@ class ToolOp:
     run: Callable  # (inputs, config=None) -> output (allocated, as the baseline does)
     baseline: Callable  # (inputs) -> output, the torch op gemmkit competes with
     baseline_name: str
-    reference: Callable  # (inputs) -> float32 result
+    reference: Callable  # (inputs) -> float32 result to compare run() with
     tolerance: float  # relative (Frobenius) error allowed against the reference
-    in_bytes: float  # bytes per operand element
+    in_bytes: float  # bytes per operand element (search space, roofline)
     out_bytes: int
-    operand_bits: int  # for the roofline: which peak applies
+    operand_bits: int  # which datasheet peak applies
+    table: str | None  # config table the op reads (what `gemmkit tune` writes); None: not tunable
+    gemm: bool = True  # (M, N, K) problem; False: an elementwise op over (M, K)
 
+    def flops(self, M, N, K) -> float:
+        return 2.0 * M * N * K if self.gemm else 0.0
+
+    def nbytes(self, M, N, K) -> float:
+        if self.gemm:
+            return (M * K + N * K) * self.in_bytes + M * N * self.out_bytes
+        return M * K * (self.in_bytes + self.out_bytes) + 4 * M
+
+
+_F = torch.nn.functional
+
+
+def _rand(shape, device, scale=1.0):
+    return torch.randn(*shape, device=device, dtype=torch.float32) * scale
+
+
+# a16w16 --------------------------------------------------------------------------------------
 
 def _a16w16_inputs(M, N, K, dtype, device):
     dt = _DTYPES[dtype]
-    return {
-        "x": torch.randn(M, K, device=device, dtype=torch.float32).to(dt),
-        "w": (torch.randn(N, K, device=device, dtype=torch.float32) / K**0.5).to(dt),
-    }
+    return {"x": _rand((M, K), device).to(dt), "w": (_rand((N, K), device) / K**0.5).to(dt)}
 
 
 def _a16w16_run(inp, config=None):
@@ -46,20 +62,113 @@ def _a16w16_run(inp, config=None):
     return gemm_a16w16(inp["x"], inp["w"], config=config)
 
 
-def _a16w16_baseline(inp):
-    return torch.nn.functional.linear(inp["x"], inp["w"])
+# a8w8 ----------------------------------------------------------------------------------------
+
+def _a8w8_inputs(granularity):
+    def make(M, N, K, dtype, device):
+        from ..quant import quantize_fp8, quantize_int8
+
+        x, w = _rand((M, K), device), _rand((N, K), device)
+        if dtype == "int8":
+            (xq, xs), (wq, ws) = quantize_int8(x, granularity), quantize_int8(w, granularity)
+        else:
+            (xq, xs), (wq, ws) = quantize_fp8(x, granularity), quantize_fp8(w, granularity)
+        return {"x": xq, "w": wq, "xs": xs, "ws": ws if granularity == "tensor" else ws.reshape(1, N)}
+    return make
 
 
-def _a16w16_reference(inp):
-    return inp["x"].float() @ inp["w"].float().T
+def _a8w8_run(inp, config=None):
+    from ..ops.a8w8 import gemm_a8w8
+
+    return gemm_a8w8(inp["x"], inp["w"], inp["xs"], inp["ws"], config=config)
+
+
+def _scaled_mm(inp):
+    return torch._scaled_mm(inp["x"], inp["w"].t(), scale_a=inp["xs"], scale_b=inp["ws"],
+                            out_dtype=torch.bfloat16, use_fast_accum=True)
+
+
+def _int_mm_scaled(inp):
+    return (torch._int_mm(inp["x"], inp["w"].t()) * inp["xs"] * inp["ws"]).to(torch.bfloat16)
+
+
+def _a8w8_reference(inp):
+    return (inp["x"].float() @ inp["w"].float().T) * inp["xs"] * inp["ws"]
+
+
+# dynamic per-token quantization of bf16 activations ------------------------------------------
+
+def _dynamic_inputs(M, N, K, dtype, device):
+    from ..quant import quantize_fp8
+
+    x, w = _rand((M, K), device).to(torch.bfloat16), _rand((N, K), device) / K**0.5
+    wq, ws = quantize_fp8(w, "row")
+    return {"x": x, "w": wq, "ws": ws.reshape(1, N), "w16": w.to(torch.bfloat16)}
+
+
+def _dynamic_run(inp, config=None):
+    from ..ops.a8w8 import gemm_a8w8
+
+    return gemm_a8w8(inp["x"], inp["w"], None, inp["ws"], config=config)
+
+
+def _dynamic_reference(inp):
+    x = inp["x"].float()
+    xs = x.abs().amax(dim=1, keepdim=True) / 448.0
+    xq = (x / xs.clamp_min(1e-30)).clamp(-448, 448).to(torch.float8_e4m3fn).float() * xs
+    return xq @ inp["w"].float().T * inp["ws"]
+
+
+# quantizer -----------------------------------------------------------------------------------
+
+def _quant_inputs(M, N, K, dtype, device):
+    return {"x": _rand((M, K), device, 2.0).to(torch.bfloat16)}
+
+
+def _quant_run(inp, config=None):
+    from ..quant import dequantize, quantize_fp8
+
+    return _Quantized(*quantize_fp8(inp["x"], "row"), dequantize)
+
+
+def _quant_torch(inp):
+    from ..quant import dequantize
+
+    x = inp["x"].float()
+    s = x.abs().amax(dim=1, keepdim=True) / 448.0
+    return _Quantized((x / s).clamp(-448, 448).to(torch.float8_e4m3fn), s, dequantize)
+
+
+class _Quantized:
+    """Result of the quantizer, compared with the input through dequantization."""
+
+    def __init__(self, q, s, dequantize):
+        self.q, self.s, self.dequantize = q, s, dequantize
+
+    def float(self):
+        return self.dequantize(self.q, self.s)
 
 
 OPS = {
     "a16w16": ToolOp(
-        name="a16w16", dtypes=("bf16", "fp16"), make_inputs=_a16w16_inputs, run=_a16w16_run,
-        baseline=_a16w16_baseline, baseline_name="F.linear (cuBLAS)", reference=_a16w16_reference,
-        tolerance=1e-2, in_bytes=2, out_bytes=2, operand_bits=16,
-    ),
+        "a16w16", ("bf16", "fp16"), _a16w16_inputs, _a16w16_run, lambda i: _F.linear(i["x"], i["w"]),
+        "F.linear (cuBLAS)", lambda i: i["x"].float() @ i["w"].float().T, 1e-2, 2, 2, 16, "a16w16"),
+    "a8w8": ToolOp(
+        "a8w8", ("e4m3",), _a8w8_inputs("row"), _a8w8_run, _scaled_mm,
+        "torch._scaled_mm row-wise (cuBLASLt/CUTLASS, use_fast_accum=True)", _a8w8_reference, 1e-2, 1, 2, 8,
+        "a8w8_fp8"),
+    "a8w8_tensor": ToolOp(
+        "a8w8_tensor", ("e4m3",), _a8w8_inputs("tensor"), _a8w8_run, _scaled_mm,
+        "torch._scaled_mm tensor-wise (cuBLASLt, use_fast_accum=True)", _a8w8_reference, 1e-2, 1, 2, 8, "a8w8_fp8"),
+    "a8w8_int8": ToolOp(
+        "a8w8_int8", ("int8",), _a8w8_inputs("row"), _a8w8_run, _int_mm_scaled,
+        "torch._int_mm + scaling in torch", _a8w8_reference, 1e-2, 1, 2, 8, "a8w8_int8"),
+    "a8w8_dynamic": ToolOp(
+        "a8w8_dynamic", ("e4m3",), _dynamic_inputs, _dynamic_run, lambda i: _F.linear(i["x"], i["w16"]),
+        "F.linear bf16 (cuBLAS) on the unquantized weight", _dynamic_reference, 2e-2, 1, 2, 8, None),
+    "quant_fp8_row": ToolOp(
+        "quant_fp8_row", ("bf16",), _quant_inputs, _quant_run, _quant_torch,
+        "torch eager: absmax, divide, clamp, cast", lambda i: i["x"].float(), 0.08, 2, 1, 16, None, gemm=False),
 }
 
 
@@ -130,7 +239,8 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
     else:  # compute-bound: TMA, wide tiles, persistent, warp specialization, epilogue subtiling
         if M <= 512:
             tiles = [(64, 128, elem_k, 4, 4), (64, 128, elem_k, 4, 5), (128, 64, elem_k, 4, 4), (64, 64, 2 * elem_k, 4, 4),
-                     (128, 128, elem_k, 4, 4), (128, 128, elem_k, 8, 4), (64, 256, elem_k, 8, 3), (128, 256, elem_k, 8, 3)]
+                     (128, 128, elem_k, 4, 4), (128, 128, elem_k, 8, 4), (64, 256, elem_k, 8, 3), (128, 256, elem_k, 8, 3),
+                     (256, 128, elem_k, 8, 3), (256, 64, elem_k, 8, 4)]
         else:
             tiles = [(128, 256, elem_k, 8, 3), (256, 128, elem_k, 8, 3), (128, 256, elem_k, 8, 4), (128, 128, elem_k, 8, 4),
                      (128, 128, elem_k, 8, 5), (128, 128, 2 * elem_k, 8, 3), (128, 128, 2 * elem_k, 4, 3)]
@@ -142,6 +252,7 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
                 add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True, EPILOGUE_SUBTILE=True)
             if M <= 512:
                 add(bm, bn, bk, warps, stages, 2, TMA=True)
+                add(bm, bn, bk, warps, stages, 4, TMA=True)
             elif bn == 256:  # wider L2 groups for the largest tiles
                 add(bm, bn, bk, warps, stages, 1, 16, TMA=True)
                 add(bm, bn, bk, warps, stages, 1, 16, TMA=True, PERSISTENT=True)

@@ -1,0 +1,128 @@
+"""Quantization to FP8 / INT8: scales from absolute maxima, saturating conversion, and the
+standalone quantizer kernels. QUANT names the target: "e4m3" (float8_e4m3fn), "e5m2"
+(float8_e5m2) or "int8". A scale s maps q = x / s onto the target's range: s = absmax / qmax.
+"""
+
+import triton
+import triton.language as tl
+
+from .memory import load_k_tile
+
+
+@triton.jit
+def quant_max(QUANT: tl.constexpr):
+    """Largest finite value of the target type."""
+    if QUANT == "e4m3":
+        q = 448.0
+    elif QUANT == "e5m2":
+        q = 57344.0
+    else:
+        q = 127.0
+    return q
+
+
+@triton.jit
+def quantize_values(v, inv_scale, QUANT: tl.constexpr):
+    """v * inv_scale (broadcast), saturated to the target's range and converted to it.
+    INT8 rounds half away from zero; FP8 conversion rounds to nearest even."""
+    qmax = quant_max(QUANT)
+    v = v.to(tl.float32) * inv_scale
+    v = tl.minimum(tl.maximum(v, -qmax), qmax)
+    if QUANT == "e4m3":
+        q = v.to(tl.float8e4nv)
+    elif QUANT == "e5m2":
+        q = v.to(tl.float8e5)
+    else:
+        q = tl.where(v >= 0, v + 0.5, v - 0.5).to(tl.int8)
+    return q
+
+
+@triton.jit
+def scales_from_absmax(amax, QUANT: tl.constexpr):
+    """(scale, 1 / scale) for values whose absolute maximum is `amax`; an all-zero row gets
+    scale 0 and quantizes to zeros."""
+    qmax = quant_max(QUANT)
+    scale = amax / qmax
+    inv = tl.where(amax > 0, qmax / tl.where(amax > 0, amax, 1.0), 0.0)
+    return scale, inv
+
+
+@triton.jit
+def rows_absmax(src, off_r, R, K, stride_r, stride_k, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+                K_MAJOR: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr):
+    """Absolute maximum over K of each of the BLOCK_R rows at off_r, as fp32 (BLOCK_R,)."""
+    amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for ki in range(0, tl.cdiv(K, BLOCK_K)):
+        t = load_k_tile(src, off_r, ki * BLOCK_K, R, K, stride_r, stride_k, BLOCK_R, BLOCK_K,
+                        False, K_MAJOR, EVEN_K, INDEX_64)
+        amax = tl.maximum(amax, tl.max(tl.abs(t.to(tl.float32)), axis=1))
+    return amax
+
+
+@triton.jit
+def quantize_rows_kernel(
+    x, q, scale, R, C, stride_xr, stride_xc, stride_qr,
+    QUANT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, ONE_PASS: tl.constexpr,
+    EVEN_C: tl.constexpr, INDEX_64: tl.constexpr,
+):
+    """Per-row dynamic quantization of x (R, C): q (R, C) row-major, scale (R,) fp32.
+    ONE_PASS (C <= BLOCK_C): each row is read once, kept in registers, reduced and converted."""
+    off_r = tl.program_id(0) * BLOCK_R
+    rows = off_r + tl.arange(0, BLOCK_R)
+    row_ok = rows < R
+    if INDEX_64:
+        rows = rows.to(tl.int64)
+    if ONE_PASS:
+        t = load_k_tile(x, off_r, 0, R, C, stride_xr, stride_xc, BLOCK_R, BLOCK_C, False, True, EVEN_C, INDEX_64)
+        s, inv = scales_from_absmax(tl.max(tl.abs(t.to(tl.float32)), axis=1), QUANT)
+        cols = tl.arange(0, BLOCK_C)
+        tl.store(q + rows[:, None] * stride_qr + cols[None, :], quantize_values(t, inv[:, None], QUANT),
+                 mask=row_ok[:, None] & (cols[None, :] < C))
+    else:
+        amax = rows_absmax(x, off_r, R, C, stride_xr, stride_xc, BLOCK_R, BLOCK_C, True, EVEN_C, INDEX_64)
+        s, inv = scales_from_absmax(amax, QUANT)
+        for ci in range(0, tl.cdiv(C, BLOCK_C)):
+            t = load_k_tile(x, off_r, ci * BLOCK_C, R, C, stride_xr, stride_xc, BLOCK_R, BLOCK_C,
+                            False, True, EVEN_C, INDEX_64)
+            cols = ci * BLOCK_C + tl.arange(0, BLOCK_C)
+            tl.store(q + rows[:, None] * stride_qr + cols[None, :], quantize_values(t, inv[:, None], QUANT),
+                     mask=row_ok[:, None] & (cols[None, :] < C))
+    tl.store(scale + rows, s, mask=row_ok)
+
+
+@triton.jit
+def absmax_kernel(x, amax, R, C, stride_xr, stride_xc, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                  EVEN_C: tl.constexpr, INDEX_64: tl.constexpr):
+    """amax[0] = max(amax[0], max |x|) over this program's rows (amax starts at 0)."""
+    off_r = tl.program_id(0) * BLOCK_R
+    row_max = rows_absmax(x, off_r, R, C, stride_xr, stride_xc, BLOCK_R, BLOCK_C, True, EVEN_C, INDEX_64)
+    row_max = tl.where(off_r + tl.arange(0, BLOCK_R) < R, row_max, 0.0)
+    tl.atomic_max(amax, tl.max(row_max, axis=0))
+
+
+@triton.jit
+def quantize_tensor_kernel(
+    x, q, scale_in, scale_out, R, C, stride_xr, stride_xc, stride_qr,
+    QUANT: tl.constexpr, FROM_ABSMAX: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    EVEN_C: tl.constexpr, INDEX_64: tl.constexpr,
+):
+    """Quantize x (R, C) with one scale: scale_in[0] is the scale, or (FROM_ABSMAX) the tensor's
+    absolute maximum, then program 0 also writes the scale to scale_out[0]."""
+    off_r = tl.program_id(0) * BLOCK_R
+    if FROM_ABSMAX:
+        s, inv = scales_from_absmax(tl.load(scale_in), QUANT)
+        if tl.program_id(0) == 0:
+            tl.store(scale_out, s)
+    else:
+        s = tl.load(scale_in)
+        inv = tl.where(s > 0, 1.0 / s, 0.0)
+    rows = off_r + tl.arange(0, BLOCK_R)
+    row_ok = rows < R
+    if INDEX_64:
+        rows = rows.to(tl.int64)
+    for ci in range(0, tl.cdiv(C, BLOCK_C)):
+        t = load_k_tile(x, off_r, ci * BLOCK_C, R, C, stride_xr, stride_xc, BLOCK_R, BLOCK_C,
+                        False, True, EVEN_C, INDEX_64)
+        cols = ci * BLOCK_C + tl.arange(0, BLOCK_C)
+        tl.store(q + rows[:, None] * stride_qr + cols[None, :], quantize_values(t, inv, QUANT),
+                 mask=row_ok[:, None] & (cols[None, :] < C))

@@ -1,0 +1,140 @@
+"""A8W8: FP8 (e4m3 / e5m2) or INT8 operands with per-tensor, per-token and per-channel scales."""
+
+from __future__ import annotations
+
+import torch
+
+from ..core import validate as v
+from ..core.config import fit_to_smem
+from ..core.dense import DensePlan, PlanCache, plan_key, resolve_config
+from ..core.device import device_info
+
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+_QUANT_NAME = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2", torch.int8: "int8"}
+_X_DTYPES = FP8 + (torch.int8, torch.bfloat16, torch.float16)
+_W_DTYPES = FP8 + (torch.int8,)
+_BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Dynamic quantization of a 16-bit x happens inside the GEMM up to this M (one launch: at decode
+# sizes the host's launch cost dominates); above it a separate one-pass quantizer runs first.
+FUSED_QUANT_MAX_M = 16
+_SCALE_TENSOR, _SCALE_VECTOR = 1, 2
+_plans = PlanCache()
+
+
+def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=torch.bfloat16, y=None, config=None):
+    """activation((x * x_scale) @ (w * w_scale).T + bias), accumulated in fp32 (int32 for int8).
+
+    x: (M, K) (or (*, K)), w: (N, K), both K-contiguous (stride 1 along K, as fp8/int8 tensor
+    cores need): float8_e4m3fn / float8_e5m2 in any combination, or both int8.
+    x_scale: float32, one value (0-d or 1 element: per tensor) or M values ((M, 1) or (M,): per
+    token). w_scale: float32, one value or N values ((1, N), (N,) or (N, 1): per channel).
+    Dynamic per-token quantization: pass x in bf16/fp16 with x_scale=None; x is quantized to w's
+    type (inside the GEMM for M <= FUSED_QUANT_MAX_M, else by a one-pass quantizer first).
+    bias: (N,) bf16/fp16/fp32. activation: None, "relu", "gelu_tanh", "silu".
+    out_dtype: bf16 (default), fp16 or fp32. y: optional preallocated output (M, N).
+    config: None (tuned table, else derived from the device), a dict or a GemmConfig.
+    Matches torch._scaled_mm(..., use_fast_accum=True): Triton's sm_90 default for fp8 dots.
+    """
+    key = plan_key((x, w, x_scale, w_scale, bias, y), (activation, out_dtype, v.config_key(config)))
+    plan = _plans.get(key) if key is not None else None
+    if plan is None:
+        plan = _plans.add(key, _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config))
+    return plan(x, w, x_scale, w_scale, bias, y)
+
+
+def _scale_mode(name: str, s, length: int, what: str) -> int:
+    """TENSOR or VECTOR for a scale of 1 or `length` float32 values; checks shape and stride."""
+    v.check_tensor(name, s, (torch.float32,))
+    if s.numel() == 1 and s.ndim <= 2:
+        return _SCALE_TENSOR
+    long_dims = [d for d in range(s.ndim) if s.shape[d] != 1]
+    if s.numel() != length or s.ndim > 2 or len(long_dims) != 1:
+        raise ValueError(f"{name} has shape {tuple(s.shape)}: expected one value (per tensor) or {length} "
+                         f"values ({what})")
+    if s.stride(long_dims[0]) != 1:
+        raise ValueError(f"{name} must be contiguous (call .contiguous())")
+    return _SCALE_VECTOR
+
+
+def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config):
+    v.check_tensor("x", x, _X_DTYPES)
+    v.check_tensor("w", w, _W_DTYPES)
+    dynamic = x.dtype in (torch.bfloat16, torch.float16)
+    if dynamic:
+        if x_scale is not None:
+            raise ValueError("x is 16-bit: pass x_scale=None for dynamic per-token quantization, "
+                             "or quantize x first (gemmkit.quant)")
+    elif (x.dtype == torch.int8) != (w.dtype == torch.int8):
+        raise TypeError(f"x is {x.dtype} but w is {w.dtype}: int8 pairs only with int8, fp8 only with fp8")
+    elif x_scale is None:
+        raise ValueError("x_scale is required when x is already quantized")
+    activation = v.check_activation(activation)
+    device = v.check_devices(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias, y=y)
+    v.check_no_autograd(x=x, w=w, bias=bias)
+    x2, lead = v.as_rows("x", x)
+    M, K = x2.shape
+    N = v.check_weight("w", w, K)
+    a_mode = 0 if dynamic else _scale_mode("x_scale", x_scale, M, "per token: (M, 1) or (M,)")
+    b_mode = _scale_mode("w_scale", w_scale, N, "per channel: (1, N), (N,) or (N, 1)")
+    v.check_bias(bias, N, _BIAS_DTYPES)
+    out_dtype = v.check_out_dtype(out_dtype, y, torch.bfloat16)
+    y2 = v.check_out(y, lead, M, N, out_dtype, device)
+    if M == 0 or N == 0 or K == 0:
+        return _Degenerate(v.DegeneratePlan((*lead, N), out_dtype, device, activation))
+    for name, t in (("x", x2), ("w", w)):
+        if K > 1 and t.stride(1) != 1:
+            raise ValueError(f"{name} must be K-contiguous (stride 1 along K): FP8/INT8 tensor-core operands "
+                             "are K-major (call .contiguous())")
+    if y2 is not None:
+        v.check_layout("y", y2)
+    dev = device_info(device)
+    op = "a8w8_int8" if w.dtype == torch.int8 else "a8w8_fp8"
+    cfg = resolve_config(op, config, M, N, K, dev, 1, out_dtype.itemsize)
+    example_y = y2 if y2 is not None else torch.empty((M, N), dtype=out_dtype, device=device)
+    common = dict(out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=x.ndim != 2, b_scale_mode=b_mode)
+    if not dynamic:
+        return _Static(DensePlan(x2, w, example_y, bias, activation, cfg, dev, a_scale_mode=a_mode, **common))
+    quant = _QUANT_NAME[w.dtype]
+    if M <= FUSED_QUANT_MAX_M:
+        cfg = fit_to_smem(cfg, dev, x.element_size(), 1, out_dtype.itemsize)
+        return _Fused(DensePlan(x2, w, example_y, bias, activation, cfg, dev, a_quant=quant, **common))
+    from ..quant import quantize_fp8, quantize_int8
+
+    quantize = quantize_int8 if w.dtype == torch.int8 else (lambda t: quantize_fp8(t, "row", w.dtype))
+    xq, xs = quantize(x2)
+    gemm = DensePlan(xq, w, example_y, bias, activation, cfg, dev, a_scale_mode=_SCALE_VECTOR,
+                     **dict(common, flatten_x=False))
+    return _QuantizeThenGemm(quantize, gemm, M, K, x.ndim != 2)
+
+
+class _Static:
+    def __init__(self, gemm):
+        self.gemm = gemm
+
+    def __call__(self, x, w, x_scale, w_scale, bias, y):
+        return self.gemm(x, w, bias, y, x_scale, w_scale)
+
+
+class _Fused:
+    def __init__(self, gemm):
+        self.gemm = gemm
+
+    def __call__(self, x, w, x_scale, w_scale, bias, y):
+        return self.gemm(x, w, bias, y, None, w_scale)
+
+
+class _QuantizeThenGemm:
+    def __init__(self, quantize, gemm, M, K, flatten_x):
+        self.quantize, self.gemm, self.M, self.K, self.flatten_x = quantize, gemm, M, K, flatten_x
+
+    def __call__(self, x, w, x_scale, w_scale, bias, y):
+        xq, xs = self.quantize(x.reshape(self.M, self.K) if self.flatten_x else x)
+        return self.gemm(xq, w, bias, y, xs, w_scale)
+
+
+class _Degenerate:
+    def __init__(self, plan):
+        self.plan = plan
+
+    def __call__(self, x, w, x_scale, w_scale, bias, y):
+        return self.plan(x, w, bias, y)

@@ -1,0 +1,146 @@
+"""Correctness of gemm_a8w8 (FP8 / INT8, tensor / token / channel scales, dynamic quantization)."""
+
+import pytest
+import torch
+
+import gemmkit
+from gemmkit import quant
+from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference, sizes
+
+E4M3, E5M2, INT8 = torch.float8_e4m3fn, torch.float8_e5m2, torch.int8
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+
+_B = sizes(dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32), dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8))
+_BS = sizes(dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64), dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_stages=4))
+PATHS = {
+    "ptr": dict(_B),
+    "ptr_small_m": dict(_BS),
+    "ptr_splitk": dict(_BS, SPLIT_K=3),
+    "tma": dict(_B, TMA=True),
+    "tma_persistent": dict(_B, TMA=True, PERSISTENT=True),
+    "tma_persistent_subtile": dict(_B, TMA=True, PERSISTENT=True, EPILOGUE_SUBTILE=True),
+    "tma_splitk": dict(_B, TMA=True, SPLIT_K=2),
+}
+RAGGED = sizes([(1, 40, 80), (45, 70, 112), (33, 17, 8), (64, 64, 128)],
+               [(1, 4096, 4096), (200, 333, 1024), (1024, 1024, 1024), (300, 500, 40)])
+
+
+def operand(rows, K, dtype):
+    if dtype == INT8:
+        return torch.randint(-127, 128, (rows, K), device=DEVICE, dtype=torch.int8)
+    return randn(rows, K, dtype=FP32, scale=2.0).to(dtype)
+
+
+def scales(M, N, x_gran, w_gran):
+    xs = {"tensor": lambda: torch.rand((), device=DEVICE) + 0.5,
+          "tensor1": lambda: torch.rand(1, device=DEVICE) + 0.5,
+          "row": lambda: torch.rand(M, 1, device=DEVICE) + 0.5,
+          "row1d": lambda: torch.rand(M, device=DEVICE) + 0.5}[x_gran]()
+    ws = {"tensor": lambda: torch.rand((), device=DEVICE) + 0.5,
+          "col": lambda: torch.rand(1, N, device=DEVICE) + 0.5,
+          "col1d": lambda: torch.rand(N, device=DEVICE) + 0.5,
+          "colT": lambda: torch.rand(N, 1, device=DEVICE) + 0.5}[w_gran]()
+    return xs, ws
+
+
+@pytest.mark.parametrize("x_dtype,w_dtype", [(E4M3, E4M3), (E4M3, E5M2), (E5M2, E4M3), (E5M2, E5M2), (INT8, INT8)])
+@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("M,N,K", RAGGED)
+def test_paths_dtypes_ragged(x_dtype, w_dtype, path, M, N, K):
+    x, w = operand(M, K, x_dtype), operand(N, K, w_dtype)
+    xs, ws = scales(M, N, "row", "col")
+    bias = randn(N, dtype=BF16)
+    y = poisoned((M, N), BF16)
+    out = gemmkit.gemm_a8w8(x, w, xs, ws, bias, y=y, config=PATHS[path])
+    assert out is y
+    assert_close(out, reference(x, w, bias, x_scale=xs, w_scale=ws))
+
+
+@pytest.mark.parametrize("x_gran", ["tensor", "tensor1", "row", "row1d"])
+@pytest.mark.parametrize("w_gran", ["tensor", "col", "col1d", "colT"])
+@pytest.mark.parametrize("dtype", [E4M3, INT8])
+def test_scale_granularities(x_gran, w_gran, dtype):
+    M, N, K = sizes((19, 40, 96), (300, 1000, 512))
+    x, w = operand(M, K, dtype), operand(N, K, dtype)
+    xs, ws = scales(M, N, x_gran, w_gran)
+    out = gemmkit.gemm_a8w8(x, w, xs, ws, out_dtype=FP32)
+    assert_close(out, reference(x, w, x_scale=xs, w_scale=ws))
+
+
+@pytest.mark.parametrize("out_dtype", [BF16, FP16, FP32])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu_tanh", "silu"])
+def test_out_dtype_bias_activation(out_dtype, activation):
+    M, N, K = sizes((17, 48, 64), (257, 520, 1024))
+    x, w = operand(M, K, E4M3), operand(N, K, E4M3)
+    xs, ws = scales(M, N, "row", "col")
+    bias = randn(N, dtype=FP32)
+    out = gemmkit.gemm_a8w8(x, w, xs, ws, bias, activation=activation, out_dtype=out_dtype)
+    assert out.dtype == out_dtype
+    assert_close(out, reference(x, w, bias, activation, x_scale=xs, w_scale=ws))
+
+
+@pytest.mark.parametrize("w_dtype", [E4M3, E5M2, INT8])
+@pytest.mark.parametrize("M", sizes([1, 5, 16, 17, 40], [1, 16, 17, 256]))
+@pytest.mark.parametrize("path", [None, "ptr_small_m", "tma"])
+def test_dynamic_per_token(w_dtype, M, path):
+    """x in bf16 with x_scale=None: quantized per token inside the GEMM (small M) or by the
+    quantizer first. Same result as quantizing explicitly (same rounding code), and close to the
+    unquantized product."""
+    N, K = sizes((40, 96), (1000, 2048))
+    x = randn(M, K, dtype=BF16)
+    w = operand(N, K, w_dtype)
+    ws = torch.rand(1, N, device=DEVICE) + 0.5
+    bias = randn(N, dtype=FP32)
+    cfg = None if path is None else PATHS[path]
+    out = gemmkit.gemm_a8w8(x, w, None, ws, bias, activation="silu", config=cfg)
+    xq, xs = quant.quantize_int8(x) if w_dtype == INT8 else quant.quantize_fp8(x, "row", w_dtype)
+    assert_close(out, reference(xq, w, bias, "silu", x_scale=xs, w_scale=ws))
+    full = reference(x, w, bias, "silu", w_scale=ws)
+    assert ((out.double() - full).norm() / full.norm()) < {E4M3: 0.1, E5M2: 0.2, INT8: 0.03}[w_dtype]
+
+
+def test_leading_dims_and_reuse():
+    K, N = 64, 24
+    w = operand(N, K, E4M3)
+    ws = torch.rand(N, device=DEVICE) + 0.5
+    for _ in range(3):  # the cached plan on fresh data
+        x = operand(6, K, E4M3)
+        xs = torch.rand(6, 1, device=DEVICE) + 0.5
+        out = gemmkit.gemm_a8w8(x.view(2, 3, K), w, xs.view(2, 3, 1).reshape(6, 1), ws)
+        assert out.shape == (2, 3, N)
+        assert_close(out.reshape(6, N), reference(x, w, x_scale=xs, w_scale=ws))
+
+
+def _e4(M, K):
+    return operand(M, K, E4M3)
+
+
+BAD = {
+    "w bf16": (lambda: (_e4(4, 32), randn(8, 32, dtype=BF16), torch.ones(()), torch.ones(())), TypeError, "w"),
+    "int8 with fp8": (lambda: (operand(4, 32, INT8), _e4(8, 32), torch.ones(()), torch.ones(())), TypeError, "int8"),
+    "x fp32": (lambda: (randn(4, 32, dtype=FP32), _e4(8, 32), None, torch.ones(())), TypeError, "x"),
+    "x_scale missing": (lambda: (_e4(4, 32), _e4(8, 32), None, torch.ones(())), ValueError, "x_scale"),
+    "x_scale for bf16 x": (lambda: (randn(4, 32, dtype=BF16), _e4(8, 32), torch.ones(()), torch.ones(())), ValueError, "x_scale"),
+    "x_scale shape": (lambda: (_e4(4, 32), _e4(8, 32), torch.ones(5, 1), torch.ones(())), ValueError, "x_scale"),
+    "x_scale 2 cols": (lambda: (_e4(4, 32), _e4(8, 32), torch.ones(4, 2), torch.ones(())), ValueError, "x_scale"),
+    "x_scale fp16": (lambda: (_e4(4, 32), _e4(8, 32), torch.ones(4, 1, dtype=FP16), torch.ones(())), TypeError, "x_scale"),
+    "w_scale shape": (lambda: (_e4(4, 32), _e4(8, 32), torch.ones(()), torch.ones(2, 8)), ValueError, "w_scale"),
+    "w_scale strided": (lambda: (_e4(4, 32), _e4(8, 32), torch.ones(()), torch.ones(16)[::2]), ValueError, "w_scale"),
+    "w_scale missing": (lambda: (_e4(4, 32), _e4(8, 32), torch.ones(()), None), TypeError, "w_scale"),
+    "x not K-contiguous": (lambda: (_e4(32, 4).t(), _e4(8, 32), torch.ones(()), torch.ones(())), ValueError, "K-contiguous"),
+    "w not K-contiguous": (lambda: (_e4(4, 32), _e4(32, 8).t(), torch.ones(()), torch.ones(())), ValueError, "K-contiguous"),
+    "K mismatch": (lambda: (_e4(4, 32), _e4(8, 16), torch.ones(()), torch.ones(())), ValueError, "K"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input(case, monkeypatch):
+    from gemmkit.core import launcher
+
+    monkeypatch.setattr(launcher, "launch_jit", lambda *a: pytest.fail("launched"))
+    make, exc, word = BAD[case]
+    x, w, xs, ws = make()
+    xs = xs.to(DEVICE) if isinstance(xs, torch.Tensor) else xs
+    ws = ws.to(DEVICE) if isinstance(ws, torch.Tensor) else ws
+    with pytest.raises(exc, match=word):
+        gemmkit.gemm_a8w8(x, w, xs, ws)
