@@ -185,3 +185,27 @@ def test_one_launch_per_call(monkeypatch):
             if ON_GPU and i > 0:
                 assert set(calls) == {"launch_compiled"}, calls
         assert_close(out, reference(x, w))
+
+
+def test_config_too_large_for_device_is_shrunk(monkeypatch):
+    """An automatically chosen config that does not fit the device (Triton raises OutOfResources
+    at its first launch) is shrunk and retried; a config the caller chose is not."""
+    from triton.runtime.errors import OutOfResources
+
+    from gemmkit.core import launcher
+
+    real, failures = launcher.launch_jit, []
+
+    def launch_jit(fn, grid, args, num_warps, num_stages):
+        if fn.__name__ == "gemm_kernel" and num_stages > 2:
+            failures.append(num_stages)
+            raise OutOfResources(300000, 232448, "shared memory")
+        return real(fn, grid, args, num_warps, num_stages)
+
+    monkeypatch.setattr(launcher, "launch_jit", launch_jit)
+    x, w = randn(9, 64, dtype=BF16), randn(40, 64, dtype=BF16)
+    out = gemmkit.gemm_a16w16(x, w, out_dtype=FP32)  # an output dtype no plan exists for yet
+    assert failures and failures[-1] == 3
+    assert_close(out, reference(x, w))
+    with pytest.raises(OutOfResources):
+        gemmkit.gemm_a16w16(x, w, config=dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16, num_stages=4))

@@ -25,6 +25,13 @@ RAGGED = sizes([(1, 40, 80), (45, 70, 112), (33, 17, 8), (64, 64, 128)],
                [(1, 4096, 4096), (200, 333, 1024), (1024, 1024, 1024), (300, 500, 40)])
 
 
+def check(out, ref, x_dtype):
+    """fp8 dots accumulate with Hopper's fast (reduced-precision) accumulation, Triton's sm_90
+    default: an fp32 output shows it (about 3e-4 relative at K = 1024)."""
+    fast_accum = ON_GPU and x_dtype in (E4M3, E5M2) and out.dtype == FP32
+    assert_close(out, ref, tol=2e-3 if fast_accum else None)
+
+
 def operand(rows, K, dtype):
     if dtype == INT8:
         return torch.randint(-127, 128, (rows, K), device=DEVICE, dtype=torch.int8)
@@ -64,7 +71,7 @@ def test_scale_granularities(x_gran, w_gran, dtype):
     x, w = operand(M, K, dtype), operand(N, K, dtype)
     xs, ws = scales(M, N, x_gran, w_gran)
     out = gemmkit.gemm_a8w8(x, w, xs, ws, out_dtype=FP32)
-    assert_close(out, reference(x, w, x_scale=xs, w_scale=ws))
+    check(out, reference(x, w, x_scale=xs, w_scale=ws), dtype)
 
 
 @pytest.mark.parametrize("out_dtype", [BF16, FP16, FP32])
@@ -76,7 +83,7 @@ def test_out_dtype_bias_activation(out_dtype, activation):
     bias = randn(N, dtype=FP32)
     out = gemmkit.gemm_a8w8(x, w, xs, ws, bias, activation=activation, out_dtype=out_dtype)
     assert out.dtype == out_dtype
-    assert_close(out, reference(x, w, bias, activation, x_scale=xs, w_scale=ws))
+    check(out, reference(x, w, bias, activation, x_scale=xs, w_scale=ws), E4M3)
 
 
 @pytest.mark.parametrize("w_dtype", [E4M3, E5M2, INT8])
@@ -115,21 +122,25 @@ def _e4(M, K):
     return operand(M, K, E4M3)
 
 
+def _ones(*shape, dtype=FP32):
+    return torch.ones(*shape, dtype=dtype, device=DEVICE)
+
+
 BAD = {
-    "w bf16": (lambda: (_e4(4, 32), randn(8, 32, dtype=BF16), torch.ones(()), torch.ones(())), TypeError, "w"),
-    "int8 with fp8": (lambda: (operand(4, 32, INT8), _e4(8, 32), torch.ones(()), torch.ones(())), TypeError, "int8"),
-    "x fp32": (lambda: (randn(4, 32, dtype=FP32), _e4(8, 32), None, torch.ones(())), TypeError, "x"),
-    "x_scale missing": (lambda: (_e4(4, 32), _e4(8, 32), None, torch.ones(())), ValueError, "x_scale"),
-    "x_scale for bf16 x": (lambda: (randn(4, 32, dtype=BF16), _e4(8, 32), torch.ones(()), torch.ones(())), ValueError, "x_scale"),
-    "x_scale shape": (lambda: (_e4(4, 32), _e4(8, 32), torch.ones(5, 1), torch.ones(())), ValueError, "x_scale"),
-    "x_scale 2 cols": (lambda: (_e4(4, 32), _e4(8, 32), torch.ones(4, 2), torch.ones(())), ValueError, "x_scale"),
-    "x_scale fp16": (lambda: (_e4(4, 32), _e4(8, 32), torch.ones(4, 1, dtype=FP16), torch.ones(())), TypeError, "x_scale"),
-    "w_scale shape": (lambda: (_e4(4, 32), _e4(8, 32), torch.ones(()), torch.ones(2, 8)), ValueError, "w_scale"),
-    "w_scale strided": (lambda: (_e4(4, 32), _e4(8, 32), torch.ones(()), torch.ones(16)[::2]), ValueError, "w_scale"),
-    "w_scale missing": (lambda: (_e4(4, 32), _e4(8, 32), torch.ones(()), None), TypeError, "w_scale"),
-    "x not K-contiguous": (lambda: (_e4(32, 4).t(), _e4(8, 32), torch.ones(()), torch.ones(())), ValueError, "K-contiguous"),
-    "w not K-contiguous": (lambda: (_e4(4, 32), _e4(32, 8).t(), torch.ones(()), torch.ones(())), ValueError, "K-contiguous"),
-    "K mismatch": (lambda: (_e4(4, 32), _e4(8, 16), torch.ones(()), torch.ones(())), ValueError, "K"),
+    "w bf16": (lambda: (_e4(4, 32), randn(8, 32, dtype=BF16), _ones(()), _ones(())), TypeError, "w"),
+    "int8 with fp8": (lambda: (operand(4, 32, INT8), _e4(8, 32), _ones(()), _ones(())), TypeError, "int8"),
+    "x fp32": (lambda: (randn(4, 32, dtype=FP32), _e4(8, 32), None, _ones(())), TypeError, "x"),
+    "x_scale missing": (lambda: (_e4(4, 32), _e4(8, 32), None, _ones(())), ValueError, "x_scale"),
+    "x_scale for bf16 x": (lambda: (randn(4, 32, dtype=BF16), _e4(8, 32), _ones(()), _ones(())), ValueError, "x_scale"),
+    "x_scale shape": (lambda: (_e4(4, 32), _e4(8, 32), _ones(5, 1), _ones(())), ValueError, "x_scale"),
+    "x_scale 2 cols": (lambda: (_e4(4, 32), _e4(8, 32), _ones(4, 2), _ones(())), ValueError, "x_scale"),
+    "x_scale fp16": (lambda: (_e4(4, 32), _e4(8, 32), _ones(4, 1, dtype=FP16), _ones(())), TypeError, "x_scale"),
+    "w_scale shape": (lambda: (_e4(4, 32), _e4(8, 32), _ones(()), _ones(2, 8)), ValueError, "w_scale"),
+    "w_scale strided": (lambda: (_e4(4, 32), _e4(8, 32), _ones(()), _ones(16)[::2]), ValueError, "w_scale"),
+    "w_scale missing": (lambda: (_e4(4, 32), _e4(8, 32), _ones(()), None), TypeError, "w_scale"),
+    "x not K-contiguous": (lambda: (_e4(32, 4).t(), _e4(8, 32), _ones(()), _ones(())), ValueError, "K-contiguous"),
+    "w not K-contiguous": (lambda: (_e4(4, 32), _e4(32, 8).t(), _ones(()), _ones(())), ValueError, "K-contiguous"),
+    "K mismatch": (lambda: (_e4(4, 32), _e4(8, 16), _ones(()), _ones(())), ValueError, "K"),
 }
 
 
@@ -140,7 +151,5 @@ def test_bad_input(case, monkeypatch):
     monkeypatch.setattr(launcher, "launch_jit", lambda *a: pytest.fail("launched"))
     make, exc, word = BAD[case]
     x, w, xs, ws = make()
-    xs = xs.to(DEVICE) if isinstance(xs, torch.Tensor) else xs
-    ws = ws.to(DEVICE) if isinstance(ws, torch.Tensor) else ws
     with pytest.raises(exc, match=word):
         gemmkit.gemm_a8w8(x, w, xs, ws)

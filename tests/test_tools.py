@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 import gemmkit
 from gemmkit.core import config as cfgmod
@@ -132,7 +133,7 @@ def test_tool_ops_on_cpu(name):
     """Each op's inputs, gemmkit call and reference agree (the bench's correctness check)."""
     op = registry.get_op(name)
     M, N, K = 5, 24, 64
-    inp = op.make_inputs(M, N, K, op.dtypes[0], "cpu")
+    inp = op.make_inputs(M, N, K, op.dtypes[0], "cuda" if torch.cuda.is_available() and not gemmkit.device_info().interpreter else "cpu")
     err = tune.rel_error(op.run(inp), op.reference(inp))
     assert err < op.tolerance, err
     assert op.nbytes(M, N, K) > 0 and (op.flops(M, N, K) > 0) == op.gemm

@@ -128,9 +128,14 @@ class GemmConfig:
 
 
 def fit_to_smem(cfg: GemmConfig, dev: DeviceInfo, a_bytes: float, b_bytes: float, out_bytes: int) -> GemmConfig:
-    """`cfg` with fewer pipeline stages if its operands (of these widths) would not fit."""
+    """`cfg` adjusted to fit the shared memory with operands and output of these widths (a table
+    entry tuned for a bf16 output may be asked for an fp32 one): first a split epilogue, then
+    fewer pipeline stages."""
     budget = dev.smem_per_block - 8 * 1024
-    while cfg.num_stages > 1 and cfg.smem_bytes(a_bytes, out_bytes, b_bytes) > budget:
+    fits = lambda c: c.smem_bytes(a_bytes, out_bytes, b_bytes) <= budget  # noqa: E731
+    if not fits(cfg) and cfg.TMA and not cfg.EPILOGUE_SUBTILE and cfg.BLOCK_N >= 32:
+        cfg = dataclasses.replace(cfg, EPILOGUE_SUBTILE=True)
+    while cfg.num_stages > 2 and not fits(cfg):
         cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
     return cfg
 
@@ -205,7 +210,7 @@ def _select(op: str, bucket: str, N: int, K: int, dev: DeviceInfo, in_bytes: flo
         for entries in (table.get("shapes", {}).get(f"{N},{K}"), table.get("buckets")):
             cfg = _pick_bucket(entries, M)
             if cfg is not None:
-                return GemmConfig.from_dict(cfg)
+                return fit_to_smem(GemmConfig.from_dict(cfg), dev, in_bytes, in_bytes, out_bytes)
     return derive_config(M, N, K, dev, in_bytes, out_bytes)
 
 

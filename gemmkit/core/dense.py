@@ -8,7 +8,10 @@ argument binding, and costs one dict lookup plus the launch.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
+from triton.runtime.errors import OutOfResources
 
 from .config import GemmConfig, select_config
 from .device import DeviceInfo
@@ -130,26 +133,68 @@ def resolve_config(op: str, config, M: int, N: int, K: int, dev: DeviceInfo, in_
 # the plan
 
 
+class TensorFacts:
+    """What a plan needs of a tensor (shape, strides, dtype, element size, device, 16-byte
+    alignment), without keeping the tensor alive."""
+
+    __slots__ = ("shape", "_stride", "dtype", "_element_size", "device", "_ptr_mod16")
+
+    def __init__(self, t: torch.Tensor):
+        self.shape, self._stride, self.dtype = tuple(t.shape), tuple(t.stride()), t.dtype
+        self._element_size, self.device, self._ptr_mod16 = t.element_size(), t.device, t.data_ptr() % 16
+
+    def stride(self):
+        return self._stride
+
+    def element_size(self):
+        return self._element_size
+
+    def data_ptr(self):  # only its alignment is known
+        return self._ptr_mod16
+
+
+def shrink_config(cfg: GemmConfig) -> GemmConfig | None:
+    """A config needing less shared memory (fewer stages, a split epilogue, smaller tiles)."""
+    if cfg.num_stages > 2:
+        return dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+    if cfg.TMA and not cfg.EPILOGUE_SUBTILE and cfg.BLOCK_N >= 32:
+        return dataclasses.replace(cfg, EPILOGUE_SUBTILE=True)
+    if cfg.BLOCK_K > 16:
+        return dataclasses.replace(cfg, BLOCK_K=cfg.BLOCK_K // 2)
+    if cfg.BLOCK_N > 16:
+        return dataclasses.replace(cfg, BLOCK_N=cfg.BLOCK_N // 2, EPILOGUE_SUBTILE=False)
+    return None
+
+
 class DensePlan:
     """y (M, N) = activation(x (M, K) @ w (N, K)^T * scales + bias) for fixed tensor facts.
 
     Built from validated example arguments (M, N, K >= 1). Call it with tensors that have the
     same facts (the plan key guarantees it). `out_shape`: the shape returned to the user ((M, N)
-    or (*, N)); x is reshaped to (M, K) when `flatten_x`.
+    or (*, N)); x is reshaped to (M, K) when `flatten_x`. With `auto_config` (the config was not
+    the caller's choice), a config that turns out not to fit the device at its first launch is
+    shrunk until it does.
     """
 
     def __init__(self, x2, w, y2, bias, activation: str, cfg: GemmConfig, dev: DeviceInfo, *,
                  out_dtype, out_shape, flatten_x: bool, a_scale_mode: int = 0, b_scale_mode: int = 0,
-                 a_quant: str = ""):
-        M, K = x2.shape
-        N = w.shape[0]
-        self.M, self.N, self.K = M, N, K
-        self.cfg = cfg
+                 a_quant: str = "", auto_config: bool = False):
+        self.x, self.w, self.y = TensorFacts(x2), TensorFacts(w), TensorFacts(y2)
+        self.M, self.K = x2.shape
+        self.N = w.shape[0]
+        self.activation, self.dev, self.auto_config = activation, dev, auto_config
+        self.a_scale_mode, self.b_scale_mode, self.a_quant = a_scale_mode, b_scale_mode, a_quant
         self.out_dtype, self.out_shape, self.flatten_x = out_dtype, tuple(out_shape), flatten_x
         self.device = x2.device
         self.device_index = x2.device.index or 0
         self.cuda = x2.device.type == "cuda"
         self.int_dot = w.dtype == torch.int8
+        self._configure(cfg)
+
+    def _configure(self, cfg: GemmConfig) -> None:
+        x2, w, y2, dev, a_quant = self.x, self.w, self.y, self.dev, self.a_quant
+        M, N, K = self.M, self.N, self.K
+        self.cfg = cfg
         bm, bn, bk = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
         # in-kernel quantization of A keeps its scales in registers: no split-K, no TMA for A
         split_k = cfg.SPLIT_K if cfg.SPLIT_K * M * N <= _INT32_MAX and not a_quant else 1
@@ -161,8 +206,9 @@ class DensePlan:
         self.b_desc = _operand_descriptor(w, w_layout, bn, bk) if want_tma else None
         self.c_desc = None
         s_cm, s_cn = y2.stride()
+        subtile = cfg.EPILOGUE_SUBTILE and split_k == 1 and not a_quant
         if split_k == 1 and want_tma and (s_cn == 1 or N == 1):
-            bn_store = bn // 2 if cfg.EPILOGUE_SUBTILE and not a_quant else bn
+            bn_store = bn // 2 if subtile else bn
             s_cm_eff = s_cm if M > 1 else N
             if _tma_ok(y2, s_cm_eff, (bm, bn_store)):
                 self.c_desc = _Descriptor((M, N), (s_cm_eff, 1), (bm, bn_store), False)
@@ -173,17 +219,18 @@ class DensePlan:
         warp_specialize = cfg.WARP_SPECIALIZE and flatten and self.a_desc is not None and self.b_desc is not None
         a_km, s_am, s_ak = x_layout
         b_km, s_bn, s_bk = w_layout
+        act, a_mode, b_mode = self.activation, self.a_scale_mode, self.b_scale_mode
         # gemm_kernel's parameters after (a, b, c, bias, a_scale, b_scale), in signature order
         self.gemm_tail = (
             M, N, K, s_am, s_ak, s_bn, s_bk, s_cm, s_cn,
             bm, bn, bk, cfg.GROUP_M, split_k,
             self.a_desc is not None, a_km, self.b_desc is not None, b_km, self.c_desc is not None,
             K % bk == 0, index_64, self.int_dot,
-            a_scale_mode, b_scale_mode, activation,
-            flatten, warp_specialize, cfg.EPILOGUE_SUBTILE and split_k == 1 and not a_quant, a_quant,
+            a_mode, b_mode, act,
+            flatten, warp_specialize, subtile, a_quant,
         )
         rbm, rbn = _SPLITK_REDUCE_BLOCK
-        self.reduce_tail = (M, N, s_cm, s_cn, split_k, rbm, rbn, index_64, a_scale_mode, b_scale_mode, activation)
+        self.reduce_tail = (M, N, s_cm, s_cn, split_k, rbm, rbn, index_64, a_mode, b_mode, act)
         self.ws_shape = (split_k, M, N)
         self.ws_dtype = torch.int32 if self.int_dot else torch.float32
         gemm, reduce = _jit_kernels()
@@ -210,7 +257,14 @@ class DensePlan:
         a = self.a_desc(x, checked) if self.a_desc is not None else x
         b = self.b_desc(w, checked) if self.b_desc is not None else w
         c = ws if ws is not None else (self.c_desc(y2, checked) if self.c_desc is not None else y2)
-        self.gemm((a, b, c, bias, a_scale, b_scale), self.gemm_tail)
+        try:
+            self.gemm((a, b, c, bias, a_scale, b_scale), self.gemm_tail)
+        except OutOfResources:
+            smaller = shrink_config(self.cfg) if self.auto_config and self.gemm.kernel is None else None
+            if smaller is None:
+                raise
+            self._configure(smaller)
+            return self._run(x, w, bias, y, a_scale, b_scale)
         if ws is not None:
             self.reduce((ws, y2, bias, a_scale, b_scale), self.reduce_tail)
         return out

@@ -56,4 +56,4 @@ def _make_plan(x, w, bias, y, activation, out_dtype, config):
     cfg = resolve_config(OP, config, M, N, K, dev, x.element_size(), out_dtype.itemsize)
     example_y = y2 if y2 is not None else torch.empty((M, N), dtype=out_dtype, device=device)
     return DensePlan(x2, w, example_y, bias, activation, cfg, dev, out_dtype=out_dtype,
-                     out_shape=(*lead, N), flatten_x=x.ndim != 2)
+                     out_shape=(*lead, N), flatten_x=x.ndim != 2, auto_config=config is None)

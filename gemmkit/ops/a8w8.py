@@ -91,7 +91,8 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config):
     op = "a8w8_int8" if w.dtype == torch.int8 else "a8w8_fp8"
     cfg = resolve_config(op, config, M, N, K, dev, 1, out_dtype.itemsize)
     example_y = y2 if y2 is not None else torch.empty((M, N), dtype=out_dtype, device=device)
-    common = dict(out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=x.ndim != 2, b_scale_mode=b_mode)
+    common = dict(out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=x.ndim != 2, b_scale_mode=b_mode,
+                  auto_config=config is None)
     if not dynamic:
         return _Static(DensePlan(x2, w, example_y, bias, activation, cfg, dev, a_scale_mode=a_mode, **common))
     quant = _QUANT_NAME[w.dtype]

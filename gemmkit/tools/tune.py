@@ -248,6 +248,8 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("gemmkit tune measures kernels on a CUDA GPU; none is available here")
     op = get_op(args.op)
+    if op.table is None:
+        raise SystemExit(f"{args.op} has no config table to tune")
     dtype = args.dtype or op.dtypes[0]
     shapes = model_shapes(args.model) if args.model else []
     if args.shapes:
@@ -257,7 +259,7 @@ def main(argv=None):
     if not shapes:
         raise SystemExit("give --shapes N K ... and/or --model NAME ...")
     dev = device_info()
-    out = args.out or CONFIG_DIR / dev.name / f"{args.op}.json"
+    out = args.out or CONFIG_DIR / dev.name / f"{op.table}.json"
     cache = args.cache or Path.home() / ".cache" / "gemmkit" / f"tune-{dev.name}-{args.op}.jsonl"
     command = "gemmkit tune " + " ".join(argv if argv is not None else sys.argv[1:])
     tune(args.op, shapes, sorted(set(args.m)), dtype, out, cache, args.workers, args.rep_ms, command, args.time_budget_s)
