@@ -56,13 +56,15 @@ def test_table_lookup(tmp_path, monkeypatch):
 
 def test_shipped_tables_are_valid():
     tables = list(cfgmod.CONFIG_DIR.glob("*/*.json"))
+    assert tables, "no tuned tables shipped"
     for path in tables:
+        in_bytes = 1 if path.stem.startswith("a8w8") else 2
         table = json.loads(path.read_text())
         for entries in [table.get("buckets", {})] + list(table.get("shapes", {}).values()):
             for bucket, cfg in entries.items():
                 assert bucket == "any" or bucket.startswith("M_LEQ_")
                 c = GemmConfig.from_dict(cfg)
-                assert c.smem_bytes(2, 2) <= H100.smem_per_block
+                assert c.smem_bytes(in_bytes, 2) <= H100.smem_per_block
 
 
 @pytest.mark.parametrize("M", [1, 16, 32, 64, 256, 1024, 4096])
