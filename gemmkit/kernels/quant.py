@@ -50,9 +50,10 @@ def scales_from_absmax(amax, QUANT: tl.constexpr):
 @triton.jit
 def rows_absmax(src, off_r, R, K, stride_r, stride_k, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
                 K_MAJOR: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr):
-    """Absolute maximum over K of each of the BLOCK_R rows at off_r, as fp32 (BLOCK_R,)."""
+    """Absolute maximum over K of each of the BLOCK_R rows at off_r, as fp32 (BLOCK_R,).
+    The loop is software-pipelined (loads of later tiles in flight): it is latency-bound."""
     amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    for ki in range(0, tl.cdiv(K, BLOCK_K)):
+    for ki in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=3):
         t = load_k_tile(src, off_r, ki * BLOCK_K, R, K, stride_r, stride_k, BLOCK_R, BLOCK_K,
                         False, K_MAJOR, EVEN_K, INDEX_64)
         amax = tl.maximum(amax, tl.max(tl.abs(t.to(tl.float32)), axis=1))
