@@ -14,9 +14,11 @@ _QUANT_NAME = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2", torch.int
 _X_DTYPES = FP8 + (torch.int8, torch.bfloat16, torch.float16)
 _W_DTYPES = FP8 + (torch.int8,)
 _BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# Dynamic quantization of a 16-bit x happens inside the GEMM up to this M (one launch: at decode
-# sizes the host's launch cost dominates); above it a separate one-pass quantizer runs first.
-FUSED_QUANT_MAX_M = 16
+# Dynamic quantization of a 16-bit x: eagerly, up to this M, inside the GEMM (one launch: there
+# the host's launch cost, ~20 µs a launch on the H100 machine, exceeds the GPU time); otherwise,
+# and always under CUDA-graph capture (where only GPU time counts and the separate one-pass
+# quantizer plus the GEMM is faster than the GEMM's per-tile absmax pass), quantizer then GEMM.
+FUSED_QUANT_MAX_M = 64
 _SCALE_TENSOR, _SCALE_VECTOR = 1, 2
 _plans = PlanCache()
 
@@ -29,7 +31,8 @@ def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=t
     x_scale: float32, one value (0-d or 1 element: per tensor) or M values ((M, 1) or (M,): per
     token). w_scale: float32, one value or N values ((1, N), (N,) or (N, 1): per channel).
     Dynamic per-token quantization: pass x in bf16/fp16 with x_scale=None; x is quantized to w's
-    type (inside the GEMM for M <= FUSED_QUANT_MAX_M, else by a one-pass quantizer first).
+    type (eagerly for M <= FUSED_QUANT_MAX_M inside the GEMM, else by a one-pass quantizer first;
+    both round the same way).
     bias: (N,) bf16/fp16/fp32. activation: None, "relu", "gelu_tanh", "silu".
     out_dtype: bf16 (default), fp16 or fp32. y: optional preallocated output (M, N).
     config: None (tuned table, else derived from the device), a dict or a GemmConfig.
@@ -95,17 +98,17 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config):
                   auto_config=config is None)
     if not dynamic:
         return _Static(DensePlan(x2, w, example_y, bias, activation, cfg, dev, a_scale_mode=a_mode, **common))
-    quant = _QUANT_NAME[w.dtype]
-    if M <= FUSED_QUANT_MAX_M:
-        cfg = fit_to_smem(cfg, dev, x.element_size(), 1, out_dtype.itemsize)
-        return _Fused(DensePlan(x2, w, example_y, bias, activation, cfg, dev, a_quant=quant, **common))
     from ..quant import quantize_fp8, quantize_int8
 
     quantize = quantize_int8 if w.dtype == torch.int8 else (lambda t: quantize_fp8(t, "row", w.dtype))
     xq, xs = quantize(x2)
     gemm = DensePlan(xq, w, example_y, bias, activation, cfg, dev, a_scale_mode=_SCALE_VECTOR,
                      **dict(common, flatten_x=False))
-    return _QuantizeThenGemm(quantize, gemm, M, K, x.ndim != 2)
+    fused = None
+    if M <= FUSED_QUANT_MAX_M:
+        fused_cfg = fit_to_smem(cfg, dev, x.element_size(), 1, out_dtype.itemsize)
+        fused = DensePlan(x2, w, example_y, bias, activation, fused_cfg, dev, a_quant=_QUANT_NAME[w.dtype], **common)
+    return _Dynamic(quantize, gemm, fused, M, K, x.ndim != 2)
 
 
 class _Static:
@@ -116,19 +119,20 @@ class _Static:
         return self.gemm(x, w, bias, y, x_scale, w_scale)
 
 
-class _Fused:
-    def __init__(self, gemm):
-        self.gemm = gemm
+def capturing() -> bool:
+    """True while the current CUDA stream is being captured into a graph."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
+class _Dynamic:
+    """x in 16 bits: quantize per token inside the GEMM (`fused`), or quantizer then GEMM."""
+
+    def __init__(self, quantize, gemm, fused, M, K, flatten_x):
+        self.quantize, self.gemm, self.fused, self.M, self.K, self.flatten_x = quantize, gemm, fused, M, K, flatten_x
 
     def __call__(self, x, w, x_scale, w_scale, bias, y):
-        return self.gemm(x, w, bias, y, None, w_scale)
-
-
-class _QuantizeThenGemm:
-    def __init__(self, quantize, gemm, M, K, flatten_x):
-        self.quantize, self.gemm, self.M, self.K, self.flatten_x = quantize, gemm, M, K, flatten_x
-
-    def __call__(self, x, w, x_scale, w_scale, bias, y):
+        if self.fused is not None and not capturing():
+            return self.fused(x, w, bias, y, None, w_scale)
         xq, xs = self.quantize(x.reshape(self.M, self.K) if self.flatten_x else x)
         return self.gemm(xq, w, bias, y, xs, w_scale)
 

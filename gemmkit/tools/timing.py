@@ -90,7 +90,7 @@ def time_eager_pair_us(calls_a, calls_b, rounds: int = 3) -> tuple[float, float]
     return statistics.median(a), statistics.median(b)
 
 
-def time_eager_us(calls, min_calls: int = 200, min_ms: float = 30.0, repeats: int = 5) -> float:
+def time_eager_us(calls, min_calls: int = 20, min_ms: float = 30.0, repeats: int = 5) -> float:
     """Median µs per call of back-to-back eager calls (host launch cost included)."""
     for call in calls:  # warm-up: compilation, caches, allocator
         call()
