@@ -27,6 +27,27 @@ def sizes(cpu, gpu):
     return gpu if ON_GPU else cpu
 
 
+def kernel_paths(gpu_block_k):
+    """Configs that force each kernel path. CPU sizes keep the interpreter quick while still giving
+    several tiles, several K iterations and ragged edges; GPU sizes are realistic (BLOCK_K: one
+    128-byte line of the operand type)."""
+    big = sizes(dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32),
+                dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=gpu_block_k, num_warps=8))
+    small = sizes(dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64),
+                  dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=2 * gpu_block_k, num_stages=4))
+    return {
+        "ptr": dict(big),
+        "ptr_small_m": dict(small),
+        "ptr_persistent": dict(big, PERSISTENT=True),
+        "ptr_splitk": dict(small, SPLIT_K=3),
+        "tma": dict(big, TMA=True),
+        "tma_persistent": dict(big, TMA=True, PERSISTENT=True),
+        "tma_persistent_subtile": dict(big, TMA=True, PERSISTENT=True, EPILOGUE_SUBTILE=True),
+        "tma_warp_specialized": dict(big, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=True),
+        "tma_splitk": dict(big, TMA=True, SPLIT_K=2),
+    }
+
+
 def randn(*shape, dtype, device=DEVICE, scale=1.0):
     return (torch.randn(*shape, device=device, dtype=torch.float32) * scale).to(dtype)
 

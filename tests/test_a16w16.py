@@ -4,25 +4,11 @@ import pytest
 import torch
 
 import gemmkit
-from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference, sizes
+from conftest import DEVICE, ON_GPU, assert_close, kernel_paths, poisoned, randn, reference, sizes
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 
-# Kernel paths, forced through config overrides. CPU sizes keep the interpreter quick while still
-# giving several tiles, several K iterations and ragged edges; GPU sizes are realistic.
-_B = sizes(dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32), dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8))
-_BS = sizes(dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=64), dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_stages=4))
-PATHS = {
-    "ptr": dict(_B),
-    "ptr_small_m": dict(_BS),
-    "ptr_persistent": dict(_B, PERSISTENT=True),
-    "ptr_splitk": dict(_BS, SPLIT_K=3),
-    "tma": dict(_B, TMA=True),
-    "tma_persistent": dict(_B, TMA=True, PERSISTENT=True),
-    "tma_persistent_subtile": dict(_B, TMA=True, PERSISTENT=True, EPILOGUE_SUBTILE=True),
-    "tma_warp_specialized": dict(_B, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=True),
-    "tma_splitk": dict(_B, TMA=True, SPLIT_K=2),
-}
+PATHS = kernel_paths(gpu_block_k=64)
 
 RAGGED = sizes(
     [(1, 40, 72), (45, 70, 100), (96, 64, 64), (33, 17, 8), (7, 1, 24)],

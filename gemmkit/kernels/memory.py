@@ -9,6 +9,18 @@ import triton.language as tl
 
 
 @triton.jit
+def tile_indices(off_r, off_c, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr):
+    """Row and column indices of the (BLOCK_R, BLOCK_C) tile at (off_r, off_c), offsets being
+    multiples of the block sizes (hinted, so accesses along a unit-stride dim vectorize)."""
+    rr = tl.max_contiguous(tl.multiple_of(off_r + tl.arange(0, BLOCK_R), BLOCK_R), BLOCK_R)
+    rc = tl.max_contiguous(tl.multiple_of(off_c + tl.arange(0, BLOCK_C), BLOCK_C), BLOCK_C)
+    if INDEX_64:
+        rr = rr.to(tl.int64)
+        rc = rc.to(tl.int64)
+    return rr, rc
+
+
+@triton.jit
 def load_k_tile(
     src,
     off_r,
@@ -37,14 +49,10 @@ def load_k_tile(
         else:
             tile = src.load([off_k, off_r]).T
     else:
-        rk = tl.max_contiguous(tl.multiple_of(off_k + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
-        rr = tl.max_contiguous(tl.multiple_of(off_r + tl.arange(0, BLOCK_R), BLOCK_R), BLOCK_R)
-        if INDEX_64:
-            rr = rr.to(tl.int64)
-            rk = rk.to(tl.int64)
+        rr, rk = tile_indices(off_r, off_k, BLOCK_R, BLOCK_K, INDEX_64)
         ptrs = src + rr[:, None] * stride_r + rk[None, :] * stride_k
         # Rows past R are masked (zero-filled) rather than clamped to a valid row: with R not a
-        # multiple of BLOCK_R, clamped indices made decode-sized GEMMs (M < 16) 30% slower.
+        # multiple of BLOCK_R, clamped indices made decode-sized GEMMs (M < 16) markedly slower.
         if EVEN_K:
             tile = tl.load(ptrs, mask=rr[:, None] < R, other=0.0)
         else:
@@ -72,10 +80,6 @@ def store_tile(
     if TMA:
         dst.store([off_m, off_n], value)
     else:
-        rm = tl.max_contiguous(tl.multiple_of(off_m + tl.arange(0, BLOCK_M), BLOCK_M), BLOCK_M)
-        rn = tl.max_contiguous(tl.multiple_of(off_n + tl.arange(0, BLOCK_N), BLOCK_N), BLOCK_N)
-        if INDEX_64:
-            rm = rm.to(tl.int64)
-            rn = rn.to(tl.int64)
+        rm, rn = tile_indices(off_m, off_n, BLOCK_M, BLOCK_N, INDEX_64)
         ptrs = dst + rm[:, None] * stride_m + rn[None, :] * stride_n
         tl.store(ptrs, value, mask=(rm[:, None] < M) & (rn[None, :] < N))

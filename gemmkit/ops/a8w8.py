@@ -14,11 +14,14 @@ _QUANT_NAME = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2", torch.int
 _X_DTYPES = FP8 + (torch.int8, torch.bfloat16, torch.float16)
 _W_DTYPES = FP8 + (torch.int8,)
 _BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# Dynamic quantization of a 16-bit x: eagerly, up to this M, inside the GEMM (one launch: there
-# the host's launch cost, ~20 µs a launch on the H100 machine, exceeds the GPU time); otherwise,
-# and always under CUDA-graph capture (where only GPU time counts and the separate one-pass
-# quantizer plus the GEMM is faster than the GEMM's per-tile absmax pass), quantizer then GEMM.
+# Dynamic quantization of a 16-bit x: called eagerly with M and the weight this small, inside the
+# GEMM (one launch: the host's launch cost exceeds the GPU time; see README, "Host cost").
+# Otherwise, and always under CUDA-graph capture (where only GPU time counts), the one-pass
+# quantizer then the GEMM: each program of the fused GEMM repeats the absmax pass over its rows,
+# which costs more GPU time than a second launch saves once the weight is large (BENCHMARKS.md,
+# a8w8_dynamic: eager time of the fused GEMM against the graph time of the pair).
 FUSED_QUANT_MAX_M = 64
+FUSED_QUANT_MAX_WEIGHT = 1 << 25  # N * K elements
 _SCALE_TENSOR, _SCALE_VECTOR = 1, 2
 _plans = PlanCache()
 
@@ -31,8 +34,8 @@ def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=t
     x_scale: float32, one value (0-d or 1 element: per tensor) or M values ((M, 1) or (M,): per
     token). w_scale: float32, one value or N values ((1, N), (N,) or (N, 1): per channel).
     Dynamic per-token quantization: pass x in bf16/fp16 with x_scale=None; x is quantized to w's
-    type (eagerly for M <= FUSED_QUANT_MAX_M inside the GEMM, else by a one-pass quantizer first;
-    both round the same way).
+    type (inside the GEMM when called eagerly with small M and weight, else by a one-pass quantizer
+    first; both round the same way).
     bias: (N,) bf16/fp16/fp32. activation: None, "relu", "gelu_tanh", "silu".
     out_dtype: bf16 (default), fp16 or fp32. y: optional preallocated output (M, N).
     config: None (tuned table, else derived from the device), a dict or a GemmConfig.
@@ -101,11 +104,11 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config):
     from ..quant import quantize_fp8, quantize_int8
 
     quantize = quantize_int8 if w.dtype == torch.int8 else (lambda t: quantize_fp8(t, "row", w.dtype))
-    xq, xs = quantize(x2)
+    xq = torch.empty((M, K), dtype=w.dtype, device=device)  # what the quantizer returns (facts only)
     gemm = DensePlan(xq, w, example_y, bias, activation, cfg, dev, a_scale_mode=_SCALE_VECTOR,
                      **dict(common, flatten_x=False))
     fused = None
-    if M <= FUSED_QUANT_MAX_M:
+    if M <= FUSED_QUANT_MAX_M and N * K <= FUSED_QUANT_MAX_WEIGHT:
         fused_cfg = fit_to_smem(cfg, dev, x.element_size(), 1, out_dtype.itemsize)
         fused = DensePlan(x2, w, example_y, bias, activation, fused_cfg, dev, a_quant=_QUANT_NAME[w.dtype], **common)
     return _Dynamic(quantize, gemm, fused, M, K, x.ndim != 2)
