@@ -43,10 +43,7 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> tor
 
 def _quantize(t, granularity, qdtype, quant, scale):
     key = plan_key((t, scale), (granularity, quant))
-    plan = _plans.get(key) if key is not None else None
-    if plan is None:
-        plan = _plans.add(key, _make_plan(t, granularity, qdtype, quant, scale))
-    return plan(t, scale)
+    return _plans.plan_for(key, _make_plan, t, granularity, qdtype, quant, scale)(t, scale)
 
 
 def _make_plan(t, granularity, qdtype, quant, scale):

@@ -57,11 +57,15 @@ class PlanCache(dict):
         super().__init__()
         self.capacity = capacity
 
-    def add(self, key, plan):
-        if key is not None:
-            if len(self) >= self.capacity:
-                self.clear()
-            self[key] = plan
+    def plan_for(self, key, build, *args):
+        """The plan cached under `key`, else `build(*args)` (which validates), cached."""
+        plan = self.get(key) if key is not None else None
+        if plan is None:
+            plan = build(*args)
+            if key is not None:
+                if len(self) >= self.capacity:
+                    self.clear()
+                self[key] = plan
         return plan
 
 

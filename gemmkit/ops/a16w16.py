@@ -26,9 +26,7 @@ def gemm_a16w16(x, w, bias=None, *, activation=None, out_dtype=None, y=None, con
     Accumulation is fp32; the result is rounded once to out_dtype. No autograd.
     """
     key = plan_key((x, w, bias, y), (activation, out_dtype, v.config_key(config)))
-    plan = _plans.get(key) if key is not None else None
-    if plan is None:
-        plan = _plans.add(key, _make_plan(x, w, bias, y, activation, out_dtype, config))
+    plan = _plans.plan_for(key, _make_plan, x, w, bias, y, activation, out_dtype, config)
     return plan(x, w, bias, y)
 
 

@@ -42,9 +42,7 @@ def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=t
     Matches torch._scaled_mm(..., use_fast_accum=True): Triton's sm_90 default for fp8 dots.
     """
     key = plan_key((x, w, x_scale, w_scale, bias, y), (activation, out_dtype, v.config_key(config)))
-    plan = _plans.get(key) if key is not None else None
-    if plan is None:
-        plan = _plans.add(key, _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config))
+    plan = _plans.plan_for(key, _make_plan, x, w, x_scale, w_scale, bias, y, activation, out_dtype, config)
     return plan(x, w, x_scale, w_scale, bias, y)
 
 
