@@ -78,7 +78,7 @@ def test_out_dtype_bias_activation(out_dtype, activation):
 
 @pytest.mark.parametrize("w_dtype", [E4M3, E5M2, INT8])
 @pytest.mark.parametrize("M", sizes([1, 5, 16, 17, 70], [1, 16, 17, 64, 256]))
-@pytest.mark.parametrize("path", [None, "ptr_small_m", "tma"])
+@pytest.mark.parametrize("path", [None, "ptr_small_m", "ptr_splitk", "tma"])
 @pytest.mark.parametrize("capturing", [False, True], ids=["eager", "graph"])
 def test_dynamic_per_token(w_dtype, M, path, capturing, monkeypatch):
     """x in bf16 with x_scale=None: quantized per token inside the GEMM (small M, eager) or by the
@@ -179,5 +179,24 @@ def test_dynamic_dispatch(monkeypatch):
 
     assert kernels(8) == ["gemm_kernel"]
     assert kernels(8, capturing=True) == ["quantize_rows_kernel", "gemm_kernel"]
-    assert kernels(8, max_weight=N * K - 1) == ["quantize_rows_kernel", "gemm_kernel"]
+    assert kernels(8, max_weight=N * K - 1) == ["gemm_kernel"]  # M <= 16: fused whatever the weight
+    assert kernels(20) == ["gemm_kernel"]
+    assert kernels(20, max_weight=N * K - 1) == ["quantize_rows_kernel", "gemm_kernel"]
     assert kernels(a8w8.FUSED_QUANT_MAX_M + 1) == ["quantize_rows_kernel", "gemm_kernel"]
+
+
+@pytest.mark.parametrize("M", [1, 16, 33])
+def test_fused_dynamic_gemm_with_split_k(M):
+    """The always-fused entry point (what the tuner measures): per-token quantization inside the
+    GEMM, also with split-K, where the tile's last K slice applies the in-register row scales."""
+    from gemmkit.ops.a8w8 import fused_dynamic_gemm
+
+    N, K = sizes((40, 200), (1000, 4096))
+    x = randn(M, K, dtype=BF16)
+    w = operand(N, K, E4M3)
+    ws = torch.rand(1, N, device=DEVICE) + 0.5
+    xq, xs = quant.quantize_fp8(x, "row")
+    ref = reference(xq, w, x_scale=xs, w_scale=ws)
+    for cfg in (PATHS["ptr_small_m"], PATHS["ptr_splitk"]):
+        out = fused_dynamic_gemm(x, w, ws, config=cfg)
+        assert_close(out, ref)

@@ -124,7 +124,8 @@ class GemmConfig:
         epilogue = self.BLOCK_M * self.BLOCK_N * out_bytes
         if self.EPILOGUE_SUBTILE:
             epilogue //= 2
-        return int(stage * self.num_stages + (epilogue if self.TMA else 0))
+        # split-K stores through pointers (the last K slice of a tile runs the epilogue)
+        return int(stage * self.num_stages + (epilogue if self.TMA and self.SPLIT_K == 1 else 0))
 
 
 def fit_to_smem(cfg: GemmConfig, dev: DeviceInfo, a_bytes: float, b_bytes: float, out_bytes: int) -> GemmConfig:

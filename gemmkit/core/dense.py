@@ -18,17 +18,42 @@ from .device import DeviceInfo
 from .launcher import CachedLaunch
 
 _INT32_MAX = 2**31 - 1
-_SPLITK_REDUCE_BLOCK = (32, 128)
 _kernels: dict = {}
 
 
-def _jit_kernels():
-    """The Triton kernels, imported on first use: TRITON_INTERPRET is read when they are defined."""
+def _jit_kernel():
+    """The Triton kernel, imported on first use: TRITON_INTERPRET is read when it is defined."""
     if not _kernels:
-        from ..kernels.gemm import gemm_kernel, splitk_reduce_kernel
+        from ..kernels.gemm import gemm_kernel
 
-        _kernels["gemm"], _kernels["reduce"] = gemm_kernel, splitk_reduce_kernel
-    return _kernels["gemm"], _kernels["reduce"]
+        _kernels["gemm"] = gemm_kernel
+    return _kernels["gemm"]
+
+
+def capturing() -> bool:
+    """True while the current CUDA stream is being captured into a graph."""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+
+
+_counters: dict = {}
+
+
+def split_k_counters(device: torch.device, device_index: int, n: int) -> torch.Tensor:
+    """n int32 zeros for the split-K arrival counters of one launch (the kernel leaves them zero).
+
+    Eagerly: one buffer per (device, stream), reused; launches on one stream run in order, and
+    launches on different streams get different buffers. Under graph capture: a fresh zeroed
+    buffer per call (its zeroing is captured with the GEMM), so graphs share nothing."""
+    if device.type != "cuda":
+        key = (device.type, 0)
+    elif capturing():
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    else:
+        key = (device_index, torch._C._cuda_getCurrentRawStream(device_index))
+    buf = _counters.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _counters[key] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+    return buf
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,8 +225,8 @@ class DensePlan:
         M, N, K = self.M, self.N, self.K
         self.cfg = cfg
         bm, bn, bk = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
-        # in-kernel quantization of A keeps its scales in registers: no split-K, no TMA for A
-        split_k = cfg.SPLIT_K if cfg.SPLIT_K * M * N <= _INT32_MAX and not a_quant else 1
+        # in-kernel quantization of A keeps its scales in registers: no TMA for A, no split epilogue
+        split_k = cfg.SPLIT_K if cfg.SPLIT_K * M * N <= _INT32_MAX else 1
         self.split_k = split_k
 
         x_layout, w_layout = operand_layout(x2), operand_layout(w)
@@ -233,14 +258,11 @@ class DensePlan:
             a_mode, b_mode, act,
             flatten, warp_specialize, subtile, a_quant,
         )
-        rbm, rbn = _SPLITK_REDUCE_BLOCK
-        self.reduce_tail = (M, N, s_cm, s_cn, split_k, rbm, rbn, index_64, a_mode, b_mode, act)
         self.ws_shape = (split_k, M, N)
         self.ws_dtype = torch.int32 if self.int_dot else torch.float32
-        gemm, reduce = _jit_kernels()
+        self.num_tiles = num_work // split_k
         grid = (min(num_work, dev.num_sms) if cfg.PERSISTENT else num_work,)
-        self.gemm = CachedLaunch(gemm, grid, cfg.num_warps, cfg.num_stages, self.device_index)
-        self.reduce = CachedLaunch(reduce, (-(-M // rbm), -(-N // rbn)), 4, 1, self.device_index)
+        self.gemm = CachedLaunch(_jit_kernel(), grid, cfg.num_warps, cfg.num_stages, self.device_index)
 
     def __call__(self, x, w, bias=None, y=None, a_scale=None, b_scale=None):
         if self.cuda and torch.cuda.current_device() != self.device_index:
@@ -256,19 +278,21 @@ class DensePlan:
         else:
             out = y
         y2 = out.view(self.M, self.N) if len(self.out_shape) != 2 else out
-        ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=self.device) if self.split_k > 1 else None
+        if self.split_k > 1:
+            ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=self.device)
+            counters = split_k_counters(self.device, self.device_index, self.num_tiles)
+        else:
+            ws = counters = None
         checked = self.gemm.ready  # layouts were validated when the first call built the descriptors
         a = self.a_desc(x, checked) if self.a_desc is not None else x
         b = self.b_desc(w, checked) if self.b_desc is not None else w
-        c = ws if ws is not None else (self.c_desc(y2, checked) if self.c_desc is not None else y2)
+        c = self.c_desc(y2, checked) if self.c_desc is not None else y2
         try:
-            self.gemm((a, b, c, bias, a_scale, b_scale), self.gemm_tail)
+            self.gemm((a, b, c, ws, counters, bias, a_scale, b_scale), self.gemm_tail)
         except OutOfResources:
             smaller = shrink_config(self.cfg) if self.auto_config and self.gemm.kernel is None else None
             if smaller is None:
                 raise
             self._configure(smaller)
             return self._run(x, w, bias, y, a_scale, b_scale)
-        if ws is not None:
-            self.reduce((ws, y2, bias, a_scale, b_scale), self.reduce_tail)
         return out

@@ -11,6 +11,7 @@ import triton.language as tl
 from .epilogue import SCALE_ROWS_IN_REGISTERS, finish_tile
 from .memory import load_k_tile, store_tile
 from .quant import quantize_values, rows_absmax, scales_from_absmax
+from .reduce import split_k_fixup
 from .schedule import work_item
 
 
@@ -31,6 +32,7 @@ def _finish_and_store(
 @triton.jit
 def gemm_kernel(
     a, b, c,  # operands and output: pointers, or tensor descriptors where *_TMA
+    ws, counters,  # split-K partials (SPLIT_K, M, N) and per-tile arrival counters; None if SPLIT_K == 1
     bias, a_scale, b_scale,  # pointers or None
     M, N, K,
     stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
@@ -45,15 +47,17 @@ def gemm_kernel(
     A_QUANT: tl.constexpr,
 ):
     """One program per work item (classic grid) or per SM (persistent grid), striding over
-    work items (tile, K slice). With SPLIT_K > 1, `c` is a (SPLIT_K, M, N) contiguous workspace of
-    the accumulator type and `splitk_reduce_kernel` runs the epilogue.
+    work items (tile, K slice). With SPLIT_K > 1, each work item writes its partial product to
+    `ws` ((SPLIT_K, M, N) contiguous, accumulator type) and the last of a tile's SPLIT_K work
+    items to arrive sums the partials and runs the epilogue (one launch; `counters`: one int32
+    per tile, zero on entry, left zero on exit).
 
     A_K_MAJOR / B_K_MAJOR: the operand's K dimension has unit stride (else its row dimension has).
     EVEN_K: K % BLOCK_K == 0. INDEX_64: pointer offsets need 64 bits. INT_DOT: int8 operands,
     int32 accumulation. FLATTEN: flatten the work loop and the K loop into one pipelined loop.
     A_QUANT ("" or "e4m3", "e5m2", "int8"): A is 16-bit and quantized per row on the fly (dynamic
-    per-token scales, computed by each program for its rows; needs pointer loads of A and
-    SPLIT_K == 1; the scales reach the epilogue in registers).
+    per-token scales over the whole of K, computed by each program for its rows; needs pointer
+    loads of A; the scales reach the epilogue in registers).
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -100,38 +104,24 @@ def gemm_kernel(
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         if A_QUANT != "":
-            _finish_and_store(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_rows_scale, b_scale,
-                              BLOCK_M, BLOCK_N, C_TMA, INDEX_64, SCALE_ROWS_IN_REGISTERS, B_SCALE, ACTIVATION)
-        elif SPLIT_K > 1:
-            store_tile(c + pid_k * M * N, acc, off_m, off_n, M, N, N, 1, BLOCK_M, BLOCK_N, False, INDEX_64)
+            a_scale_tile = a_rows_scale
+            a_mode: tl.constexpr = SCALE_ROWS_IN_REGISTERS
+        else:
+            a_scale_tile = a_scale
+            a_mode: tl.constexpr = A_SCALE
+        if SPLIT_K > 1:
+            last, acc = split_k_fixup(acc, ws, counters, pid_m * num_pid_n + pid_n, pid_k, off_m, off_n, M, N,
+                                      SPLIT_K, BLOCK_M, BLOCK_N, INDEX_64)
+            if last:
+                _finish_and_store(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale_tile, b_scale,
+                                  BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, B_SCALE, ACTIVATION)
         elif EPILOGUE_SUBTILE:
             halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
             acc0, acc1 = tl.split(halves)
-            _finish_and_store(acc0, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale,
-                              BLOCK_M, BLOCK_N // 2, C_TMA, INDEX_64, A_SCALE, B_SCALE, ACTIVATION)
-            _finish_and_store(acc1, c, off_m, off_n + BLOCK_N // 2, M, N, stride_cm, stride_cn, bias, a_scale,
-                              b_scale, BLOCK_M, BLOCK_N // 2, C_TMA, INDEX_64, A_SCALE, B_SCALE, ACTIVATION)
+            _finish_and_store(acc0, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale_tile, b_scale,
+                              BLOCK_M, BLOCK_N // 2, C_TMA, INDEX_64, a_mode, B_SCALE, ACTIVATION)
+            _finish_and_store(acc1, c, off_m, off_n + BLOCK_N // 2, M, N, stride_cm, stride_cn, bias, a_scale_tile,
+                              b_scale, BLOCK_M, BLOCK_N // 2, C_TMA, INDEX_64, a_mode, B_SCALE, ACTIVATION)
         else:
-            _finish_and_store(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale,
-                              BLOCK_M, BLOCK_N, C_TMA, INDEX_64, A_SCALE, B_SCALE, ACTIVATION)
-
-
-@triton.jit
-def splitk_reduce_kernel(
-    ws, c, bias, a_scale, b_scale,
-    M, N, stride_cm, stride_cn,
-    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INDEX_64: tl.constexpr,
-    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, ACTIVATION: tl.constexpr,
-):
-    """Sum the (SPLIT_K, M, N) partial products in `ws` and run the epilogue into `c` (pointer)."""
-    off_m = tl.program_id(0) * BLOCK_M
-    off_n = tl.program_id(1) * BLOCK_N
-    rm = off_m + tl.arange(0, BLOCK_M)
-    rn = off_n + tl.arange(0, BLOCK_N)
-    mask = (rm[:, None] < M) & (rn[None, :] < N)
-    ptrs = ws + rm[:, None] * N + rn[None, :]
-    acc = tl.load(ptrs, mask=mask, other=0)
-    for s in tl.static_range(1, SPLIT_K):
-        acc += tl.load(ptrs + s * M * N, mask=mask, other=0)
-    _finish_and_store(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale,
-                      BLOCK_M, BLOCK_N, False, INDEX_64, A_SCALE, B_SCALE, ACTIVATION)
+            _finish_and_store(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale_tile, b_scale,
+                              BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, B_SCALE, ACTIVATION)

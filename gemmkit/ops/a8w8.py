@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from ..core import validate as v
-from ..core.config import fit_to_smem
-from ..core.dense import DensePlan, PlanCache, plan_key, resolve_config
+from ..core.config import fit_to_smem, load_table, select_config
+from ..core.dense import DensePlan, PlanCache, capturing, plan_key, resolve_config
 from ..core.device import device_info
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -15,13 +15,13 @@ _X_DTYPES = FP8 + (torch.int8, torch.bfloat16, torch.float16)
 _W_DTYPES = FP8 + (torch.int8,)
 _BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Dynamic quantization of a 16-bit x: called eagerly with M and the weight this small, inside the
-# GEMM (one launch: the host's launch cost exceeds the GPU time; see README, "Host cost").
-# Otherwise, and always under CUDA-graph capture (where only GPU time counts), the one-pass
-# quantizer then the GEMM: each program of the fused GEMM repeats the absmax pass over its rows,
-# which costs more GPU time than a second launch saves once the weight is large (BENCHMARKS.md,
-# a8w8_dynamic: eager time of the fused GEMM against the graph time of the pair).
+# GEMM (one launch: the host's launch cost exceeds the GPU time; see README, "Host cost"), with
+# a config of its own (table "<op>_dynamic", tuned by `gemmkit tune a8w8_dynamic`). Otherwise, and
+# always under CUDA-graph capture (where only GPU time counts), the one-pass quantizer then the
+# GEMM: each program of the fused GEMM repeats the absmax pass over its rows, which costs more
+# GPU time than a second launch saves once M or the weight is large (BENCHMARKS.md, a8w8_dynamic).
 FUSED_QUANT_MAX_M = 64
-FUSED_QUANT_MAX_WEIGHT = 1 << 25  # N * K elements
+FUSED_QUANT_MAX_WEIGHT = 1 << 25  # N * K elements, for M > 16
 _SCALE_TENSOR, _SCALE_VECTOR = 1, 2
 _plans = PlanCache()
 
@@ -46,6 +46,14 @@ def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=t
     return plan(x, w, x_scale, w_scale, bias, y)
 
 
+def fused_dynamic_gemm(x, w, w_scale, *, config=None, out_dtype=torch.bfloat16):
+    """gemm_a8w8(x, w, None, w_scale) for a 16-bit x, always through the GEMM that quantizes x per
+    token itself (one launch), eager or captured: what `gemmkit tune a8w8_dynamic` measures."""
+    key = plan_key((x, w, w_scale), ("fused", out_dtype, v.config_key(config)))
+    plan = _plans.plan_for(key, _make_plan, x, w, None, w_scale, None, None, None, out_dtype, config, "fused")
+    return plan(x, w, None, w_scale, None, None)
+
+
 def _scale_mode(name: str, s, length: int, what: str) -> int:
     """TENSOR or VECTOR for a scale of 1 or `length` float32 values; checks shape and stride."""
     v.check_tensor(name, s, (torch.float32,))
@@ -60,7 +68,7 @@ def _scale_mode(name: str, s, length: int, what: str) -> int:
     return _SCALE_VECTOR
 
 
-def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config):
+def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, dynamic_path="auto"):
     v.check_tensor("x", x, _X_DTYPES)
     v.check_tensor("w", w, _W_DTYPES)
     dynamic = x.dtype in (torch.bfloat16, torch.float16)
@@ -106,10 +114,13 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config):
     gemm = DensePlan(xq, w, example_y, bias, activation, cfg, dev, a_scale_mode=_SCALE_VECTOR,
                      **dict(common, flatten_x=False))
     fused = None
-    if M <= FUSED_QUANT_MAX_M and N * K <= FUSED_QUANT_MAX_WEIGHT:
+    if dynamic_path == "fused" or (M <= FUSED_QUANT_MAX_M and (M <= 16 or N * K <= FUSED_QUANT_MAX_WEIGHT)):
+        fused_op = op + "_dynamic"
+        if config is None and load_table(dev.name, fused_op) is not None:
+            cfg = select_config(fused_op, M, N, K, dev, 1, out_dtype.itemsize)
         fused_cfg = fit_to_smem(cfg, dev, x.element_size(), 1, out_dtype.itemsize)
         fused = DensePlan(x2, w, example_y, bias, activation, fused_cfg, dev, a_quant=_QUANT_NAME[w.dtype], **common)
-    return _Dynamic(quantize, gemm, fused, M, K, x.ndim != 2)
+    return _Dynamic(quantize, gemm, fused, M, K, x.ndim != 2, always_fused=dynamic_path == "fused")
 
 
 class _Static:
@@ -120,19 +131,15 @@ class _Static:
         return self.gemm(x, w, bias, y, x_scale, w_scale)
 
 
-def capturing() -> bool:
-    """True while the current CUDA stream is being captured into a graph."""
-    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
-
-
 class _Dynamic:
     """x in 16 bits: quantize per token inside the GEMM (`fused`), or quantizer then GEMM."""
 
-    def __init__(self, quantize, gemm, fused, M, K, flatten_x):
+    def __init__(self, quantize, gemm, fused, M, K, flatten_x, always_fused=False):
         self.quantize, self.gemm, self.fused, self.M, self.K, self.flatten_x = quantize, gemm, fused, M, K, flatten_x
+        self.always_fused = always_fused
 
     def __call__(self, x, w, x_scale, w_scale, bias, y):
-        if self.fused is not None and not capturing():
+        if self.fused is not None and (self.always_fused or not capturing()):
             return self.fused(x, w, bias, y, None, w_scale)
         xq, xs = self.quantize(x.reshape(self.M, self.K) if self.flatten_x else x)
         return self.gemm(xq, w, bias, y, xs, w_scale)

@@ -32,6 +32,7 @@ class ToolOp:
     operand_bits: int  # which datasheet peak applies
     table: str | None  # config table the op reads (what `gemmkit tune` writes); None: not tunable
     gemm: bool = True  # (M, N, K) problem; False: an elementwise op over (M, K)
+    a_bytes: float | None = None  # bytes per element of A where it differs from B's (in_bytes)
 
     def flops(self, M, N, K) -> float:
         return 2.0 * M * N * K if self.gemm else 0.0
@@ -83,9 +84,9 @@ def _a8w8_run(inp, config=None):
     return gemm_a8w8(inp["x"], inp["w"], inp["xs"], inp["ws"], config=config)
 
 
-def _scaled_mm(inp):
+def _scaled_mm(inp, fast_accum=True):
     return torch._scaled_mm(inp["x"], inp["w"].t(), scale_a=inp["xs"], scale_b=inp["ws"],
-                            out_dtype=torch.bfloat16, use_fast_accum=True)
+                            out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
 
 
 def _int_mm_scaled(inp):
@@ -107,9 +108,13 @@ def _dynamic_inputs(M, N, K, dtype, device):
 
 
 def _dynamic_run(inp, config=None):
-    from ..ops.a8w8 import gemm_a8w8
+    """The public call (eagerly: one fused launch for small M; captured: quantizer + GEMM); with a
+    config (the tuner), always the fused GEMM that quantizes x itself."""
+    from ..ops.a8w8 import fused_dynamic_gemm, gemm_a8w8
 
-    return gemm_a8w8(inp["x"], inp["w"], None, inp["ws"], config=config)
+    if config is None:
+        return gemm_a8w8(inp["x"], inp["w"], None, inp["ws"])
+    return fused_dynamic_gemm(inp["x"], inp["w"], inp["ws"], config=config)
 
 
 def _dynamic_reference(inp):
@@ -157,6 +162,10 @@ OPS = {
         "a8w8", ("e4m3",), _a8w8_inputs("row"), _a8w8_run, _scaled_mm,
         "torch._scaled_mm row-wise (cuBLASLt/CUTLASS, use_fast_accum=True)", _a8w8_reference, 1e-2, 1, 2, 8,
         "a8w8_fp8"),
+    "a8w8_default_accum": ToolOp(
+        "a8w8_default_accum", ("e4m3",), _a8w8_inputs("row"), _a8w8_run, lambda i: _scaled_mm(i, False),
+        "torch._scaled_mm row-wise with its default use_fast_accum=False (gemmkit keeps Triton's fast "
+        "accumulation)", _a8w8_reference, 1e-2, 1, 2, 8, "a8w8_fp8"),
     "a8w8_tensor": ToolOp(
         "a8w8_tensor", ("e4m3",), _a8w8_inputs("tensor"), _a8w8_run, _scaled_mm,
         "torch._scaled_mm tensor-wise (cuBLASLt, use_fast_accum=True)", _a8w8_reference, 1e-2, 1, 2, 8, "a8w8_fp8"),
@@ -165,7 +174,8 @@ OPS = {
         "torch._int_mm + scaling in torch", _a8w8_reference, 1e-2, 1, 2, 8, "a8w8_int8"),
     "a8w8_dynamic": ToolOp(
         "a8w8_dynamic", ("e4m3",), _dynamic_inputs, _dynamic_run, lambda i: _F.linear(i["x"], i["w16"]),
-        "F.linear bf16 (cuBLAS) on the unquantized weight", _dynamic_reference, 2e-2, 1, 2, 8, None),
+        "F.linear bf16 (cuBLAS) on the unquantized weight", _dynamic_reference, 2e-2, 1, 2, 8, "a8w8_fp8_dynamic",
+        a_bytes=2),
     "quant_fp8_row": ToolOp(
         "quant_fp8_row", ("bf16",), _quant_inputs, _quant_run, _quant_torch,
         "torch eager: absmax, divide, clamp, cast", lambda i: i["x"].float(), 0.08, 2, 1, 16, None, gemm=False),
@@ -224,7 +234,7 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
         if flags.get("PERSISTENT") and tiles <= dev.num_sms // 2:
             return
         cfg = GemmConfig(bm, bn, bk, group_m, split, warps, stages, **flags)
-        if cfg.smem_bytes(op.in_bytes, op.out_bytes) <= dev.smem_per_block - 8 * 1024:
+        if cfg.smem_bytes(op.a_bytes or op.in_bytes, op.out_bytes, op.in_bytes) <= dev.smem_per_block - 8 * 1024:
             cands.append(cfg)
 
     if M < TMA_MIN_M:  # weight streaming: pointer loads, thin tiles, deep pipelines, split-K
@@ -240,10 +250,14 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
         if M <= 512:
             tiles = [(64, 128, elem_k, 4, 4), (64, 128, elem_k, 4, 5), (128, 64, elem_k, 4, 4), (64, 64, 2 * elem_k, 4, 4),
                      (128, 128, elem_k, 4, 4), (128, 128, elem_k, 8, 4), (64, 256, elem_k, 8, 3), (128, 256, elem_k, 8, 3),
-                     (256, 128, elem_k, 8, 3), (256, 64, elem_k, 8, 4)]
+                     (256, 128, elem_k, 8, 3), (256, 64, elem_k, 8, 4),
+                     # deeper pipelines that fit only without the TMA-store epilogue: split-K candidates
+                     (256, 128, elem_k, 8, 4), (128, 256, elem_k, 8, 4)]
         else:
             tiles = [(128, 256, elem_k, 8, 3), (256, 128, elem_k, 8, 3), (128, 256, elem_k, 8, 4), (128, 128, elem_k, 8, 4),
                      (128, 128, elem_k, 8, 5), (128, 128, 2 * elem_k, 8, 3), (128, 128, 2 * elem_k, 4, 3)]
+            if op.in_bytes == 1:  # 8-bit: half-line K steps, more stages in flight (256-wide tiles)
+                tiles += [(128, 256, elem_k // 2, 8, 4), (128, 256, elem_k // 2, 8, 5), (256, 128, elem_k // 2, 8, 4)]
         for bm, bn, bk, warps, stages in tiles:
             add(bm, bn, bk, warps, stages, 1, TMA=True)
             add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True)
@@ -252,6 +266,7 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
                 add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True, EPILOGUE_SUBTILE=True)
             if M <= 512:
                 add(bm, bn, bk, warps, stages, 2, TMA=True)
+                add(bm, bn, bk, warps, stages, 3, TMA=True)
                 add(bm, bn, bk, warps, stages, 4, TMA=True)
             elif bn == 256:  # wider L2 groups for the largest tiles
                 add(bm, bn, bk, warps, stages, 1, 16, TMA=True)
