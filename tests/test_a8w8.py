@@ -159,6 +159,8 @@ def test_dynamic_dispatch(monkeypatch):
     real_jit, real_compiled = launcher.launch_jit, launcher.launch_compiled
     monkeypatch.setattr(launcher, "launch_jit", lambda fn, *a: (launched.append(fn.__name__), real_jit(fn, *a))[1])
     monkeypatch.setattr(launcher, "launch_compiled", lambda k, *a: (launched.append(k.name), real_compiled(k, *a))[1])
+    real_direct = launcher.launch_direct
+    monkeypatch.setattr(launcher, "launch_direct", lambda d, *a: (launched.append(d[0].name), real_direct(d, *a))[1])
     N, K = 40, 64
     w = operand(N, K, E4M3)
     ws = torch.rand(1, N, device=DEVICE) + 0.5

@@ -17,6 +17,7 @@ def no_launch(monkeypatch):
 
     monkeypatch.setattr(launcher, "launch_jit", fail)
     monkeypatch.setattr(launcher, "launch_compiled", fail)
+    monkeypatch.setattr(launcher, "launch_direct", fail)
 
 
 def _x(M=4, K=32, dtype=BF16):

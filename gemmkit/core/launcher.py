@@ -50,22 +50,42 @@ def launch_compiled(kernel, grid, args, device_index: int) -> None:
     )
 
 
-def _ptr(a):
-    return a.data_ptr() if isinstance(a, torch.Tensor) else a
+def _direct_launch(kernel):
+    """(launch, leading args) calling Triton's C launcher without its Python wrapper, or None
+    where the kernel needs what the wrapper adds (scratch memory) or this Triton lays it out
+    differently (then `launch_compiled` is used)."""
+    run = kernel.run
+    try:
+        if run.global_scratch_size or run.profile_scratch_size:
+            return None
+        lead = (run.launch_cooperative_grid, run.launch_pdl, None, None, kernel.packed_metadata, None, None, None)
+        return kernel, run.launch, lead
+    except AttributeError:
+        return None
+
+
+def launch_direct(direct, grid, args, device_index: int) -> None:
+    """`launch_compiled` through the C launcher alone; `direct` from `_direct_launch`."""
+    kernel, launch, lead = direct
+    launch(grid[0], grid[1], grid[2], torch._C._cuda_getCurrentRawStream(device_index), kernel.function, *lead, *args)
+
+
+_Tensor = torch.Tensor
 
 
 class CachedLaunch:
     """One kernel launch of fixed specialization (the caller's plan key guarantees it): the first
     call goes through Triton, compiling if needed; later calls launch the compiled kernel directly
-    with raw pointers. Called with `head` (the leading parameters: tensors, None or descriptors)
-    and `tail` (the rest: ints, bools, strings), together every parameter of `fn` in order."""
+    with raw pointers (ints: the launcher then skips its per-pointer driver query). Called with
+    `head` (the leading parameters: tensors, None or descriptors) and `tail` (the rest: ints,
+    bools, strings), together every parameter of `fn` in order."""
 
-    __slots__ = ("fn", "grid", "num_warps", "num_stages", "device_index", "kernel")
+    __slots__ = ("fn", "grid", "num_warps", "num_stages", "device_index", "kernel", "direct")
 
     def __init__(self, fn, grid, num_warps: int, num_stages: int, device_index: int):
         self.fn, self.num_warps, self.num_stages, self.device_index = fn, num_warps, num_stages, device_index
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
-        self.kernel = None
+        self.kernel = self.direct = None
 
     @property
     def ready(self) -> bool:
@@ -74,6 +94,11 @@ class CachedLaunch:
 
     def __call__(self, head, tail) -> None:
         if self.ready:
-            launch_compiled(self.kernel, self.grid, (*map(_ptr, head), *tail), self.device_index)
+            args = (*[a.data_ptr() if isinstance(a, _Tensor) else a for a in head], *tail)
+            if self.direct is not None:
+                launch_direct(self.direct, self.grid, args, self.device_index)
+            else:
+                launch_compiled(self.kernel, self.grid, args, self.device_index)
         else:
             self.kernel = launch_jit(self.fn, self.grid, (*head, *tail), self.num_warps, self.num_stages)
+            self.direct = _direct_launch(self.kernel) if self.kernel is not None else None
