@@ -14,12 +14,13 @@ _QUANT_NAME = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2", torch.int
 _X_DTYPES = FP8 + (torch.int8, torch.bfloat16, torch.float16)
 _W_DTYPES = FP8 + (torch.int8,)
 _BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# Dynamic quantization of a 16-bit x: called eagerly with M and the weight this small, inside the
-# GEMM (one launch: the host's launch cost exceeds the GPU time; see README, "Host cost"), with
-# a config of its own (table "<op>_dynamic", tuned by `gemmkit tune a8w8_dynamic`). Otherwise, and
-# always under CUDA-graph capture (where only GPU time counts), the one-pass quantizer then the
-# GEMM: each program of the fused GEMM repeats the absmax pass over its rows, which costs more
-# GPU time than a second launch saves once M or the weight is large (BENCHMARKS.md, a8w8_dynamic).
+# Dynamic quantization of a 16-bit x, called eagerly with M <= 16 (or M <= FUSED_QUANT_MAX_M and a
+# weight of at most FUSED_QUANT_MAX_WEIGHT elements): inside the GEMM (one launch: the host's
+# launch cost exceeds the GPU time; see README, "Host cost"), with a config of its own (table
+# "<op>_dynamic", tuned by `gemmkit tune a8w8_dynamic`). Otherwise, and always under CUDA-graph
+# capture (where only GPU time counts), the one-pass quantizer then the GEMM: each program of the
+# fused GEMM repeats the absmax pass over its rows, which costs more GPU time than a second launch
+# saves once M grows (BENCHMARKS.md, a8w8_dynamic; tuning/tune_a8w8_dynamic.jsonl).
 FUSED_QUANT_MAX_M = 64
 FUSED_QUANT_MAX_WEIGHT = 1 << 25  # N * K elements, for M > 16
 _SCALE_TENSOR, _SCALE_VECTOR = 1, 2
@@ -34,8 +35,8 @@ def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=t
     x_scale: float32, one value (0-d or 1 element: per tensor) or M values ((M, 1) or (M,): per
     token). w_scale: float32, one value or N values ((1, N), (N,) or (N, 1): per channel).
     Dynamic per-token quantization: pass x in bf16/fp16 with x_scale=None; x is quantized to w's
-    type (inside the GEMM when called eagerly with small M and weight, else by a one-pass quantizer
-    first; both round the same way).
+    type (inside the GEMM when called eagerly with small M, else by a one-pass quantizer first;
+    both round the same way).
     bias: (N,) bf16/fp16/fp32. activation: None, "relu", "gelu_tanh", "silu".
     out_dtype: bf16 (default), fp16 or fp32. y: optional preallocated output (M, N).
     config: None (tuned table, else derived from the device), a dict or a GemmConfig.
