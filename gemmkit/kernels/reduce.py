@@ -29,8 +29,9 @@ def split_k_fixup(acc, ws, counters, tile, pid_k, off_m, off_n, M, N,
         mask = (rm[:, None] < M) & (rn[None, :] < N)
         total = tl.zeros_like(acc)
         for s in tl.static_range(SPLIT_K):
-            # .cg: read at L2, where the other programs' stores are, never a stale L1 line
-            part = tl.load(ptrs + s * M * N, mask=mask & (s != pid_k), other=0, cache_modifier=".cg")
-            total += tl.where(s == pid_k, acc, part)
+            # .cg: read at L2, where the other programs' stores are, never a stale L1 line (this
+            # program's own slice is read too, then replaced by its registers: one mask for all)
+            part = tl.load(ptrs + s * M * N, mask=mask, other=0, cache_modifier=".cg")
+            total += tl.where(pid_k == s, acc, part)
         tl.store(counters + tile, 0)
     return last, total
