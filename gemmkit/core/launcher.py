@@ -51,7 +51,7 @@ def launch_compiled(kernel, grid, args, device_index: int) -> None:
 
 
 def _direct_launch(kernel):
-    """(launch, leading args) calling Triton's C launcher without its Python wrapper, or None
+    """(kernel, C launch function, leading args) to call Triton's C launcher without its Python wrapper, or None
     where the kernel needs what the wrapper adds (scratch memory) or this Triton lays it out
     differently (then `launch_compiled` is used)."""
     run = kernel.run
