@@ -45,6 +45,9 @@ def kernel_paths(gpu_block_k):
         "tma_persistent_subtile": dict(big, TMA=True, PERSISTENT=True, EPILOGUE_SUBTILE=True),
         "tma_warp_specialized": dict(big, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=True),
         "tma_splitk": dict(big, TMA=True, SPLIT_K=2),
+        "ptr_streamk": dict(big, PERSISTENT=True, STREAM_K=True),
+        "tma_streamk": dict(big, TMA=True, PERSISTENT=True, STREAM_K=True),
+        "tma_streamk_small_m": dict(small, TMA=True, PERSISTENT=True, STREAM_K=True, EPILOGUE_SUBTILE=True),
     }
 
 

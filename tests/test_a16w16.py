@@ -207,3 +207,31 @@ def test_split_k_counters_left_zero():
         out = gemmkit.gemm_a16w16(x, w, config=PATHS["ptr_splitk"])
         assert_close(out, reference(x, w))
         assert dense._counters and all(int(c.abs().sum()) == 0 for c in dense._counters.values())
+
+
+# (M, N, K) whose tile counts fall below, at and between multiples of the SM count, with K shares
+# that start and end inside tiles (interpreter: 4 "SMs", 32 x 32 tiles; H100: 132 SMs, 128 x 128)
+STREAM_K_SHAPES = sizes(
+    [(20, 30, 200), (96, 32, 250), (64, 96, 96), (128, 64, 64), (160, 96, 160), (64, 160, 20), (33, 250, 40)],
+    [(100, 1000, 3000), (256, 4096, 4096), (1024, 1024, 1024), (2000, 2200, 512), (1536, 1408, 512), (300, 2000, 100)],
+)
+
+
+@pytest.mark.parametrize("path", ["ptr_streamk", "tma_streamk"])
+@pytest.mark.parametrize("M,N,K", STREAM_K_SHAPES)
+def test_stream_k_schedules(path, M, N, K):
+    """Stream-K on every split of tiles into data-parallel waves and shared K iterations; the
+    arrival counters are left zero for the next launch."""
+    from gemmkit.core import dense
+    from gemmkit.ops import a16w16
+
+    x, w = randn(M, K, dtype=BF16), randn(N, K, dtype=BF16)
+    bias = randn(N, dtype=BF16)
+    y = poisoned((M, N), BF16)
+    out = gemmkit.gemm_a16w16(x, w, bias, activation="relu", y=y, config=PATHS[path])
+    assert_close(out, reference(x, w, bias, "relu"))
+    plan = next(reversed(a16w16._plans.values()))
+    cfg = plan.cfg
+    tiles = -(-M // cfg.BLOCK_M) * -(-N // cfg.BLOCK_N)
+    assert plan.stream_k == (tiles % plan.gemm.grid[0] != 0 or tiles < plan.gemm.grid[0])
+    assert all(int(c.abs().sum()) == 0 for c in dense._counters.values())

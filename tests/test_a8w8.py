@@ -190,7 +190,8 @@ def test_dynamic_dispatch(monkeypatch):
 @pytest.mark.parametrize("M", [1, 16, 33])
 def test_fused_dynamic_gemm_with_split_k(M):
     """The always-fused entry point (what the tuner measures): per-token quantization inside the
-    GEMM, also with split-K, where the tile's last K slice applies the in-register row scales."""
+    GEMM, also with split-K and stream-K, where the tile's last piece applies the in-register row
+    scales."""
     from gemmkit.ops.a8w8 import fused_dynamic_gemm
 
     N, K = sizes((40, 200), (1000, 4096))
@@ -199,6 +200,6 @@ def test_fused_dynamic_gemm_with_split_k(M):
     ws = torch.rand(1, N, device=DEVICE) + 0.5
     xq, xs = quant.quantize_fp8(x, "row")
     ref = reference(xq, w, x_scale=xs, w_scale=ws)
-    for cfg in (PATHS["ptr_small_m"], PATHS["ptr_splitk"]):
+    for cfg in (PATHS["ptr_small_m"], PATHS["ptr_splitk"], PATHS["ptr_streamk"]):
         out = fused_dynamic_gemm(x, w, ws, config=cfg)
         assert_close(out, ref)

@@ -73,9 +73,11 @@ def test_search_space(M, name):
     op = registry.get_op(name)
     for _, N, K in registry.model_shapes(["llama3-8b", "llama3-70b"]):
         cands = registry.search_space(op, M, N, K, H100)
-        assert 5 <= len(cands) <= 64
+        assert 5 <= len(cands) <= 96
         assert len(set(cands)) == len(cands)
         for c in cands:
+            tiles = -(-M // c.BLOCK_M) * -(-N // c.BLOCK_N)
+            assert not c.STREAM_K or (c.PERSISTENT and tiles % H100.num_sms != 0)
             assert c.smem_bytes(op.in_bytes, op.out_bytes) <= H100.smem_per_block
             assert c.TMA == (M >= cfgmod.TMA_MIN_M)
             assert not c.TMA or max(c.BLOCK_M, c.BLOCK_N, c.BLOCK_K) <= 256  # TMA boxes

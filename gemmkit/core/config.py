@@ -56,12 +56,15 @@ class GemmConfig:
     """Launch parameters of the shared GEMM kernel.
 
     BLOCK_M/N/K: tile sizes. GROUP_M: tile-rows per group of the grouped (L2-friendly) order.
-    SPLIT_K: K slices computed by separate programs and summed by a second, small kernel.
+    SPLIT_K: K slices computed by separate programs; the last slice of a tile to finish sums them.
     TMA: operand loads and output stores through tensor descriptors where the layout allows
     (Hopper and newer); otherwise masked pointer accesses. PERSISTENT: one program per SM looping
     over tiles, with the tile and K loops flattened into one software-pipelined loop.
     WARP_SPECIALIZE: producer/consumer warp groups (needs TMA and PERSISTENT). EPILOGUE_SUBTILE:
     store the tile in two halves (halves the epilogue's shared memory, freeing it for stages).
+    STREAM_K: on the persistent grid, the ragged last wave of tiles (plus one full wave) is shared
+    out among all programs by K iterations, so every SM gets the same work (needs PERSISTENT and
+    SPLIT_K == 1; the pieces of a tile meet like split-K slices).
     """
 
     BLOCK_M: int
@@ -75,6 +78,7 @@ class GemmConfig:
     PERSISTENT: bool = False
     WARP_SPECIALIZE: bool = False
     EPILOGUE_SUBTILE: bool = False
+    STREAM_K: bool = False
 
     def __post_init__(self):
         errors = []
@@ -90,11 +94,13 @@ class GemmConfig:
             errors.append(f"num_warps={self.num_warps!r} must be 1, 2, 4, 8 or 16")
         if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
             errors.append(f"num_stages={self.num_stages!r} must be an int in [1, 8]")
-        for name in ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE"):
+        for name in ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE", "STREAM_K"):
             if not isinstance(getattr(self, name), bool):
                 errors.append(f"{name} must be a bool")
         if self.WARP_SPECIALIZE and not (self.TMA and self.PERSISTENT):
             errors.append("WARP_SPECIALIZE needs TMA and PERSISTENT")
+        if self.STREAM_K and not (self.PERSISTENT and self.SPLIT_K == 1):
+            errors.append("STREAM_K needs PERSISTENT and SPLIT_K=1")
         if errors:
             raise ValueError("config: " + "; ".join(errors))
 
@@ -114,7 +120,12 @@ class GemmConfig:
         return cls(**d)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields as a dict; STREAM_K (added after the first tables and tuning records) only
+        when set, so that a config's dict, and the tuner's key of it, did not change."""
+        d = dataclasses.asdict(self)
+        if not self.STREAM_K:
+            del d["STREAM_K"]
+        return d
 
     def smem_bytes(self, in_bytes: float, out_bytes: int, b_bytes: float | None = None) -> int:
         """Shared memory the pipelined loop and a TMA-store epilogue need (an estimate).

@@ -226,8 +226,7 @@ class DensePlan:
         self.cfg = cfg
         bm, bn, bk = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
         # in-kernel quantization of A keeps its scales in registers: no TMA for A, no split epilogue
-        split_k = cfg.SPLIT_K if cfg.SPLIT_K * M * N <= _INT32_MAX else 1
-        self.split_k = split_k
+        split_k = cfg.SPLIT_K
 
         x_layout, w_layout = operand_layout(x2), operand_layout(w)
         want_tma = cfg.TMA and dev.has_tma
@@ -243,7 +242,19 @@ class DensePlan:
                 self.c_desc = _Descriptor((M, N), (s_cm_eff, 1), (bm, bn_store), False)
         index_64 = max(_max_offset(x2), _max_offset(w), _max_offset(y2)) > _INT32_MAX
 
-        num_work = -(-M // bm) * -(-N // bn) * split_k
+        num_tiles = -(-M // bm) * -(-N // bn)
+        num_work = num_tiles * split_k
+        grid = min(num_work, dev.num_sms) if cfg.PERSISTENT else num_work
+        sk_tiles = 0
+        if cfg.STREAM_K and split_k == 1:
+            # one program per SM (fewer if there are fewer K iterations than SMs); the ragged last
+            # wave plus one full wave (or every tile, if there are fewer tiles than programs) is
+            # shared out by K iterations: two tiles' worth at most per program keeps the pieces
+            # of a tile few (little fix-up) and still balances the SMs
+            grid = min(dev.num_sms, num_tiles * -(-K // bk))
+            ragged = num_tiles % grid
+            sk_tiles = num_tiles if num_tiles < grid else (grid + ragged if ragged else 0)
+        self.stream_k = sk_tiles > 0
         flatten = cfg.PERSISTENT and split_k == 1 and not a_quant
         warp_specialize = cfg.WARP_SPECIALIZE and flatten and self.a_desc is not None and self.b_desc is not None
         a_km, s_am, s_ak = x_layout
@@ -251,18 +262,19 @@ class DensePlan:
         act, a_mode, b_mode = self.activation, self.a_scale_mode, self.b_scale_mode
         # gemm_kernel's parameters after (a, b, c, bias, a_scale, b_scale), in signature order
         self.gemm_tail = (
-            M, N, K, s_am, s_ak, s_bn, s_bk, s_cm, s_cn,
-            bm, bn, bk, cfg.GROUP_M, split_k,
+            M, N, K, s_am, s_ak, s_bn, s_bk, s_cm, s_cn, sk_tiles,
+            bm, bn, bk, cfg.GROUP_M, split_k, self.stream_k,
             self.a_desc is not None, a_km, self.b_desc is not None, b_km, self.c_desc is not None,
             K % bk == 0, index_64, self.int_dot,
             a_mode, b_mode, act,
             flatten, warp_specialize, subtile, a_quant,
         )
-        self.ws_shape = (split_k, M, N)
+        # partial tiles (kernels/reduce.py): one block per (tile, K slice), or two per program
+        self.pieces = split_k > 1 or self.stream_k
+        self.ws_shape = (2 * grid if self.stream_k else num_tiles * split_k, bm, bn)
         self.ws_dtype = torch.int32 if self.int_dot else torch.float32
-        self.num_tiles = num_work // split_k
-        grid = (min(num_work, dev.num_sms) if cfg.PERSISTENT else num_work,)
-        self.gemm = CachedLaunch(_jit_kernel(), grid, cfg.num_warps, cfg.num_stages, self.device_index)
+        self.num_tiles = num_tiles
+        self.gemm = CachedLaunch(_jit_kernel(), (grid,), cfg.num_warps, cfg.num_stages, self.device_index)
 
     def __call__(self, x, w, bias=None, y=None, a_scale=None, b_scale=None):
         if self.cuda and torch.cuda.current_device() != self.device_index:
@@ -278,7 +290,7 @@ class DensePlan:
         else:
             out = y
         y2 = out.view(self.M, self.N) if len(self.out_shape) != 2 else out
-        if self.split_k > 1:
+        if self.pieces:
             ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=self.device)
             counters = split_k_counters(self.device, self.device_index, self.num_tiles)
         else:

@@ -11,8 +11,8 @@ import triton.language as tl
 from .epilogue import SCALE_ROWS_IN_REGISTERS, finish_tile
 from .memory import load_k_tile, store_tile
 from .quant import quantize_values, rows_absmax, scales_from_absmax
-from .reduce import split_k_fixup
-from .schedule import work_item
+from .reduce import fixup_tile
+from .schedule import grouped_tile, work_item
 
 
 @triton.jit
@@ -30,14 +30,59 @@ def _finish_and_store(
 
 
 @triton.jit
+def _epilogue(
+    acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, C_TMA: tl.constexpr, INDEX_64: tl.constexpr,
+    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, ACTIVATION: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
+):
+    """Finish and store a whole tile, in two halves along N with EPILOGUE_SUBTILE."""
+    if EPILOGUE_SUBTILE:
+        halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+        acc0, acc1 = tl.split(halves)
+        _finish_and_store(acc0, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale,
+                          BLOCK_M, BLOCK_N // 2, C_TMA, INDEX_64, A_SCALE, B_SCALE, ACTIVATION)
+        _finish_and_store(acc1, c, off_m, off_n + BLOCK_N // 2, M, N, stride_cm, stride_cn, bias, a_scale, b_scale,
+                          BLOCK_M, BLOCK_N // 2, C_TMA, INDEX_64, A_SCALE, B_SCALE, ACTIVATION)
+    else:
+        _finish_and_store(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale,
+                          BLOCK_M, BLOCK_N, C_TMA, INDEX_64, A_SCALE, B_SCALE, ACTIVATION)
+
+
+@triton.jit
+def _k_range_product(
+    a, b, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bn, stride_bk, a_rows_inv,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    A_TMA: tl.constexpr, A_K_MAJOR: tl.constexpr, B_TMA: tl.constexpr, B_K_MAJOR: tl.constexpr,
+    EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, INT_DOT: tl.constexpr, A_QUANT: tl.constexpr,
+):
+    """A[off_m:, k] @ B[off_n:, k]^T summed over the K tiles k_lo <= ki < k_hi (fp32 or int32)."""
+    if INT_DOT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ki in range(k_lo, k_hi):
+        off_k = ki * BLOCK_K
+        x = load_k_tile(a, off_m, off_k, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_TMA, A_K_MAJOR, EVEN_K, INDEX_64)
+        if A_QUANT != "":
+            x = quantize_values(x, a_rows_inv[:, None], A_QUANT)
+        w = load_k_tile(b, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64)
+        if INT_DOT:
+            acc += tl.dot(x, w.T, out_dtype=tl.int32)
+        else:
+            acc = tl.dot(x, w.T, acc)
+    return acc
+
+
+@triton.jit
 def gemm_kernel(
     a, b, c,  # operands and output: pointers, or tensor descriptors where *_TMA
-    ws, counters,  # split-K partials (SPLIT_K, M, N) and per-tile arrival counters; None if SPLIT_K == 1
+    ws, counters,  # partial tiles and per-tile arrival counters (split-K, stream-K); else None
     bias, a_scale, b_scale,  # pointers or None
     M, N, K,
     stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
+    sk_tiles,  # STREAM_K: how many of the last tiles (in schedule order) are shared out by K iterations
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, STREAM_K: tl.constexpr,
     A_TMA: tl.constexpr, A_K_MAJOR: tl.constexpr,
     B_TMA: tl.constexpr, B_K_MAJOR: tl.constexpr,
     C_TMA: tl.constexpr,
@@ -47,10 +92,15 @@ def gemm_kernel(
     A_QUANT: tl.constexpr,
 ):
     """One program per work item (classic grid) or per SM (persistent grid), striding over
-    work items (tile, K slice). With SPLIT_K > 1, each work item writes its partial product to
-    `ws` ((SPLIT_K, M, N) contiguous, accumulator type) and the last of a tile's SPLIT_K work
-    items to arrive sums the partials and runs the epilogue (one launch; `counters`: one int32
-    per tile, zero on entry, left zero on exit).
+    work items (tile, K slice). Tiles computed in pieces meet through `ws` and `counters`
+    (kernels/reduce.py: the last piece to arrive sums the partials and runs the epilogue; one
+    launch; counters zero on entry and left zero):
+    - SPLIT_K > 1: each tile in SPLIT_K slices of K; `ws` holds tiles * SPLIT_K blocks.
+    - STREAM_K (persistent grid, SPLIT_K == 1): the first tiles in whole tiles, one program each
+      (data-parallel waves); the last `sk_tiles` tiles (the ragged wave plus one, chosen by the
+      host) as one range of (tile, K tile) iterations cut into equal contiguous shares, one per
+      program, so every SM gets the same work whatever the tile count. `ws` holds 2 blocks per
+      program.
 
     A_K_MAJOR / B_K_MAJOR: the operand's K dimension has unit stride (else its row dimension has).
     EVEN_K: K % BLOCK_K == 0. INDEX_64: pointer offsets need 64 bits. INT_DOT: int8 operands,
@@ -63,9 +113,19 @@ def gemm_kernel(
     num_programs = tl.num_programs(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_work = num_pid_m * num_pid_n * SPLIT_K
+    num_tiles = num_pid_m * num_pid_n
     k_tiles = tl.cdiv(K, BLOCK_K)
+    if STREAM_K:
+        tl.static_assert(SPLIT_K == 1, "stream-K replaces split-K")
+        dp_tiles = num_tiles - sk_tiles
+    else:
+        dp_tiles = num_tiles
+    num_work = dp_tiles * SPLIT_K
     k_per_split = tl.cdiv(k_tiles, SPLIT_K)
+    if A_QUANT != "":
+        a_mode: tl.constexpr = SCALE_ROWS_IN_REGISTERS
+    else:
+        a_mode: tl.constexpr = A_SCALE
     # The epilogue recomputes its tile from its own counter: it then does not depend on the
     # loads of the next tile, which the flattened loop issues while this epilogue runs.
     work_c = pid - num_programs
@@ -79,49 +139,61 @@ def gemm_kernel(
         else:
             k_lo = pid_k * k_per_split
             k_hi = min(k_lo + k_per_split, k_tiles)
-        if INT_DOT:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-        else:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         if A_QUANT != "":
             a_amax = rows_absmax(a, off_m, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_K_MAJOR, EVEN_K, INDEX_64)
             a_rows_scale, a_rows_inv = scales_from_absmax(a_amax, A_QUANT)
-        for ki in range(k_lo, k_hi):
-            off_k = ki * BLOCK_K
-            x = load_k_tile(a, off_m, off_k, M, K, stride_am, stride_ak,
-                            BLOCK_M, BLOCK_K, A_TMA, A_K_MAJOR, EVEN_K, INDEX_64)
-            if A_QUANT != "":
-                x = quantize_values(x, a_rows_inv[:, None], A_QUANT)
-            w = load_k_tile(b, off_n, off_k, N, K, stride_bn, stride_bk,
-                            BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64)
-            if INT_DOT:
-                acc += tl.dot(x, w.T, out_dtype=tl.int32)
-            else:
-                acc = tl.dot(x, w.T, acc)
+        else:
+            a_rows_scale = a_scale
+            a_rows_inv = a_scale  # unused
+        acc = _k_range_product(a, b, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
+                               a_rows_inv, BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR,
+                               EVEN_K, INDEX_64, INT_DOT, A_QUANT)
 
         work_c += num_programs
         pid_m, pid_n, pid_k = work_item(work_c, num_pid_m, num_pid_n, GROUP_M)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        if A_QUANT != "":
-            a_scale_tile = a_rows_scale
-            a_mode: tl.constexpr = SCALE_ROWS_IN_REGISTERS
-        else:
-            a_scale_tile = a_scale
-            a_mode: tl.constexpr = A_SCALE
         if SPLIT_K > 1:
-            last, acc = split_k_fixup(acc, ws, counters, pid_m * num_pid_n + pid_n, pid_k, off_m, off_n, M, N,
-                                      SPLIT_K, BLOCK_M, BLOCK_N, INDEX_64)
+            tile = pid_m * num_pid_n + pid_n
+            last, acc = fixup_tile(acc, ws, counters, tile, tile * SPLIT_K + pid_k, tile * SPLIT_K, 1, 0, SPLIT_K,
+                                   BLOCK_M, BLOCK_N)
             if last:
-                _finish_and_store(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale_tile, b_scale,
-                                  BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, B_SCALE, ACTIVATION)
-        elif EPILOGUE_SUBTILE:
-            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-            acc0, acc1 = tl.split(halves)
-            _finish_and_store(acc0, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale_tile, b_scale,
-                              BLOCK_M, BLOCK_N // 2, C_TMA, INDEX_64, a_mode, B_SCALE, ACTIVATION)
-            _finish_and_store(acc1, c, off_m, off_n + BLOCK_N // 2, M, N, stride_cm, stride_cn, bias, a_scale_tile,
-                              b_scale, BLOCK_M, BLOCK_N // 2, C_TMA, INDEX_64, a_mode, B_SCALE, ACTIVATION)
+                _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_rows_scale, b_scale,
+                          BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, B_SCALE, ACTIVATION, EPILOGUE_SUBTILE)
         else:
-            _finish_and_store(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale_tile, b_scale,
-                              BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, B_SCALE, ACTIVATION)
+            _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_rows_scale, b_scale,
+                      BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, B_SCALE, ACTIVATION, EPILOGUE_SUBTILE)
+
+    if STREAM_K:
+        # this program's share of the iterations of the stream-K tiles: [it_lo, it_hi)
+        share = tl.cdiv(sk_tiles * k_tiles, num_programs)
+        it_lo = pid * share
+        it_hi = tl.minimum(it_lo + share, sk_tiles * k_tiles)
+        t_first = it_lo // k_tiles
+        n_seg = tl.where(it_hi > it_lo, (it_hi - 1) // k_tiles - t_first + 1, 0)
+        for t in range(t_first, t_first + n_seg):
+            t_start = t * k_tiles
+            tile = dp_tiles + t
+            pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+            off_m = pid_m * BLOCK_M
+            off_n = pid_n * BLOCK_N
+            if A_QUANT != "":
+                sk_amax = rows_absmax(a, off_m, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_K_MAJOR, EVEN_K, INDEX_64)
+                sk_scale, sk_inv = scales_from_absmax(sk_amax, A_QUANT)
+            else:
+                sk_scale = a_scale
+                sk_inv = a_scale  # unused
+            acc = _k_range_product(a, b, off_m, off_n, tl.maximum(it_lo - t_start, 0),
+                                   tl.minimum(it_hi - t_start, k_tiles), M, N, K, stride_am, stride_ak, stride_bn,
+                                   stride_bk, sk_inv, BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA,
+                                   B_K_MAJOR, EVEN_K, INDEX_64, INT_DOT, A_QUANT)
+            # the tile's pieces come from programs p_first..p_last (shares are contiguous)
+            p_first = t_start // share
+            n_parts = (t_start + k_tiles - 1) // share - p_first + 1
+            last = n_parts == 1
+            if n_parts > 1:
+                last, acc = fixup_tile(acc, ws, counters, tile, 2 * pid + (t != t_first).to(tl.int32), 2 * p_first,
+                                       2, (p_first * share < t_start).to(tl.int32), n_parts, BLOCK_M, BLOCK_N)
+            if last:
+                _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, sk_scale, b_scale,
+                          BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, B_SCALE, ACTIVATION, EPILOGUE_SUBTILE)

@@ -1,37 +1,48 @@
-"""Split-K inside one launch: the K slices of a tile meet through a workspace and a counter.
+"""Tiles computed in pieces inside one launch (split-K, stream-K): partials meet through a
+workspace and a per-tile counter.
 
-Each of a tile's SPLIT_K work items stores its partial product, then bumps the tile's counter;
-the one that arrives last sums every partial in slice order (so the result does not depend on
-the arrival order) and runs the epilogue, and puts the counter back to zero for the next launch.
-Nobody waits for anybody: no deadlock whatever the number of programs resident.
+Each piece of a tile stores its partial product in a block of its own in the workspace (blocks are
+whole (BLOCK_M, BLOCK_N) tiles, row-major, no masks), then bumps the tile's counter; the piece that
+arrives last sums every block of the tile in piece order (so the result does not depend on the
+arrival order), runs the epilogue and puts the counter back to zero for the next launch. Nobody
+waits for anybody: no deadlock whatever the number of programs resident.
+
+Where the pieces of a tile are: piece q (0 <= q < n_parts) is block
+`first_block + q * part_stride + (first_extra if q == 0 else 0)`.
+- split-K: tile t, slice s -> block t * SPLIT_K + s (first_block = t * SPLIT_K, part_stride = 1).
+- stream-K: each program owns two blocks, 2p for the piece of its first tile and 2p + 1 for the
+  piece of its last; the pieces of a tile come from consecutive programs p_first..p_last, and only
+  p_first can be on its last tile (first_block = 2 p_first, part_stride = 2, first_extra = 1 then).
 """
 
 import triton
 import triton.language as tl
 
-from .memory import store_tile, tile_indices
+
+@triton.jit
+def _block_ptrs(ws, block, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    r = tl.arange(0, BLOCK_M)
+    c = tl.arange(0, BLOCK_N)
+    return ws + block.to(tl.int64) * (BLOCK_M * BLOCK_N) + (r[:, None] * BLOCK_N + c[None, :])
 
 
 @triton.jit
-def split_k_fixup(acc, ws, counters, tile, pid_k, off_m, off_n, M, N,
-                  SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INDEX_64: tl.constexpr):
-    """(is_last, total): total is the sum over the K slices of tile `tile` when this work item
-    (slice `pid_k`) arrived last, else its own `acc`. `ws`: (SPLIT_K, M, N) contiguous."""
-    store_tile(ws + pid_k * M * N, acc, off_m, off_n, M, N, N, 1, BLOCK_M, BLOCK_N, False, INDEX_64)
+def fixup_tile(acc, ws, counters, tile, my_block, first_block, part_stride, first_extra, n_parts,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(is_last, total): the sum over the n_parts pieces of tile `tile` when this piece (stored in
+    block `my_block`) arrived last, else its own `acc`. `ws`: blocks of BLOCK_M * BLOCK_N elements
+    of the accumulator type; `counters`: one int32 per tile, zero on entry, left zero."""
+    tl.store(_block_ptrs(ws, my_block, BLOCK_M, BLOCK_N), acc)
     # every thread's partial is written before the release below publishes it at GPU scope
     tl.debug_barrier()
     arrived = tl.atomic_add(counters + tile, 1, sem="acq_rel", scope="gpu")
-    last = arrived == SPLIT_K - 1
+    last = arrived == n_parts - 1
     total = acc
     if last:
-        rm, rn = tile_indices(off_m, off_n, BLOCK_M, BLOCK_N, INDEX_64)
-        ptrs = ws + rm[:, None] * N + rn[None, :]
-        mask = (rm[:, None] < M) & (rn[None, :] < N)
         total = tl.zeros_like(acc)
-        for s in tl.static_range(SPLIT_K):
-            # .cg: read at L2, where the other programs' stores are, never a stale L1 line (this
-            # program's own slice is read too, then replaced by its registers: one mask for all)
-            part = tl.load(ptrs + s * M * N, mask=mask, other=0, cache_modifier=".cg")
-            total += tl.where(pid_k == s, acc, part)
+        for q in range(0, n_parts):
+            block = first_block + q * part_stride + tl.where(q == 0, first_extra, 0)
+            # .cg: read at L2, where the other programs' stores are, never a stale L1 line
+            total += tl.load(_block_ptrs(ws, block, BLOCK_M, BLOCK_N), cache_modifier=".cg")
         tl.store(counters + tile, 0)
     return last, total

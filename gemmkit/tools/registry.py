@@ -222,7 +222,8 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
 
     Small M streams the weights: thin BLOCK_M, long BLOCK_K, deep pipelines, split-K when the
     tiles leave SMs idle; pointer loads (no per-call descriptor cost). Larger M is compute-bound:
-    TMA, wide tiles, persistent schedules, warp specialization, epilogue subtiling.
+    TMA, wide tiles, persistent schedules, stream-K where the tiles do not fill whole waves,
+    warp specialization, epilogue subtiling.
     """
     elem_k = int(128 // op.in_bytes)  # BLOCK_K of one 128-byte line
     cands = []
@@ -231,7 +232,10 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
         tiles = -(-M // bm) * -(-N // bn)
         if split > 1 and (tiles * split > 4 * dev.num_sms or -(-K // bk) < 4 * split):
             return
-        if flags.get("PERSISTENT") and tiles <= dev.num_sms // 2:
+        if flags.get("STREAM_K"):
+            if tiles % dev.num_sms == 0:  # whole waves: the same schedule as plain persistent
+                return
+        elif flags.get("PERSISTENT") and tiles <= dev.num_sms // 2:
             return
         cfg = GemmConfig(bm, bn, bk, group_m, split, warps, stages, **flags)
         if cfg.smem_bytes(op.a_bytes or op.in_bytes, op.out_bytes, op.in_bytes) <= dev.smem_per_block - 8 * 1024:
@@ -264,6 +268,10 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
             add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=True)
             if bn >= 128:
                 add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True, EPILOGUE_SUBTILE=True)
+            # stream-K: the ragged last wave shared out by K iterations (wide tiles, few waves)
+            if bm * bn >= 128 * 128:
+                add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True, STREAM_K=True)
+                add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=True, STREAM_K=True)
             if M <= 512:
                 add(bm, bn, bk, warps, stages, 2, TMA=True)
                 add(bm, bn, bk, warps, stages, 3, TMA=True)
