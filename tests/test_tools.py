@@ -153,3 +153,17 @@ def test_cli_help_and_cpu_fallback(capsys):
     assert cli.main(["bench"]) == 0
     out = capsys.readouterr().out
     assert "No CUDA GPU found" in out and "12/12 correct" in out
+
+
+def test_tuner_compile_workers_fit_device_memory():
+    """Compile workers each build their problem's inputs on the one GPU: their number is capped
+    so that the largest problem's inputs fit side by side (seen: 14 workers ran out of 80 GB on
+    DeepSeek/Qwen 72B shapes at M = 4096)."""
+    op = registry.get_op("a8w8")
+    small = [(16, 4096, 4096, "e4m3", None)]
+    big = [(4096, 59136, 8192, "e4m3", None)]
+    assert tune.worker_count(op, small, 14, 80 << 30) == 14
+    n = tune.worker_count(op, small + big, 14, 80 << 30)
+    assert 1 <= n < 14
+    assert n * 8 * (4096 * 8192 + 59136 * 8192 + 4096 * 59136) <= 80 << 30
+    assert tune.worker_count(op, big, 14, 1 << 30) == 1

@@ -71,15 +71,32 @@ def rel_error(out, ref) -> float:
 
 
 def _compile_worker(op_name, M, N, K, dtype, cfg_dict):
-    """Run one candidate once in a worker process; Triton caches the compiled kernel on disk."""
+    """Run one candidate once in a worker process; Triton caches the compiled kernel on disk.
+    Returns None, or why the candidate failed. Running out of device memory (the workers share
+    the GPU) says nothing about the candidate: it returns None, and the measuring process then
+    compiles that candidate itself."""
     try:
         op = get_op(op_name)
         inp = op.make_inputs(M, N, K, dtype, "cuda")
         op.run(inp, GemmConfig.from_dict(cfg_dict))
         torch.cuda.synchronize()
         return None
+    except torch.cuda.OutOfMemoryError:
+        return None
     except Exception as e:  # noqa: BLE001 - any failure disqualifies the candidate
         return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    finally:
+        inp = None
+        torch.cuda.empty_cache()  # workers live on: hand the inputs' memory back to the others
+
+
+def worker_count(op, jobs, workers: int, device_bytes: int) -> int:
+    """At most `workers`, and no more than fit in device memory at once with the largest job
+    (inputs as built, from float32 with temporaries, the output, and a CUDA context per process)."""
+    if not jobs:
+        return 1
+    largest = max(8 * (M * K + N * K + M * N) + op.nbytes(M, N, K) for M, N, K, _, _ in jobs)
+    return max(1, min(workers, int(0.6 * device_bytes // (largest + (1 << 30)))))
 
 
 def precompile(op_name, jobs, workers: int) -> dict:
@@ -89,6 +106,7 @@ def precompile(op_name, jobs, workers: int) -> dict:
         return results
     import multiprocessing as mp
 
+    workers = worker_count(get_op(op_name), jobs, workers, torch.cuda.get_device_properties(0).total_memory)
     bar = _progress(len(jobs), "compile")
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
         futures = {pool.submit(_compile_worker, op_name, M, N, K, dt, cfg.to_dict()): (M, N, K, cfg_key(cfg))
