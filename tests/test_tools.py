@@ -115,6 +115,25 @@ def test_write_table_merges_and_picks_best(tmp_path):
     assert json.loads(out.read_text())["_meta"]["command"] == "gemmkit tune test"
 
 
+def test_write_table_prefers_latest_sustained_verification(tmp_path):
+    """Where finalists were re-timed under sustained load, the table takes the best of the
+    latest verification of that problem, not the best short-burst time."""
+    def key(bm):
+        return tune.cfg_key(GemmConfig(bm, 64, 64))
+
+    cache = {
+        (1024, 100, 200, "e4m3", key(16)): {"us": 5.0, "us_sustained": 9.0, "verified": 2.0},
+        (1024, 100, 200, "e4m3", key(32)): {"us": 5.1, "us_sustained": 7.0, "verified": 2.0},
+        # an older verification round: not comparable with the latest, ignored
+        (1024, 100, 200, "e4m3", key(64)): {"us": 6.0, "us_sustained": 1.0, "verified": 1.0},
+        (1024, 300, 400, "e4m3", key(16)): {"us": 3.0},
+        (1024, 300, 400, "e4m3", key(32)): {"us": 4.0},
+    }
+    table = tune.write_table("a8w8", "e4m3", cache, tmp_path / "t.json", "gemmkit tune test", "DEV")
+    assert table["shapes"]["100,200"]["M_LEQ_1024"]["BLOCK_M"] == 32
+    assert table["shapes"]["300,400"]["M_LEQ_1024"]["BLOCK_M"] == 16
+
+
 def test_bench_report():
     rows = [dict(shape="s", M=m, N=8, K=8, graph_us=2.0, base_graph_us=3.0, ratio=1.5, eager_us=4.0,
                  base_eager_us=2.0, eager_ratio=0.5, tflops=1.0, gbps=2.0, roofline_pct=50.0, err=1e-3, ok=m != 16)
