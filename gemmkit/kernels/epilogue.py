@@ -34,6 +34,7 @@ def finish_tile(
     N,
     bias,
     a_scale,
+    a_rows,
     b_scale,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -43,9 +44,9 @@ def finish_tile(
 ):
     """(acc * a_scale * b_scale + bias) then ACTIVATION, in fp32, for the tile at (off_m, off_n).
 
-    `bias` is None or an (N,) vector; `a_scale` an (M,) or 1-element vector (or, with
-    SCALE_ROWS_IN_REGISTERS, the tile's (BLOCK_M,) scales), `b_scale` an (N,) or 1-element vector,
-    as selected by A_SCALE / B_SCALE.
+    `bias` is None or an (N,) vector; `a_scale` an (M,) or 1-element vector, or with
+    SCALE_ROWS_IN_REGISTERS `a_rows`, the tile's (BLOCK_M,) scales; `b_scale` an (N,) or 1-element
+    vector; as selected by A_SCALE / B_SCALE.
     """
     out = acc.to(tl.float32)
     rm = off_m + tl.arange(0, BLOCK_M)
@@ -55,7 +56,7 @@ def finish_tile(
     elif A_SCALE == SCALE_VECTOR:
         out = out * tl.load(a_scale + rm, mask=rm < M, other=0.0)[:, None]
     elif A_SCALE == SCALE_ROWS_IN_REGISTERS:
-        out = out * a_scale[:, None]
+        out = out * a_rows[:, None]
     if B_SCALE == SCALE_TENSOR:
         out = out * tl.load(b_scale)
     elif B_SCALE == SCALE_VECTOR:

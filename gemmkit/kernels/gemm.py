@@ -17,11 +17,12 @@ from .schedule import grouped_tile, work_item
 
 @triton.jit
 def _finish_and_store(
-    acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale,
+    acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, a_rows, b_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, C_TMA: tl.constexpr, INDEX_64: tl.constexpr,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, ACTIVATION: tl.constexpr,
 ):
-    out = finish_tile(acc, off_m, off_n, M, N, bias, a_scale, b_scale, BLOCK_M, BLOCK_N, A_SCALE, B_SCALE, ACTIVATION)
+    out = finish_tile(acc, off_m, off_n, M, N, bias, a_scale, a_rows, b_scale, BLOCK_M, BLOCK_N, A_SCALE, B_SCALE,
+                      ACTIVATION)
     if C_TMA:
         out = out.to(c.dtype)
     else:
@@ -31,7 +32,7 @@ def _finish_and_store(
 
 @triton.jit
 def _epilogue(
-    acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale,
+    acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, a_rows, b_scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, C_TMA: tl.constexpr, INDEX_64: tl.constexpr,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, ACTIVATION: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
 ):
@@ -39,12 +40,12 @@ def _epilogue(
     if EPILOGUE_SUBTILE:
         halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
         acc0, acc1 = tl.split(halves)
-        _finish_and_store(acc0, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale,
+        _finish_and_store(acc0, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, a_rows, b_scale,
                           BLOCK_M, BLOCK_N // 2, C_TMA, INDEX_64, A_SCALE, B_SCALE, ACTIVATION)
-        _finish_and_store(acc1, c, off_m, off_n + BLOCK_N // 2, M, N, stride_cm, stride_cn, bias, a_scale, b_scale,
-                          BLOCK_M, BLOCK_N // 2, C_TMA, INDEX_64, A_SCALE, B_SCALE, ACTIVATION)
+        _finish_and_store(acc1, c, off_m, off_n + BLOCK_N // 2, M, N, stride_cm, stride_cn, bias, a_scale, a_rows,
+                          b_scale, BLOCK_M, BLOCK_N // 2, C_TMA, INDEX_64, A_SCALE, B_SCALE, ACTIVATION)
     else:
-        _finish_and_store(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale,
+        _finish_and_store(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, a_rows, b_scale,
                           BLOCK_M, BLOCK_N, C_TMA, INDEX_64, A_SCALE, B_SCALE, ACTIVATION)
 
 
@@ -71,6 +72,28 @@ def _k_range_product(
         else:
             acc = tl.dot(x, w.T, acc)
     return acc
+
+
+@triton.jit
+def _tile_product(
+    a, b, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    A_TMA: tl.constexpr, A_K_MAJOR: tl.constexpr, B_TMA: tl.constexpr, B_K_MAJOR: tl.constexpr,
+    EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, INT_DOT: tl.constexpr, A_QUANT: tl.constexpr,
+):
+    """(the K tiles k_lo <= ki < k_hi of the tile's product, the tile's per-row A scales): with
+    A_QUANT, A's rows are quantized on the fly with per-row scales over the whole of K, returned
+    in registers for the epilogue; else the row scales are unused zeros."""
+    if A_QUANT != "":
+        amax = rows_absmax(a, off_m, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_K_MAJOR, EVEN_K, INDEX_64)
+        row_scale, row_inv = scales_from_absmax(amax, A_QUANT)
+    else:
+        row_scale = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        row_inv = row_scale
+    acc = _k_range_product(a, b, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
+                           row_inv, BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR,
+                           EVEN_K, INDEX_64, INT_DOT, A_QUANT)
+    return acc, row_scale
 
 
 @triton.jit
@@ -139,15 +162,9 @@ def gemm_kernel(
         else:
             k_lo = pid_k * k_per_split
             k_hi = min(k_lo + k_per_split, k_tiles)
-        if A_QUANT != "":
-            a_amax = rows_absmax(a, off_m, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_K_MAJOR, EVEN_K, INDEX_64)
-            a_rows_scale, a_rows_inv = scales_from_absmax(a_amax, A_QUANT)
-        else:
-            a_rows_scale = a_scale
-            a_rows_inv = a_scale  # unused
-        acc = _k_range_product(a, b, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
-                               a_rows_inv, BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR,
-                               EVEN_K, INDEX_64, INT_DOT, A_QUANT)
+        acc, a_rows = _tile_product(a, b, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak,
+                                          stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA,
+                                          B_K_MAJOR, EVEN_K, INDEX_64, INT_DOT, A_QUANT)
 
         work_c += num_programs
         pid_m, pid_n, pid_k = work_item(work_c, num_pid_m, num_pid_n, GROUP_M)
@@ -158,10 +175,10 @@ def gemm_kernel(
             last, acc = fixup_tile(acc, ws, counters, tile, tile * SPLIT_K + pid_k, tile * SPLIT_K, 1, 0, SPLIT_K,
                                    BLOCK_M, BLOCK_N)
             if last:
-                _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_rows_scale, b_scale,
+                _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, a_rows, b_scale,
                           BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, B_SCALE, ACTIVATION, EPILOGUE_SUBTILE)
         else:
-            _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_rows_scale, b_scale,
+            _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, a_rows, b_scale,
                       BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, B_SCALE, ACTIVATION, EPILOGUE_SUBTILE)
 
     if STREAM_K:
@@ -177,16 +194,10 @@ def gemm_kernel(
             pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
-            if A_QUANT != "":
-                sk_amax = rows_absmax(a, off_m, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_K_MAJOR, EVEN_K, INDEX_64)
-                sk_scale, sk_inv = scales_from_absmax(sk_amax, A_QUANT)
-            else:
-                sk_scale = a_scale
-                sk_inv = a_scale  # unused
-            acc = _k_range_product(a, b, off_m, off_n, tl.maximum(it_lo - t_start, 0),
-                                   tl.minimum(it_hi - t_start, k_tiles), M, N, K, stride_am, stride_ak, stride_bn,
-                                   stride_bk, sk_inv, BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA,
-                                   B_K_MAJOR, EVEN_K, INDEX_64, INT_DOT, A_QUANT)
+            acc, a_rows = _tile_product(a, b, off_m, off_n, tl.maximum(it_lo - t_start, 0),
+                                          tl.minimum(it_hi - t_start, k_tiles), M, N, K, stride_am, stride_ak,
+                                          stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA,
+                                          B_K_MAJOR, EVEN_K, INDEX_64, INT_DOT, A_QUANT)
             # the tile's pieces come from programs p_first..p_last (shares are contiguous)
             p_first = t_start // share
             n_parts = (t_start + k_tiles - 1) // share - p_first + 1
@@ -195,5 +206,5 @@ def gemm_kernel(
                 last, acc = fixup_tile(acc, ws, counters, tile, 2 * pid + (t != t_first).to(tl.int32), 2 * p_first,
                                        2, (p_first * share < t_start).to(tl.int32), n_parts, BLOCK_M, BLOCK_N)
             if last:
-                _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, sk_scale, b_scale,
+                _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, a_rows, b_scale,
                           BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, B_SCALE, ACTIVATION, EPILOGUE_SUBTILE)
