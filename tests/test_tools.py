@@ -186,3 +186,24 @@ def test_tuner_compile_workers_fit_device_memory():
     assert 1 <= n < 14
     assert n * 8 * (4096 * 8192 + 59136 * 8192 + 4096 * 59136) <= 80 << 30
     assert tune.worker_count(op, big, 14, 1 << 30) == 1
+
+
+def test_cached_launch_passes_raw_pointers_after_the_first_launch(monkeypatch):
+    """After the first launch (through Triton), the compiled kernel is launched directly: tensors
+    of the leading parameters become their data_ptr(), everything else passes unchanged."""
+    import torch
+
+    from gemmkit.core import launcher
+
+    launched = []
+    monkeypatch.setattr(launcher, "launch_jit", lambda fn, grid, args, w, s: launched.append(("jit", args)) or "k")
+    monkeypatch.setattr(launcher, "_direct_launch", lambda kernel: ("direct", kernel))
+    monkeypatch.setattr(launcher, "launch_direct", lambda d, grid, args, dev: launched.append(("direct", args)))
+    monkeypatch.setattr(launcher, "profiling_hooks_active", lambda: False)
+    a, b = torch.zeros(4), torch.nn.Parameter(torch.zeros(2))
+    desc = object()
+    cl = launcher.CachedLaunch(None, (3,), 4, 2, 0)
+    cl((a, None, desc, b), (7, "relu"))
+    cl((a, None, desc, b), (7, "relu"))
+    assert launched[0] == ("jit", (a, None, desc, b, 7, "relu"))
+    assert launched[1] == ("direct", (a.data_ptr(), None, desc, b.data_ptr(), 7, "relu"))

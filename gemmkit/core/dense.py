@@ -65,13 +65,12 @@ def _facts(t):
 
 
 def plan_key(tensors, extras):
-    """A hashable key covering every fact a plan depends on, or None (then: build a plan, which
-    validates and raises on bad input). Includes the grad mode: plans refuse autograd inputs."""
+    """A key covering every fact a plan depends on, or None (then: build a plan, which validates
+    and raises on bad input). Includes the grad mode: plans refuse autograd inputs. It may still
+    be unhashable (an odd argument in `extras`): PlanCache.plan_for then builds the plan."""
     try:
-        key = (tuple(map(_facts, tensors)), extras, torch.is_grad_enabled())
-        hash(key)
-        return key
-    except (AttributeError, TypeError):
+        return (tuple(map(_facts, tensors)), extras, torch.is_grad_enabled())
+    except AttributeError:
         return None
 
 
@@ -84,7 +83,10 @@ class PlanCache(dict):
 
     def plan_for(self, key, build, *args):
         """The plan cached under `key`, else `build(*args)` (which validates), cached."""
-        plan = self.get(key) if key is not None else None
+        try:
+            plan = self.get(key) if key is not None else None
+        except TypeError:  # unhashable key: a plan for this call only
+            key = plan = None
         if plan is None:
             plan = build(*args)
             if key is not None:
@@ -277,7 +279,8 @@ class DensePlan:
         self.gemm = CachedLaunch(_jit_kernel(), (grid,), cfg.num_warps, cfg.num_stages, self.device_index)
 
     def __call__(self, x, w, bias=None, y=None, a_scale=None, b_scale=None):
-        if self.cuda and torch.cuda.current_device() != self.device_index:
+        # (torch.cuda.current_device() without its lazy-init check: a CUDA plan has CUDA tensors)
+        if self.cuda and torch._C._cuda_getDevice() != self.device_index:
             with torch.cuda.device(self.device_index):
                 return self._run(x, w, bias, y, a_scale, b_scale)
         return self._run(x, w, bias, y, a_scale, b_scale)
@@ -295,7 +298,7 @@ class DensePlan:
             counters = split_k_counters(self.device, self.device_index, self.num_tiles)
         else:
             ws = counters = None
-        checked = self.gemm.ready  # layouts were validated when the first call built the descriptors
+        checked = self.gemm.kernel is not None  # layouts were validated when the first call built the descriptors
         a = self.a_desc(x, checked) if self.a_desc is not None else x
         b = self.b_desc(w, checked) if self.b_desc is not None else w
         c = self.c_desc(y2, checked) if self.c_desc is not None else y2

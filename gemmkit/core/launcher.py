@@ -80,12 +80,13 @@ class CachedLaunch:
     `head` (the leading parameters: tensors, None or descriptors) and `tail` (the rest: ints,
     bools, strings), together every parameter of `fn` in order."""
 
-    __slots__ = ("fn", "grid", "num_warps", "num_stages", "device_index", "kernel", "direct")
+    __slots__ = ("fn", "grid", "num_warps", "num_stages", "device_index", "kernel", "direct", "pointers")
 
     def __init__(self, fn, grid, num_warps: int, num_stages: int, device_index: int):
         self.fn, self.num_warps, self.num_stages, self.device_index = fn, num_warps, num_stages, device_index
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.kernel = self.direct = None
+        self.pointers = ()  # which leading parameters are tensors (the same for every call)
 
     @property
     def ready(self) -> bool:
@@ -94,11 +95,12 @@ class CachedLaunch:
 
     def __call__(self, head, tail) -> None:
         if self.ready:
-            args = (*[a.data_ptr() if isinstance(a, _Tensor) else a for a in head], *tail)
+            args = (*[a.data_ptr() if p else a for a, p in zip(head, self.pointers)], *tail)
             if self.direct is not None:
                 launch_direct(self.direct, self.grid, args, self.device_index)
             else:
                 launch_compiled(self.kernel, self.grid, args, self.device_index)
         else:
             self.kernel = launch_jit(self.fn, self.grid, (*head, *tail), self.num_warps, self.num_stages)
+            self.pointers = tuple(isinstance(a, _Tensor) for a in head)
             self.direct = _direct_launch(self.kernel) if self.kernel is not None else None
