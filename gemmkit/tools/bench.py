@@ -168,6 +168,7 @@ def plot(rows, metric: str, path: Path, title: str) -> None:
         else:
             ax.plot(ms, [r["gbps"] * r["ratio"] for r in rs], "s--", label="torch")
         ax.set_xscale("log", base=2)
+        ax.set_ylim(bottom=0)  # a lone point's autoscaled axis would magnify a 1% difference
         ax.set_title(f"{label} (N={N}, K={K})", fontsize=8)
         ax.set_xlabel("M")
         ax.set_ylabel(key[2])
