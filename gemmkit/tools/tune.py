@@ -195,14 +195,15 @@ def verify_finalists(op, problems, dtype, dev, cache: dict, log, deadline: float
     """Re-time the fastest FINALISTS candidates of each problem together, their graph replays
     interleaved for a second or more of sustained load, as `gemmkit bench` times them; record
     the result as "us_sustained". The first ranking times each candidate alone in a short burst,
-    at boost clocks; under the benchmark's sustained load its winner was sometimes not the best
-    (FP8, M = 1024, N = 10240, K = 8192: 128x256 tiles tied with 128x128 in bursts, 10% slower
-    sustained). Problems whose current finalists were all verified together are skipped; a
-    verification stamps its records, and only the latest one of a problem decides."""
+    at boost clocks; under the benchmark's sustained load its winner was often not the best
+    (tuning/*.jsonl: compare `us` and `us_sustained` of a problem's verified records). Problems
+    whose current finalists were all verified together are skipped; a verification stamps its
+    records, and only the latest one of a problem decides."""
     by_problem = {}
     for (M, N, K, dt, _), rec in cache.items():
         if dt == dtype and "us" in rec:
             by_problem.setdefault((M, N, K), []).append(rec)
+
     def finalists(p):
         return sorted(by_problem[p], key=lambda r: r["us"])[:FINALISTS]
 
