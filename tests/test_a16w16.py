@@ -161,6 +161,16 @@ def test_one_launch_per_call(monkeypatch):
     for name in ("launch_jit", "launch_compiled", "launch_direct"):
         original = getattr(launcher, name)
         monkeypatch.setattr(launcher, name, lambda *a, _n=name, _f=original: (calls.append(_n), _f(*a))[1])
+    real_direct = launcher._direct_launch
+
+    def direct_launch(kernel):  # the C launcher that plans call directly once bound (DensePlan.run)
+        parts = real_direct(kernel)
+        if parts is None:
+            return None
+        k, launch, lead = parts
+        return k, lambda *a: (calls.append("c_launcher"), launch(*a))[1], lead
+
+    monkeypatch.setattr(launcher, "_direct_launch", direct_launch)
     M, N, K = sizes((24, 40, 64), (24, 4096, 4096))
     for cfg, launches in ((PATHS["ptr"], 1), (PATHS["tma_persistent"], 1), (PATHS["ptr_splitk"], 1)):
         x, w = randn(M, K, dtype=BF16), randn(N, K, dtype=BF16)
@@ -169,7 +179,7 @@ def test_one_launch_per_call(monkeypatch):
             out = gemmkit.gemm_a16w16(x, w, config=cfg)
             assert len(calls) == launches, (cfg, calls)
             if ON_GPU and i > 0:
-                assert set(calls) <= {"launch_compiled", "launch_direct"}, calls
+                assert set(calls) <= {"launch_compiled", "launch_direct", "c_launcher"}, calls
         assert_close(out, reference(x, w))
 
 

@@ -107,9 +107,10 @@ def test_leading_dims_and_reuse():
     for _ in range(3):  # the cached plan on fresh data
         x = operand(6, K, E4M3)
         xs = torch.rand(6, 1, device=DEVICE) + 0.5
-        out = gemmkit.gemm_a8w8(x.view(2, 3, K), w, xs.view(2, 3, 1).reshape(6, 1), ws)
-        assert out.shape == (2, 3, N)
-        assert_close(out.reshape(6, N), reference(x, w, x_scale=xs, w_scale=ws))
+        for x_scale in (xs, xs.view(6), xs.view(2, 3, 1), xs.view(2, 3)):  # (*, 1) as quantize_fp8 returns it
+            out = gemmkit.gemm_a8w8(x.view(2, 3, K), w, x_scale, ws)
+            assert out.shape == (2, 3, N)
+            assert_close(out.reshape(6, N), reference(x, w, x_scale=xs, w_scale=ws))
 
 
 def _e4(M, K):
@@ -128,6 +129,9 @@ BAD = {
     "x_scale for bf16 x": (lambda: (randn(4, 32, dtype=BF16), _e4(8, 32), _ones(()), _ones(())), ValueError, "x_scale"),
     "x_scale shape": (lambda: (_e4(4, 32), _e4(8, 32), _ones(5, 1), _ones(())), ValueError, "x_scale"),
     "x_scale 2 cols": (lambda: (_e4(4, 32), _e4(8, 32), _ones(4, 2), _ones(())), ValueError, "x_scale"),
+    "x_scale as a row": (lambda: (_e4(4, 32), _e4(8, 32), _ones(1, 4), _ones(())), ValueError, "x_scale"),
+    "x_scale strided": (lambda: (_e4(4, 32), _e4(8, 32), _ones(4, 2)[:, :1], _ones(())), ValueError, "contiguous"),
+    "x_scale 3-D for 2-D x": (lambda: (_e4(6, 32), _e4(8, 32), _ones(2, 3, 1), _ones(())), ValueError, "x_scale"),
     "x_scale fp16": (lambda: (_e4(4, 32), _e4(8, 32), _ones(4, 1, dtype=FP16), _ones(())), TypeError, "x_scale"),
     "w_scale shape": (lambda: (_e4(4, 32), _e4(8, 32), _ones(()), _ones(2, 8)), ValueError, "w_scale"),
     "w_scale strided": (lambda: (_e4(4, 32), _e4(8, 32), _ones(()), _ones(16)[::2]), ValueError, "w_scale"),

@@ -15,9 +15,12 @@ from triton.runtime.errors import OutOfResources
 
 from .config import GemmConfig, select_config
 from .device import DeviceInfo
-from .launcher import CachedLaunch
+from .launcher import CachedLaunch, hook_set, launch_hooks
 
 _INT32_MAX = 2**31 - 1
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
+_grad_enabled = torch.is_grad_enabled
+_stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 _kernels: dict = {}
 
 
@@ -32,7 +35,7 @@ def _jit_kernel():
 
 def capturing() -> bool:
     """True while the current CUDA stream is being captured into a graph."""
-    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
+    return torch.cuda.is_initialized() and _stream_capturing()
 
 
 _counters: dict = {}
@@ -60,16 +63,14 @@ def split_k_counters(device: torch.device, device_index: int, n: int) -> torch.T
 # plan cache keys
 
 
-def _facts(t):
-    return None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15, t.requires_grad)
-
-
 def plan_key(tensors, extras):
     """A key covering every fact a plan depends on, or None (then: build a plan, which validates
-    and raises on bad input). Includes the grad mode: plans refuse autograd inputs. It may still
-    be unhashable (an odd argument in `extras`): PlanCache.plan_for then builds the plan."""
+    and raises on bad input): per tensor its shape, strides, dtype, device, pointer alignment and
+    requires_grad, and the grad mode (plans refuse autograd inputs). It may still be unhashable
+    (an odd argument in `extras`): PlanCache.plan_for then builds the plan."""
     try:
-        return (tuple(map(_facts, tensors)), extras, torch.is_grad_enabled())
+        return (tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15,
+                                                t.requires_grad) for t in tensors]), extras, _grad_enabled())
     except AttributeError:
         return None
 
@@ -84,20 +85,29 @@ class PlanCache(dict):
     def plan_for(self, key, build, *args):
         """The plan cached under `key`, else `build(*args)` (which validates), cached."""
         try:
-            plan = self.get(key) if key is not None else None
+            return self[key]  # (a None key is never stored)
+        except KeyError:
+            pass
         except TypeError:  # unhashable key: a plan for this call only
-            key = plan = None
-        if plan is None:
-            plan = build(*args)
-            if key is not None:
-                if len(self) >= self.capacity:
-                    self.clear()
-                self[key] = plan
+            key = None
+        plan = build(*args)
+        if key is not None:
+            if len(self) >= self.capacity:
+                self.clear()
+            self[key] = plan
         return plan
 
 
 # ---------------------------------------------------------------------------------------------
 # layouts and descriptors
+
+
+def _contiguous_strides(shape) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 def operand_layout(t: torch.Tensor):
@@ -277,10 +287,16 @@ class DensePlan:
         self.ws_dtype = torch.int32 if self.int_dot else torch.float32
         self.num_tiles = num_tiles
         self.gemm = CachedLaunch(_jit_kernel(), (grid,), cfg.num_warps, cfg.num_stages, self.device_index)
+        # run(x, w, bias, y, a_scale, b_scale): the quickest way to call this plan (set to a flat
+        # function by the first launch)
+        self.run = self._call
 
     def __call__(self, x, w, bias=None, y=None, a_scale=None, b_scale=None):
+        return self.run(x, w, bias, y, a_scale, b_scale)
+
+    def _call(self, x, w, bias, y, a_scale, b_scale):
         # (torch.cuda.current_device() without its lazy-init check: a CUDA plan has CUDA tensors)
-        if self.cuda and torch._C._cuda_getDevice() != self.device_index:
+        if self.cuda and _get_device() != self.device_index:
             with torch.cuda.device(self.device_index):
                 return self._run(x, w, bias, y, a_scale, b_scale)
         return self._run(x, w, bias, y, a_scale, b_scale)
@@ -310,4 +326,49 @@ class DensePlan:
                 raise
             self._configure(smaller)
             return self._run(x, w, bias, y, a_scale, b_scale)
+        if self.run == self._call and self.gemm.kernel is not None:
+            self.run = self._bind_fast() or self._call
         return out
+
+    def _bind_fast(self):
+        """`_run` as one flat function, for every call after the first launch (which compiled
+        the kernel and validated the layouts): each decision the plan fixes is taken here once.
+        Eagerly, a decode-sized GEMM costs the host more than the GPU (README, "Host cost")."""
+        parts = self.gemm.direct_parts()
+        if parts is None:
+            return None
+        launch, gx, gy, gz, function, lead = parts
+        M, N, K, idx, device = self.M, self.N, self.K, self.device_index, self.device
+        out_shape, out_dtype, tail = self.out_shape, self.out_dtype, self.gemm_tail
+        flatten_x, view_out = self.flatten_x, len(self.out_shape) != 2
+        a_desc, b_desc, c_desc = self.a_desc, self.b_desc, self.c_desc
+        pieces, ws_shape, ws_dtype, num_tiles = self.pieces, self.ws_shape, self.ws_dtype, self.num_tiles
+        out_strides = _contiguous_strides(out_shape)
+        ws_strides = _contiguous_strides(ws_shape)
+        # (torch.empty_strided parses its arguments faster than torch.empty: 4.0 vs 5.8 µs on the H100 host)
+        empty, stream, hook, slow = torch.empty_strided, torch._C._cuda_getCurrentRawStream, launch_hooks(), self._call
+
+        def fast(x, w, bias, y, a_scale, b_scale):
+            if _get_device() != idx or hook_set(hook):  # another device current, or a profiler
+                return slow(x, w, bias, y, a_scale, b_scale)
+            if flatten_x:
+                x = x.reshape(M, K)
+            out = empty(out_shape, out_strides, dtype=out_dtype, device=device) if y is None else y
+            c = out.view(M, N) if view_out else out
+            if pieces:
+                ws = empty(ws_shape, ws_strides, dtype=ws_dtype, device=device).data_ptr()
+                counters = split_k_counters(device, idx, num_tiles).data_ptr()
+            else:
+                ws = counters = None
+            launch(gx, gy, gz, stream(idx), function, *lead,
+                   x.data_ptr() if a_desc is None else a_desc(x, True),
+                   w.data_ptr() if b_desc is None else b_desc(w, True),
+                   c.data_ptr() if c_desc is None else c_desc(c, True),
+                   ws, counters,
+                   None if bias is None else bias.data_ptr(),
+                   None if a_scale is None else a_scale.data_ptr(),
+                   None if b_scale is None else b_scale.data_ptr(),
+                   *tail)
+            return out
+
+        return fast

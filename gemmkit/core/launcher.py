@@ -19,15 +19,24 @@ from .interpreter import apply_interpreter_fixes
 _runtime_knobs = None
 
 
-def profiling_hooks_active() -> bool:
-    """True while a profiler (e.g. proton) hooks kernel launches: then launch the regular way."""
+def launch_hooks():
+    """Triton's launch-enter hook holder (knobs.runtime)."""
     global _runtime_knobs
     if _runtime_knobs is None:
         from triton import knobs
 
         _runtime_knobs = knobs.runtime
-    hook = _runtime_knobs.launch_enter_hook
+    return _runtime_knobs
+
+
+def hook_set(knobs_runtime) -> bool:
+    """True while a profiler (e.g. proton) hooks kernel launches: then launch the regular way."""
+    hook = knobs_runtime.launch_enter_hook
     return bool(getattr(hook, "calls", hook))  # a HookChain in triton >= 3.5, else a callable or None
+
+
+def profiling_hooks_active() -> bool:
+    return hook_set(launch_hooks())
 
 
 def launch_jit(fn, grid, args, num_warps: int, num_stages: int):
@@ -92,6 +101,16 @@ class CachedLaunch:
     def ready(self) -> bool:
         """True when the next call launches directly (never under the interpreter)."""
         return self.kernel is not None and not profiling_hooks_active()
+
+    def direct_parts(self):
+        """(C launch function, grid x, y, z, kernel function, leading launcher args) for callers
+        that assemble the arguments themselves after the first launch: `launch(gx, gy, gz,
+        stream, function, *lead, *args)`. None before the first launch, under the interpreter, or
+        where this Triton needs its Python wrapper."""
+        if self.direct is None:
+            return None
+        kernel, launch, lead = self.direct
+        return (launch, *self.grid, kernel.function, lead)
 
     def __call__(self, head, tail) -> None:
         if self.ready:

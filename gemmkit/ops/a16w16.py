@@ -25,9 +25,12 @@ def gemm_a16w16(x, w, bias=None, *, activation=None, out_dtype=None, y=None, con
     Each operand needs one unit-stride dimension (row- or column-major, any other stride).
     Accumulation is fp32; the result is rounded once to out_dtype. No autograd.
     """
-    key = plan_key((x, w, bias, y), (activation, out_dtype, v.config_key(config)))
-    plan = _plans.plan_for(key, _make_plan, x, w, bias, y, activation, out_dtype, config)
-    return plan(x, w, bias, y)
+    key = plan_key((x, w, bias, y), (activation, out_dtype, None if config is None else v.config_key(config)))
+    try:
+        plan = _plans[key]
+    except (KeyError, TypeError):  # a new plan (validates), or no key (bad input)
+        plan = _plans.plan_for(key, _make_plan, x, w, bias, y, activation, out_dtype, config)
+    return plan.run(x, w, bias, y, None, None)
 
 
 def _make_plan(x, w, bias, y, activation, out_dtype, config):

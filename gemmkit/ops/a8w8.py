@@ -42,9 +42,13 @@ def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=t
     config: None (tuned table, else derived from the device), a dict or a GemmConfig.
     Matches torch._scaled_mm(..., use_fast_accum=True): Triton's sm_90 default for fp8 dots.
     """
-    key = plan_key((x, w, x_scale, w_scale, bias, y), (activation, out_dtype, v.config_key(config)))
-    plan = _plans.plan_for(key, _make_plan, x, w, x_scale, w_scale, bias, y, activation, out_dtype, config)
-    return plan(x, w, x_scale, w_scale, bias, y)
+    cfg_key = None if config is None else v.config_key(config)
+    key = plan_key((x, w, x_scale, w_scale, bias, y), (activation, out_dtype, cfg_key))
+    try:
+        plan = _plans[key]
+    except (KeyError, TypeError):  # a new plan (validates), or no key (bad input)
+        plan = _plans.plan_for(key, _make_plan, x, w, x_scale, w_scale, bias, y, activation, out_dtype, config)
+    return plan.run(x, w, bias, y, x_scale, w_scale)
 
 
 def fused_dynamic_gemm(x, w, w_scale, *, config=None, out_dtype=torch.bfloat16):
@@ -52,19 +56,17 @@ def fused_dynamic_gemm(x, w, w_scale, *, config=None, out_dtype=torch.bfloat16):
     token itself (one launch), eager or captured: what `gemmkit tune a8w8_dynamic` measures."""
     key = plan_key((x, w, w_scale), ("fused", out_dtype, v.config_key(config)))
     plan = _plans.plan_for(key, _make_plan, x, w, None, w_scale, None, None, None, out_dtype, config, "fused")
-    return plan(x, w, None, w_scale, None, None)
+    return plan(x, w, None, None, None, w_scale)
 
 
-def _scale_mode(name: str, s, length: int, what: str) -> int:
-    """TENSOR or VECTOR for a scale of 1 or `length` float32 values; checks shape and stride."""
+def _scale_mode(name: str, s, shapes, what: str) -> int:
+    """TENSOR for a scale of one float32 value, VECTOR for one of the given shapes (contiguous)."""
     v.check_tensor(name, s, (torch.float32,))
     if s.numel() == 1 and s.ndim <= 2:
         return _SCALE_TENSOR
-    long_dims = [d for d in range(s.ndim) if s.shape[d] != 1]
-    if s.numel() != length or s.ndim > 2 or len(long_dims) != 1:
-        raise ValueError(f"{name} has shape {tuple(s.shape)}: expected one value (per tensor) or {length} "
-                         f"values ({what})")
-    if s.stride(long_dims[0]) != 1:
+    if tuple(s.shape) not in shapes:
+        raise ValueError(f"{name} has shape {tuple(s.shape)}: expected one value (per tensor) or {what}")
+    if not s.is_contiguous():
         raise ValueError(f"{name} must be contiguous (call .contiguous())")
     return _SCALE_VECTOR
 
@@ -87,13 +89,16 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
     x2, lead = v.as_rows("x", x)
     M, K = x2.shape
     N = v.check_weight("w", w, K)
-    a_mode = 0 if dynamic else _scale_mode("x_scale", x_scale, M, "per token: (M, 1) or (M,)")
-    b_mode = _scale_mode("w_scale", w_scale, N, "per channel: (1, N), (N,) or (N, 1)")
+    lead = tuple(lead)
+    token_shapes = {(M, 1), (M,), (*lead, 1), lead}  # x (*, K): quantize_fp8's (*, 1) too
+    a_mode = 0 if dynamic else _scale_mode("x_scale", x_scale, token_shapes,
+                                           f"per token: {M} values, ({M}, 1), ({M},) or (*x.shape[:-1], 1)")
+    b_mode = _scale_mode("w_scale", w_scale, {(1, N), (N,), (N, 1)}, f"per channel: (1, {N}), ({N},) or ({N}, 1)")
     v.check_bias(bias, N, _BIAS_DTYPES)
     out_dtype = v.check_out_dtype(out_dtype, y, torch.bfloat16)
     y2 = v.check_out(y, lead, M, N, out_dtype, device)
     if M == 0 or N == 0 or K == 0:
-        return _Degenerate(v.DegeneratePlan((*lead, N), out_dtype, device, activation))
+        return v.DegeneratePlan((*lead, N), out_dtype, device, activation)
     for name, t in (("x", x2), ("w", w)):
         if K > 1 and t.stride(1) != 1:
             raise ValueError(f"{name} must be K-contiguous (stride 1 along K): FP8/INT8 tensor-core operands "
@@ -107,7 +112,7 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
     common = dict(out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=x.ndim != 2, b_scale_mode=b_mode,
                   auto_config=config is None)
     if not dynamic:
-        return _Static(DensePlan(x2, w, example_y, bias, activation, cfg, dev, a_scale_mode=a_mode, **common))
+        return DensePlan(x2, w, example_y, bias, activation, cfg, dev, a_scale_mode=a_mode, **common)
     from ..quant import quantize_fp8, quantize_int8
 
     quantize = quantize_int8 if w.dtype == torch.int8 else (lambda t: quantize_fp8(t, "row", w.dtype))
@@ -124,31 +129,16 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
     return _Dynamic(quantize, gemm, fused, M, K, x.ndim != 2, always_fused=dynamic_path == "fused")
 
 
-class _Static:
-    def __init__(self, gemm):
-        self.gemm = gemm
-
-    def __call__(self, x, w, x_scale, w_scale, bias, y):
-        return self.gemm(x, w, bias, y, x_scale, w_scale)
-
-
 class _Dynamic:
     """x in 16 bits: quantize per token inside the GEMM (`fused`), or quantizer then GEMM."""
 
     def __init__(self, quantize, gemm, fused, M, K, flatten_x, always_fused=False):
         self.quantize, self.gemm, self.fused, self.M, self.K, self.flatten_x = quantize, gemm, fused, M, K, flatten_x
         self.always_fused = always_fused
+        self.run = self.__call__
 
-    def __call__(self, x, w, x_scale, w_scale, bias, y):
+    def __call__(self, x, w, bias, y, x_scale, w_scale):
         if self.fused is not None and (self.always_fused or not capturing()):
-            return self.fused(x, w, bias, y, None, w_scale)
+            return self.fused.run(x, w, bias, y, None, w_scale)
         xq, xs = self.quantize(x.reshape(self.M, self.K) if self.flatten_x else x)
         return self.gemm(xq, w, bias, y, xs, w_scale)
-
-
-class _Degenerate:
-    def __init__(self, plan):
-        self.plan = plan
-
-    def __call__(self, x, w, x_scale, w_scale, bias, y):
-        return self.plan(x, w, bias, y)
