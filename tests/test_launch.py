@@ -5,6 +5,7 @@ kernel was compiled and compares, call by call, the arguments the flat path hand
 launcher with those of the regular path. On a GPU the other tests run it for real."""
 
 import types
+import weakref
 
 import pytest
 import torch
@@ -62,6 +63,21 @@ def test_flat_path_passes_the_regular_arguments(monkeypatch, op, path):
     gemm_plan.gemm.kernel = compiled
     gemm_plan.gemm.direct = (compiled, lambda *args: recorded.append(args), ("lead",))
 
+    # workspaces must stay allocated until the launch (else the counters may get the same block)
+    allocated, real_empty, real_counters = [], torch.empty_strided, dense.split_k_counters
+
+    def empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        allocated.append(weakref.ref(t))
+        return t
+
+    monkeypatch.setattr(torch, "empty_strided", empty)
+
+    def counters(*args):
+        assert all(ref() is not None for ref in allocated[-1:]), "workspace freed before the launch"
+        return real_counters(*args)
+
+    monkeypatch.setattr(dense, "split_k_counters", counters)
     call(PATHS[path])  # regular path: CachedLaunch -> launch_direct; then binds the flat path
     assert gemm_plan.run != gemm_plan._call, "the flat path was not bound"
     call(PATHS[path])  # flat path

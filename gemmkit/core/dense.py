@@ -355,9 +355,10 @@ class DensePlan:
                 x = x.reshape(M, K)
             out = empty(out_shape, out_strides, dtype=out_dtype, device=device) if y is None else y
             c = out.view(M, N) if view_out else out
-            if pieces:
-                ws = empty(ws_shape, ws_strides, dtype=ws_dtype, device=device).data_ptr()
-                counters = split_k_counters(device, idx, num_tiles).data_ptr()
+            if pieces:  # (both held until the launch is queued: a freed block may be handed out again)
+                ws_t = empty(ws_shape, ws_strides, dtype=ws_dtype, device=device)
+                counters_t = split_k_counters(device, idx, num_tiles)
+                ws, counters = ws_t.data_ptr(), counters_t.data_ptr()
             else:
                 ws = counters = None
             launch(gx, gy, gz, stream(idx), function, *lead,
