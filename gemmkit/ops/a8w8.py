@@ -32,8 +32,8 @@ def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=t
 
     x: (M, K) (or (*, K)), w: (N, K), both K-contiguous (stride 1 along K, as fp8/int8 tensor
     cores need): float8_e4m3fn / float8_e5m2 in any combination, or both int8.
-    x_scale: float32, one value (0-d or 1 element: per tensor) or M values ((M, 1) or (M,): per
-    token). w_scale: float32, one value or N values ((1, N), (N,) or (N, 1): per channel).
+    x_scale: float32, one value (0-d or 1 element: per tensor) or M values ((M, 1), (M,), or x's
+    leading shape with or without a trailing 1, as quantize_fp8 returns it: per token). w_scale: float32, one value or N values ((1, N), (N,) or (N, 1): per channel).
     Dynamic per-token quantization: pass x in bf16/fp16 with x_scale=None; x is quantized to w's
     type (inside the GEMM when called eagerly with small M, else by a one-pass quantizer first;
     both round the same way).
