@@ -14,7 +14,7 @@ import torch
 
 from .core import validate as v
 from .core.config import next_pow2
-from .core.dense import PlanCache, plan_key
+from .core.dense import PlanCache, contiguous_strides, plan_key
 from .core.launcher import CachedLaunch
 
 FP8_TARGETS = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
@@ -68,6 +68,9 @@ class QuantizePlan:
         from .kernels.quant import absmax_kernel, quantize_rows_kernel, quantize_tensor_kernel
 
         self.shape, self.qdtype, self.device, self.granularity, self.static = t.shape, qdtype, device, granularity, static
+        self.q_strides = contiguous_strides(t.shape)
+        self.row_scale_shape = (*t.shape[:-1], 1)
+        self.row_scale_strides = contiguous_strides(self.row_scale_shape)
         C = t.shape[-1] if t.ndim else 1
         R = t.numel() // C if C else 0
         self.R, self.C = R, C
@@ -96,11 +99,12 @@ class QuantizePlan:
             self.tensor_tail = (R, C, s_r, s_c, C, quant, not static, block_r, block_c, C % block_c == 0, index_64)
 
     def __call__(self, t, scale=None):
-        q = torch.empty(self.shape, dtype=self.qdtype, device=self.device)
+        q = torch.empty_strided(self.shape, self.q_strides, dtype=self.qdtype, device=self.device)
         if self.static:  # the given scale is the result's
             out_scale = scale.reshape(())
         elif self.granularity == "row":
-            out_scale = torch.empty((*self.shape[:-1], 1), dtype=torch.float32, device=self.device)
+            out_scale = torch.empty_strided(self.row_scale_shape, self.row_scale_strides, dtype=torch.float32,
+                                            device=self.device)
         else:
             out_scale = torch.zeros((), dtype=torch.float32, device=self.device)
         if self.empty:

@@ -102,7 +102,9 @@ class PlanCache(dict):
 # layouts and descriptors
 
 
-def _contiguous_strides(shape) -> tuple:
+def contiguous_strides(shape) -> tuple:
+    """Strides of a contiguous tensor of this shape (for torch.empty_strided, which parses its
+    arguments faster than torch.empty: 4.0 vs 5.8 µs on the H100 host, scripts/host_probe.py)."""
     strides, step = [], 1
     for size in reversed(shape):
         strides.append(step)
@@ -343,9 +345,8 @@ class DensePlan:
         flatten_x, view_out = self.flatten_x, len(self.out_shape) != 2
         a_desc, b_desc, c_desc = self.a_desc, self.b_desc, self.c_desc
         pieces, ws_shape, ws_dtype, num_tiles = self.pieces, self.ws_shape, self.ws_dtype, self.num_tiles
-        out_strides = _contiguous_strides(out_shape)
-        ws_strides = _contiguous_strides(ws_shape)
-        # (torch.empty_strided parses its arguments faster than torch.empty: 4.0 vs 5.8 µs on the H100 host)
+        out_strides = contiguous_strides(out_shape)
+        ws_strides = contiguous_strides(ws_shape)
         empty, stream, hook, slow = torch.empty_strided, torch._C._cuda_getCurrentRawStream, launch_hooks(), self._call
 
         def fast(x, w, bias, y, a_scale, b_scale):
