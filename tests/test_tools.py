@@ -207,3 +207,44 @@ def test_cached_launch_passes_raw_pointers_after_the_first_launch(monkeypatch):
     cl((a, None, desc, b), (7, "relu"))
     assert launched[0] == ("jit", (a, None, desc, b, 7, "relu"))
     assert launched[1] == ("direct", (a.data_ptr(), None, desc, b.data_ptr(), 7, "relu"))
+
+
+def test_tuner_times_each_distinct_kernel_once():
+    """Candidates that compile to the same binaries on the same grids (on sm_90, Triton 3.6
+    ignores WARP_SPECIALIZE) are timed once: later ones point at the first."""
+    sigs = {"a": (("h1", (8, 1, 1)),), "b": (("h2", (8, 1, 1)),), "a_ws": (("h1", (8, 1, 1)),),
+            "a_grid": (("h1", (4, 1, 1)),), "unknown": None, "b_ws": (("h2", (8, 1, 1)),)}
+    assert tune.duplicates(list(sigs), sigs) == {"a_ws": "a", "b_ws": "b"}
+    assert tune.duplicates(["a_ws", "a"], sigs) == {"a": "a_ws"}  # the first in search order is timed
+
+
+def test_kernel_signature_tells_configs_apart(monkeypatch):
+    """kernel_signature hashes what Triton compiled and records the grid of each launch."""
+    import types
+
+    from gemmkit.core import launcher
+    from gemmkit.ops import a16w16
+
+    def fake_compile(fn, grid, args, num_warps, num_stages):
+        cubin = repr((fn.__name__, num_warps, num_stages, [a for a in args if not hasattr(a, "data_ptr")]))
+        return types.SimpleNamespace(asm={"cubin": cubin.encode()},
+                                     run=types.SimpleNamespace(global_scratch_size=1, profile_scratch_size=0))
+
+    monkeypatch.setattr(launcher, "launch_jit", fake_compile)
+    a16w16._plans.clear()
+    x, w = torch.randn(8, 64, dtype=torch.float16), torch.randn(48, 64, dtype=torch.float16)
+    base = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, num_stages=2)
+
+    def sig(**cfg):  # as in a fresh tuner worker: no cached plan
+        a16w16._plans.clear()
+        return tune.kernel_signature(lambda: gemmkit.gemm_a16w16(x, w, config=dict(base, **cfg)))
+
+    one = sig()
+    assert len(one) == 1 and one[0][1] == (3, 1, 1)  # one launch, 3 tiles of 16 columns
+    assert sig() != sig(num_stages=3)
+    assert sig(BLOCK_N=32)[0][1] == (2, 1, 1)
+    assert launcher.launch_jit is fake_compile  # restored
+    monkeypatch.setattr(launcher, "launch_jit", lambda *a: types.SimpleNamespace(
+        asm={}, run=types.SimpleNamespace(global_scratch_size=1, profile_scratch_size=0)))
+    assert sig() is None  # no binary to compare: never a duplicate
+    a16w16._plans.clear()

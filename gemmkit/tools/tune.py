@@ -2,7 +2,9 @@
 
 Per problem (M, N, K): candidates from the op's pruned search space are compiled in parallel
 worker processes (filling Triton's on-disk cache), then timed one by one in this process under
-CUDA-graph replay with rotating inputs; a candidate whose result is wrong is discarded. Every
+CUDA-graph replay with rotating inputs; a candidate whose result is wrong is discarded, and one
+that compiled to the same binaries and grids as an earlier candidate is not timed again (on
+sm_90, Triton 3.6 ignores WARP_SPECIALIZE: identical SASS with and without it). Every
 measurement is appended to a JSONL cache, so an interrupted run resumes where it stopped. The
 best config per (N, K, M bucket) goes to the table's "shapes" section; per bucket, the config with
 the best geometric-mean slowdown over all tuned shapes becomes the generic "buckets" entry.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -70,24 +73,65 @@ def rel_error(out, ref) -> float:
 # parallel compilation
 
 
+def kernel_signature(run) -> tuple | None:
+    """Call `run()`; return the kernels it compiled and launched through Triton, as (hash of the
+    binary, grid) pairs: two configs with equal signatures run the same code on the same grid.
+    None where a binary cannot be read (then nothing is deduplicated)."""
+    from ..core import launcher
+
+    seen, real = [], launcher.launch_jit
+
+    def recording(fn, grid, args, num_warps, num_stages):
+        kernel = real(fn, grid, args, num_warps, num_stages)
+        if kernel is not None:
+            try:
+                binary = hashlib.sha1(kernel.asm["cubin"]).hexdigest()
+            except (AttributeError, KeyError, TypeError):
+                binary = None
+            seen.append((binary, tuple(grid)))
+        return kernel
+
+    launcher.launch_jit = recording
+    try:
+        run()
+    finally:
+        launcher.launch_jit = real
+    return None if any(b is None for b, _ in seen) else tuple(seen)
+
+
 def _compile_worker(op_name, M, N, K, dtype, cfg_dict):
     """Run one candidate once in a worker process; Triton caches the compiled kernel on disk.
-    Returns None, or why the candidate failed. Running out of device memory (the workers share
-    the GPU) says nothing about the candidate: it returns None, and the measuring process then
-    compiles that candidate itself."""
+    Returns (None or why the candidate failed, its kernel_signature or None). Running out of
+    device memory (the workers share the GPU) says nothing about the candidate: (None, None),
+    and the measuring process then compiles that candidate itself."""
     try:
         op = get_op(op_name)
         inp = op.make_inputs(M, N, K, dtype, "cuda")
-        op.run(inp, GemmConfig.from_dict(cfg_dict))
+        signature = kernel_signature(lambda: op.run(inp, GemmConfig.from_dict(cfg_dict)))
         torch.cuda.synchronize()
-        return None
+        return None, signature or None
     except torch.cuda.OutOfMemoryError:
-        return None
+        return None, None
     except Exception as e:  # noqa: BLE001 - any failure disqualifies the candidate
-        return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}", None
     finally:
         inp = None
         torch.cuda.empty_cache()  # workers live on: hand the inputs' memory back to the others
+
+
+def duplicates(cfg_keys, signatures: dict) -> dict:
+    """{cfg_key: the earlier cfg_key (in `cfg_keys` order) whose candidate compiled to the same
+    kernel_signature}; candidates without a signature are never duplicates."""
+    first, dup = {}, {}
+    for ck in cfg_keys:
+        sig = signatures.get(ck)
+        if sig is None:
+            continue
+        if sig in first:
+            dup[ck] = first[sig]
+        else:
+            first[sig] = ck
+    return dup
 
 
 def worker_count(op, jobs, workers: int, device_bytes: int) -> int:
@@ -100,7 +144,7 @@ def worker_count(op, jobs, workers: int, device_bytes: int) -> int:
 
 
 def precompile(op_name, jobs, workers: int) -> dict:
-    """jobs: [(M, N, K, dtype, cfg)] -> {(M, N, K, cfg_key): error or None}."""
+    """jobs: [(M, N, K, dtype, cfg)] -> {(M, N, K, cfg_key): (error or None, signature or None)}."""
     results = {}
     if not jobs:
         return results
@@ -115,7 +159,7 @@ def precompile(op_name, jobs, workers: int) -> dict:
             try:
                 results[futures[fut]] = fut.result()
             except Exception as e:  # noqa: BLE001 - a crashed worker
-                results[futures[fut]] = f"worker failed: {e!r}"[:200]
+                results[futures[fut]] = (f"worker failed: {e!r}"[:200], None)
             bar.update(1)
     bar.close()
     return results
@@ -148,7 +192,7 @@ def tune(op_name, shapes, ms, dtype, out_path: Path, cache_path: Path, workers: 
     jobs = [(M, N, K, dtype, c) for (M, N, K), cands in todo.items() for c in cands]
     print(f"tuning {op_name} ({dtype}) on {dev.name}: {len(problems)} problems, {len(jobs)} candidates to measure "
           f"({sum(1 for k in cache if k[3] == dtype)} cached)", flush=True)
-    compile_errors = precompile(op_name, jobs, workers)
+    compiled = precompile(op_name, jobs, workers)
 
     bar = _progress(len(jobs), "measure")
     with open(cache_path, "a") as log:
@@ -160,10 +204,14 @@ def tune(op_name, shapes, ms, dtype, out_path: Path, cache_path: Path, workers: 
                 break
             sets = input_sets(op, M, N, K, dtype, dev)
             ref = op.reference(sets[0])
+            same = duplicates([cfg_key(c) for c in cands],
+                              {cfg_key(c): compiled.get((M, N, K, cfg_key(c)), (None, None))[1] for c in cands})
             for cfg in cands:
                 rec = {"M": M, "N": N, "K": K, "dtype": dtype, "cfg": cfg_key(cfg)}
-                err = compile_errors.get((M, N, K, rec["cfg"]))
-                if err is None:
+                err = compiled.get((M, N, K, rec["cfg"]), (None, None))[0]
+                if rec["cfg"] in same:  # the same binaries on the same grid: timed once
+                    rec["same_kernel_as"] = same[rec["cfg"]]
+                elif err is None:
                     try:
                         e = rel_error(op.run(sets[0], cfg), ref)
                         if not e < op.tolerance:

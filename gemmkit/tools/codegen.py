@@ -1,0 +1,187 @@
+"""`python -m gemmkit.tools.codegen`: compile the shared GEMM kernel for sm_90 without a GPU.
+
+Builds a plan for a problem and config as the ops do (with an H100 profile), derives the
+specialization Triton would compile at launch (argument types, 16-byte divisibility, integer
+arguments equal to 1 as constants), compiles with `triton.compile(..., target=GPUTarget("cuda",
+90, 32))` (ptxas ships with Triton) and reports registers, local memory (spills), shared memory
+and the tensor-core instructions in the SASS. Checks what the interpreter cannot: that GPU-only
+paths (TMA, persistent, split-K, stream-K, in-kernel quantization) lower and fit, and what a
+switch changes in the binary. Needs TRITON_INTERPRET unset (the kernels must be JIT functions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..core.config import GemmConfig
+from ..core.device import DeviceInfo
+
+H100 = DeviceInfo("NVIDIA_H100_80GB_HBM3", (9, 0), 132, 232448, 50 << 20)
+_TT_TYPES = {torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5", torch.bfloat16: "bf16",
+             torch.float16: "fp16", torch.float32: "fp32", torch.int8: "i8", torch.int32: "i32"}
+
+
+@dataclass
+class Binary:
+    registers: int
+    local_bytes: int
+    shared_bytes: int
+    sass: str
+    sha1: str
+
+    def count(self, opcode: str) -> int:
+        """Occurrences of an instruction (prefix match, e.g. "QGMMA", "HGMMA", "UTMALDG")."""
+        return len(re.findall(r"\b" + re.escape(opcode) + r"[.\s]", self.sass))
+
+
+def _tools_dir() -> Path:
+    import triton
+
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+
+def _arg_type(value):
+    """(signature type, constant or None, divisible by 16) of one runtime argument."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if value is None:
+        return "constexpr", None, False
+    if isinstance(value, TensorDescriptor):
+        block = ", ".join(map(str, value.block_shape))
+        return f"tensordesc<{_TT_TYPES[value.base.dtype]}[{block}]>", None, False
+    if isinstance(value, torch.Tensor):
+        return "*" + _TT_TYPES[value.dtype], None, value.data_ptr() % 16 == 0
+    if isinstance(value, bool):
+        return "i1", None, False
+    if isinstance(value, int):
+        if value == 1:
+            return "constexpr", 1, False
+        return ("i32" if -(2**31) <= value < 2**31 else "i64"), None, value % 16 == 0
+    raise TypeError(f"cannot type argument {value!r}")
+
+
+def compile_gemm(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16, w_dtype=None,
+                 out_dtype=torch.bfloat16, a_scale: str = "", b_scale: str = "", a_quant: str = "",
+                 activation: str = "none", dev: DeviceInfo = H100) -> Binary:
+    """Compile gemm_kernel for sm_90 as a launch of this problem would. a_scale / b_scale: "",
+    "tensor" or "vector"; a_quant: "" or the in-kernel quantization target ("e4m3", ...)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ..core.dense import DensePlan, _jit_kernel
+
+    w_dtype = w_dtype or x_dtype
+    x = torch.empty(M, K, dtype=x_dtype)
+    w = torch.empty(N, K, dtype=w_dtype)
+    y = torch.empty(M, N, dtype=out_dtype)
+    modes = {"": 0, "tensor": 1, "vector": 2}
+    plan = DensePlan(x, w, y, None, activation, cfg, dev, out_dtype=out_dtype, out_shape=(M, N), flatten_x=False,
+                     a_scale_mode=modes[a_scale], b_scale_mode=modes[b_scale], a_quant=a_quant)
+    scale = {"": None, "tensor": torch.empty((), dtype=torch.float32)}
+    head = (plan.a_desc(x, False) if plan.a_desc else x, plan.b_desc(w, False) if plan.b_desc else w,
+            plan.c_desc(y, False) if plan.c_desc else y,
+            torch.empty(plan.ws_shape, dtype=plan.ws_dtype) if plan.pieces else None,
+            torch.empty(plan.num_tiles, dtype=torch.int32) if plan.pieces else None, None,
+            scale.get(a_scale, torch.empty(M, dtype=torch.float32)),
+            scale.get(b_scale, torch.empty(N, dtype=torch.float32)))
+    kernel = _jit_kernel()
+    signature, constants, attrs = {}, {}, {}
+    for i, (param, value) in enumerate(zip(kernel.params, (*head, *plan.gemm_tail))):
+        if param.is_constexpr:
+            signature[param.name], constants[(i,)] = "constexpr", value
+            continue
+        ty, const, div16 = _arg_type(value)
+        signature[param.name] = ty
+        if ty == "constexpr":
+            constants[(i,)] = const
+        elif div16:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    return _inspect(compiled.asm["cubin"], compiled.metadata.shared)
+
+
+def _inspect(cubin: bytes, shared_bytes: int) -> Binary:
+    import tempfile
+
+    tools = _tools_dir()
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", f.name], capture_output=True, text=True,
+                               check=True).stdout
+        sass = subprocess.run([str(tools / "nvdisasm"), "-c", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    regs = int(re.search(r"REG:(\d+)", usage).group(1))
+    local = int(re.search(r"LOCAL:(\d+)", usage).group(1))
+    return Binary(regs, local, shared_bytes, sass, hashlib.sha1(cubin).hexdigest())
+
+
+# The configs the shipped tables lean on, by regime: (M, N, K, config, compile_gemm arguments,
+# the tensor-core instruction expected: warpgroup MMA (HGMMA bf16/fp16, QGMMA fp8, IGMMA int8)
+# for 64-row and larger tiles, HMMA (mma.sync) for 16-row ones).
+CHECKS = {
+    "bf16 persistent TMA 128x256x64": (
+        8192, 8192, 8192, dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, TMA=True,
+                               PERSISTENT=True), {}, "HGMMA"),
+    "fp8 persistent TMA 128x256x128, row/column scales": (
+        8192, 8192, 8192, dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=3, TMA=True,
+                               PERSISTENT=True),
+        dict(x_dtype=torch.float8_e4m3fn, a_scale="vector", b_scale="vector"), "QGMMA"),
+    "fp8 stream-K": (
+        4096, 4096, 4096, dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=3, TMA=True,
+                               PERSISTENT=True, STREAM_K=True),
+        dict(x_dtype=torch.float8_e4m3fn, a_scale="vector", b_scale="vector"), "QGMMA"),
+    "int8 TMA 128x128x128": (
+        1024, 4096, 4096, dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=4, TMA=True),
+        dict(x_dtype=torch.int8, a_scale="vector", b_scale="vector"), "IGMMA"),
+    "bf16 small-M split-K, pointer loads": (
+        16, 4096, 14336, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4), {}, "HMMA"),
+    "dynamic FP8 (quantized in the GEMM), M=16": (
+        16, 6144, 4096, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=3),
+        dict(w_dtype=torch.float8_e4m3fn, b_scale="vector", a_quant="e4m3"), "HMMA"),
+}
+_MMA = ("HGMMA", "QGMMA", "IGMMA", "HMMA", "IMMA")
+
+
+def check(name: str) -> tuple[bool, Binary, str]:
+    """Compile one of CHECKS: (passed, binary, one-line report). Passing: no local memory (spills
+    or stack arrays), at most 255 registers, the expected tensor-core instruction present."""
+    M, N, K, cfg, kw, mma = CHECKS[name]
+    b = compile_gemm(M, N, K, GemmConfig.from_dict(cfg), **kw)
+    found = {op: b.count(op) for op in _MMA if b.count(op)}
+    ok = b.local_bytes == 0 and b.registers <= 255 and mma in found
+    return ok, b, (f"{'ok ' if ok else 'BAD'} {name}: {b.registers} registers, {b.local_bytes} B local, "
+                   f"{b.shared_bytes} B shared, tensor-core instructions {found} (expected {mma})")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gemmkit.tools.codegen", description=__doc__.split("\n\n")[0])
+    p.add_argument("--warp-specialize", action="store_true",
+                   help="also compile each persistent config with WARP_SPECIALIZE and say whether the binary changes")
+    args = p.parse_args(argv)
+    failed = 0
+    for name, (M, N, K, cfg, kw, _) in CHECKS.items():
+        ok, b, report = check(name)
+        failed += not ok
+        print(report, flush=True)
+        cfg = GemmConfig.from_dict(cfg)
+        if args.warp_specialize and cfg.PERSISTENT:
+            import dataclasses
+
+            ws = compile_gemm(M, N, K, dataclasses.replace(cfg, WARP_SPECIALIZE=True), **kw)
+            print(f"    WARP_SPECIALIZE: binary {'identical' if ws.sha1 == b.sha1 else 'different'}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
