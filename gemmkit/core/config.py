@@ -27,6 +27,10 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 # Upper bounds of the M buckets; larger M falls in "any".
 M_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
+# Shared memory per block left free by the configs' estimate (GemmConfig.smem_bytes): barriers and
+# the few hundred bytes the compiler adds (measured: at most 1 KB on the tuner's search space).
+SMEM_SLACK = 2 * 1024
+
 # Small-M GEMMs are dominated by host launch cost in eager mode: keep them on pointer loads, which
 # need no per-call tensor-descriptor encoding (see README, "Host cost").
 TMA_MIN_M = 128
@@ -127,24 +131,44 @@ class GemmConfig:
             del d["STREAM_K"]
         return d
 
-    def smem_bytes(self, in_bytes: float, out_bytes: int, b_bytes: float | None = None) -> int:
-        """Shared memory the pipelined loop and a TMA-store epilogue need (an estimate).
-        in_bytes: bytes per element of A (and of B unless b_bytes is given)."""
+    def smem_bytes(self, in_bytes: float, out_bytes: int, b_bytes: float | None = None, a_quant: bool = False) -> int:
+        """Shared memory the pipelined loop and a TMA-store epilogue need, as Triton 3.6 lays it out
+        for sm_90 (within SMEM_SLACK on the tuner's search space, except a few stream-K and 64-row
+        subtiled configs far below the limit; checked with gemmkit.tools.codegen).
+        in_bytes: bytes per element of A (and of B unless b_bytes is given); a_quant: A is
+        quantized in the kernel (in_bytes is then its 16-bit width)."""
         b_bytes = in_bytes if b_bytes is None else b_bytes
-        stage = (self.BLOCK_M * in_bytes + self.BLOCK_N * b_bytes) * self.BLOCK_K
+        a_tile = self.BLOCK_M * self.BLOCK_K * in_bytes
+        b_tile = self.BLOCK_N * self.BLOCK_K * b_bytes
+        # Pointer loads feeding mma.sync (BLOCK_M < 64) keep num_stages - 1 tiles in flight;
+        # warpgroup MMA reads operands from shared memory, all num_stages buffers of them.
+        mma_sync = self.BLOCK_M < 64
+        lagged = max(1, self.num_stages - 1)
+        if a_quant:  # A through registers (quantized there), then one converted tile in shared memory
+            loop = (a_tile + b_tile) * lagged if mma_sync else a_tile * lagged + b_tile * self.num_stages
+            loop += a_tile if mma_sync else self.BLOCK_M * self.BLOCK_K
+        elif mma_sync and not self.TMA:
+            loop = (a_tile + b_tile) * lagged
+        else:
+            loop = (a_tile + b_tile) * self.num_stages
         epilogue = self.BLOCK_M * self.BLOCK_N * out_bytes
         if self.EPILOGUE_SUBTILE:
             epilogue //= 2
         # split-K stores through pointers (the last K slice of a tile runs the epilogue)
-        return int(stage * self.num_stages + (epilogue if self.TMA and self.SPLIT_K == 1 else 0))
+        return int(loop + (epilogue if self.TMA and self.SPLIT_K == 1 and not a_quant else 0))
+
+    def fits(self, dev: DeviceInfo, in_bytes: float, out_bytes: int, b_bytes: float | None = None,
+             a_quant: bool = False) -> bool:
+        """The estimate leaves SMEM_SLACK of the device's shared memory per block free."""
+        return self.smem_bytes(in_bytes, out_bytes, b_bytes, a_quant) <= dev.smem_per_block - SMEM_SLACK
 
 
-def fit_to_smem(cfg: GemmConfig, dev: DeviceInfo, a_bytes: float, b_bytes: float, out_bytes: int) -> GemmConfig:
+def fit_to_smem(cfg: GemmConfig, dev: DeviceInfo, a_bytes: float, b_bytes: float, out_bytes: int,
+                a_quant: bool = False) -> GemmConfig:
     """`cfg` adjusted to fit the shared memory with operands and output of these widths (a table
     entry tuned for a bf16 output may be asked for an fp32 one): first a split epilogue, then
     fewer pipeline stages."""
-    budget = dev.smem_per_block - 8 * 1024
-    fits = lambda c: c.smem_bytes(a_bytes, out_bytes, b_bytes) <= budget  # noqa: E731
+    fits = lambda c: c.fits(dev, a_bytes, out_bytes, b_bytes, a_quant)  # noqa: E731
     if not fits(cfg) and cfg.TMA and not cfg.EPILOGUE_SUBTILE and cfg.BLOCK_N >= 32:
         cfg = dataclasses.replace(cfg, EPILOGUE_SUBTILE=True)
     while cfg.num_stages > 2 and not fits(cfg):
@@ -207,9 +231,8 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, in_bytes: float, out_
     persistent = use_tma and split_k == 1 and work > dev.num_sms
     subtile = use_tma and block_n >= 128 and block_m >= 128
     cfg = GemmConfig(block_m, block_n, block_k, 8, split_k, num_warps, 2, use_tma, persistent, False, subtile)
-    budget = dev.smem_per_block - 8 * 1024  # barriers, reduction scratch
     stages = 2
-    while stages < 6 and dataclasses.replace(cfg, num_stages=stages + 1).smem_bytes(in_bytes, out_bytes) <= budget:
+    while stages < 6 and dataclasses.replace(cfg, num_stages=stages + 1).fits(dev, in_bytes, out_bytes):
         stages += 1
     return dataclasses.replace(cfg, num_stages=stages)
 

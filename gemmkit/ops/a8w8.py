@@ -124,7 +124,7 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
         fused_op = op + "_dynamic"
         if config is None and load_table(dev.name, fused_op) is not None:
             cfg = select_config(fused_op, M, N, K, dev, 1, out_dtype.itemsize)
-        fused_cfg = fit_to_smem(cfg, dev, x.element_size(), 1, out_dtype.itemsize)
+        fused_cfg = fit_to_smem(cfg, dev, x.element_size(), 1, out_dtype.itemsize, a_quant=True)
         fused = DensePlan(x2, w, example_y, bias, activation, fused_cfg, dev, a_quant=_QUANT_NAME[w.dtype], **common)
     return _Dynamic(quantize, gemm, fused, M, K, x.ndim != 2, always_fused=dynamic_path == "fused")
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.config import GemmConfig
+from ..core.config import SMEM_SLACK, GemmConfig
 from ..core.device import DeviceInfo
 
 H100 = DeviceInfo("NVIDIA_H100_80GB_HBM3", (9, 0), 132, 232448, 50 << 20)
@@ -146,22 +146,40 @@ CHECKS = {
         dict(x_dtype=torch.int8, a_scale="vector", b_scale="vector"), "IGMMA"),
     "bf16 small-M split-K, pointer loads": (
         16, 4096, 14336, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4), {}, "HMMA"),
+    "fp8 persistent TMA 128x256x128, 4 stages, split epilogue (at the shared-memory limit)": (
+        8192, 8192, 8192, dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=4, TMA=True,
+                               PERSISTENT=True, EPILOGUE_SUBTILE=True),
+        dict(x_dtype=torch.float8_e4m3fn, a_scale="vector", b_scale="vector"), "QGMMA"),
+    "fp8 small-M, pointer loads, 4 stages of 16x128x512": (
+        16, 8192, 8192, dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=512, num_warps=4, num_stages=4),
+        dict(x_dtype=torch.float8_e4m3fn, a_scale="vector", b_scale="vector"), "HMMA"),
     "dynamic FP8 (quantized in the GEMM), M=16": (
         16, 6144, 4096, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=3),
         dict(w_dtype=torch.float8_e4m3fn, b_scale="vector", a_quant="e4m3"), "HMMA"),
+    "dynamic FP8 (quantized in the GEMM), M=64, split-K": (
+        64, 6144, 4096, dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=256, SPLIT_K=2, num_warps=4, num_stages=3),
+        dict(w_dtype=torch.float8_e4m3fn, b_scale="vector", a_quant="e4m3"), "QGMMA"),
 }
 _MMA = ("HGMMA", "QGMMA", "IGMMA", "HMMA", "IMMA")
 
 
-def check(name: str) -> tuple[bool, Binary, str]:
+def check(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
     """Compile one of CHECKS: (passed, binary, one-line report). Passing: no local memory (spills
-    or stack arrays), at most 255 registers, the expected tensor-core instruction present."""
+    or stack arrays), at most 255 registers, the expected tensor-core instruction present, and
+    the shared memory within the device's limit and within SMEM_SLACK of GemmConfig.smem_bytes
+    (the estimate that the tuner's search space and fit_to_smem rely on)."""
     M, N, K, cfg, kw, mma = CHECKS[name]
-    b = compile_gemm(M, N, K, GemmConfig.from_dict(cfg), **kw)
+    cfg = GemmConfig.from_dict(cfg)
+    b = compile_gemm(M, N, K, cfg, **kw)
+    a_bytes = (torch.bfloat16.itemsize if kw.get("a_quant") else kw.get("x_dtype", torch.bfloat16).itemsize)
+    b_bytes = (kw.get("w_dtype") or kw.get("x_dtype", torch.bfloat16)).itemsize
+    estimate = cfg.smem_bytes(a_bytes, kw.get("out_dtype", torch.bfloat16).itemsize, b_bytes, bool(kw.get("a_quant")))
     found = {op: b.count(op) for op in _MMA if b.count(op)}
-    ok = b.local_bytes == 0 and b.registers <= 255 and mma in found
+    ok = (b.local_bytes == 0 and b.registers <= 255 and mma in found and b.shared_bytes <= dev.smem_per_block
+          and b.shared_bytes <= estimate + SMEM_SLACK)
     return ok, b, (f"{'ok ' if ok else 'BAD'} {name}: {b.registers} registers, {b.local_bytes} B local, "
-                   f"{b.shared_bytes} B shared, tensor-core instructions {found} (expected {mma})")
+                   f"{b.shared_bytes} B shared (estimate {estimate}), tensor-core instructions {found} "
+                   f"(expected {mma})")
 
 
 def main(argv=None) -> int:

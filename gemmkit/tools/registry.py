@@ -33,6 +33,7 @@ class ToolOp:
     table: str | None  # config table the op reads (what `gemmkit tune` writes); None: not tunable
     gemm: bool = True  # (M, N, K) problem; False: an elementwise op over (M, K)
     a_bytes: float | None = None  # bytes per element of A where it differs from B's (in_bytes)
+    a_quant: bool = False  # A is quantized inside the GEMM (its shared-memory layout differs)
 
     def flops(self, M, N, K) -> float:
         return 2.0 * M * N * K if self.gemm else 0.0
@@ -175,7 +176,7 @@ OPS = {
     "a8w8_dynamic": ToolOp(
         "a8w8_dynamic", ("e4m3",), _dynamic_inputs, _dynamic_run, lambda i: _F.linear(i["x"], i["w16"]),
         "F.linear bf16 (cuBLAS) on the unquantized weight", _dynamic_reference, 2e-2, 1, 2, 8, "a8w8_fp8_dynamic",
-        a_bytes=2),
+        a_bytes=2, a_quant=True),
     "quant_fp8_row": ToolOp(
         "quant_fp8_row", ("bf16",), _quant_inputs, _quant_run, _quant_torch,
         "torch eager: absmax, divide, clamp, cast", lambda i: i["x"].float(), 0.08, 2, 1, 16, None, gemm=False),
@@ -238,7 +239,7 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
         elif flags.get("PERSISTENT") and tiles <= dev.num_sms // 2:
             return
         cfg = GemmConfig(bm, bn, bk, group_m, split, warps, stages, **flags)
-        if cfg.smem_bytes(op.a_bytes or op.in_bytes, op.out_bytes, op.in_bytes) <= dev.smem_per_block - 8 * 1024:
+        if cfg.fits(dev, op.a_bytes or op.in_bytes, op.out_bytes, op.in_bytes, op.a_quant):
             cands.append(cfg)
 
     if M < TMA_MIN_M:  # weight streaming: pointer loads, thin tiles, deep pipelines, split-K
