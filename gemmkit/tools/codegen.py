@@ -150,6 +150,10 @@ CHECKS = {
         8192, 8192, 8192, dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=4, TMA=True,
                                PERSISTENT=True, EPILOGUE_SUBTILE=True),
         dict(x_dtype=torch.float8_e4m3fn, a_scale="vector", b_scale="vector"), "QGMMA"),
+    "fp8 persistent TMA 128x256x256, 2 stages, split epilogue": (
+        8192, 8192, 8192, dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=256, num_warps=8, num_stages=2, TMA=True,
+                               PERSISTENT=True, EPILOGUE_SUBTILE=True),
+        dict(x_dtype=torch.float8_e4m3fn, a_scale="vector", b_scale="vector"), "QGMMA"),
     "fp8 small-M, pointer loads, 4 stages of 16x128x512": (
         16, 8192, 8192, dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=512, num_warps=4, num_stages=4),
         dict(x_dtype=torch.float8_e4m3fn, a_scale="vector", b_scale="vector"), "HMMA"),

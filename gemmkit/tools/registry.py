@@ -260,7 +260,9 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
                      (256, 128, elem_k, 8, 4), (128, 256, elem_k, 8, 4)]
         else:
             tiles = [(128, 256, elem_k, 8, 3), (256, 128, elem_k, 8, 3), (128, 256, elem_k, 8, 4), (128, 128, elem_k, 8, 4),
-                     (128, 128, elem_k, 8, 5), (128, 128, 2 * elem_k, 8, 3), (128, 128, 2 * elem_k, 4, 3)]
+                     (128, 128, elem_k, 8, 5), (128, 128, 2 * elem_k, 8, 3), (128, 128, 2 * elem_k, 4, 3),
+                     # two-line K steps, two stages (with the split epilogue): half the loop's barriers per FLOP
+                     (128, 256, 2 * elem_k, 8, 2)]
             if op.in_bytes == 1:  # 8-bit: half-line K steps, more stages in flight (256-wide tiles)
                 tiles += [(128, 256, elem_k // 2, 8, 4), (128, 256, elem_k // 2, 8, 5), (256, 128, elem_k // 2, 8, 4)]
         for bm, bn, bk, warps, stages in tiles:
