@@ -126,43 +126,34 @@ def _inspect(cubin: bytes, shared_bytes: int) -> Binary:
     return Binary(regs, local, shared_bytes, sass, hashlib.sha1(cubin).hexdigest())
 
 
+_FP8 = dict(x_dtype=torch.float8_e4m3fn, a_scale="vector", b_scale="vector")  # row-wise x, column-wise w
+_DYNAMIC = dict(w_dtype=torch.float8_e4m3fn, b_scale="vector", a_quant="e4m3")  # bf16 x quantized in the GEMM
+
+
+def _tiles(bm, bn, bk, stages, warps=8, **flags):
+    return dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_stages=stages, num_warps=warps, **flags)
+
+
+_PERSISTENT = dict(TMA=True, PERSISTENT=True)
 # The configs the shipped tables lean on, by regime: (M, N, K, config, compile_gemm arguments,
 # the tensor-core instruction expected: warpgroup MMA (HGMMA bf16/fp16, QGMMA fp8, IGMMA int8)
 # for 64-row and larger tiles, HMMA (mma.sync) for 16-row ones).
 CHECKS = {
-    "bf16 persistent TMA 128x256x64": (
-        8192, 8192, 8192, dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3, TMA=True,
-                               PERSISTENT=True), {}, "HGMMA"),
+    "bf16 persistent TMA 128x256x64": (8192, 8192, 8192, _tiles(128, 256, 64, 3, **_PERSISTENT), {}, "HGMMA"),
     "fp8 persistent TMA 128x256x128, row/column scales": (
-        8192, 8192, 8192, dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=3, TMA=True,
-                               PERSISTENT=True),
-        dict(x_dtype=torch.float8_e4m3fn, a_scale="vector", b_scale="vector"), "QGMMA"),
-    "fp8 stream-K": (
-        4096, 4096, 4096, dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=3, TMA=True,
-                               PERSISTENT=True, STREAM_K=True),
-        dict(x_dtype=torch.float8_e4m3fn, a_scale="vector", b_scale="vector"), "QGMMA"),
-    "int8 TMA 128x128x128": (
-        1024, 4096, 4096, dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=4, TMA=True),
-        dict(x_dtype=torch.int8, a_scale="vector", b_scale="vector"), "IGMMA"),
-    "bf16 small-M split-K, pointer loads": (
-        16, 4096, 14336, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, num_warps=4, num_stages=4), {}, "HMMA"),
+        8192, 8192, 8192, _tiles(128, 256, 128, 3, **_PERSISTENT), _FP8, "QGMMA"),
     "fp8 persistent TMA 128x256x128, 4 stages, split epilogue (at the shared-memory limit)": (
-        8192, 8192, 8192, dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=4, TMA=True,
-                               PERSISTENT=True, EPILOGUE_SUBTILE=True),
-        dict(x_dtype=torch.float8_e4m3fn, a_scale="vector", b_scale="vector"), "QGMMA"),
+        8192, 8192, 8192, _tiles(128, 256, 128, 4, EPILOGUE_SUBTILE=True, **_PERSISTENT), _FP8, "QGMMA"),
     "fp8 persistent TMA 128x256x256, 2 stages, split epilogue": (
-        8192, 8192, 8192, dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=256, num_warps=8, num_stages=2, TMA=True,
-                               PERSISTENT=True, EPILOGUE_SUBTILE=True),
-        dict(x_dtype=torch.float8_e4m3fn, a_scale="vector", b_scale="vector"), "QGMMA"),
-    "fp8 small-M, pointer loads, 4 stages of 16x128x512": (
-        16, 8192, 8192, dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=512, num_warps=4, num_stages=4),
-        dict(x_dtype=torch.float8_e4m3fn, a_scale="vector", b_scale="vector"), "HMMA"),
-    "dynamic FP8 (quantized in the GEMM), M=16": (
-        16, 6144, 4096, dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=512, num_warps=4, num_stages=3),
-        dict(w_dtype=torch.float8_e4m3fn, b_scale="vector", a_quant="e4m3"), "HMMA"),
+        8192, 8192, 8192, _tiles(128, 256, 256, 2, EPILOGUE_SUBTILE=True, **_PERSISTENT), _FP8, "QGMMA"),
+    "fp8 stream-K": (4096, 4096, 4096, _tiles(128, 256, 128, 3, STREAM_K=True, **_PERSISTENT), _FP8, "QGMMA"),
+    "int8 TMA 128x128x128": (1024, 4096, 4096, _tiles(128, 128, 128, 4, TMA=True),
+                             dict(_FP8, x_dtype=torch.int8), "IGMMA"),
+    "bf16 small-M split-K, pointer loads": (16, 4096, 14336, _tiles(16, 64, 128, 4, 4, SPLIT_K=4), {}, "HMMA"),
+    "fp8 small-M, pointer loads, 4 stages of 16x128x512": (16, 8192, 8192, _tiles(16, 128, 512, 4, 4), _FP8, "HMMA"),
+    "dynamic FP8 (quantized in the GEMM), M=16": (16, 6144, 4096, _tiles(16, 64, 512, 3, 4), _DYNAMIC, "HMMA"),
     "dynamic FP8 (quantized in the GEMM), M=64, split-K": (
-        64, 6144, 4096, dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=256, SPLIT_K=2, num_warps=4, num_stages=3),
-        dict(w_dtype=torch.float8_e4m3fn, b_scale="vector", a_quant="e4m3"), "QGMMA"),
+        64, 6144, 4096, _tiles(64, 128, 256, 3, 4, SPLIT_K=2), _DYNAMIC, "QGMMA"),
 }
 _MMA = ("HGMMA", "QGMMA", "IGMMA", "HMMA", "IMMA")
 
