@@ -289,8 +289,9 @@ class DensePlan:
         self.ws_dtype = torch.int32 if self.int_dot else torch.float32
         self.num_tiles = num_tiles
         self.gemm = CachedLaunch(_jit_kernel(), (grid,), cfg.num_warps, cfg.num_stages, self.device_index)
-        # run(x, w, bias, y, a_scale, b_scale): the quickest way to call this plan (set to a flat
-        # function by the first launch)
+        self._launch_regular = self._per_call()
+        # run(x, w, bias, y, a_scale, b_scale): the quickest way to call this plan (the direct
+        # launch once the first call has compiled the kernel)
         self.run = self._call
 
     def __call__(self, x, w, bias=None, y=None, a_scale=None, b_scale=None):
@@ -304,24 +305,8 @@ class DensePlan:
         return self._run(x, w, bias, y, a_scale, b_scale)
 
     def _run(self, x, w, bias, y, a_scale, b_scale):
-        if self.flatten_x:
-            x = x.reshape(self.M, self.K)
-        if y is None:
-            out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
-        else:
-            out = y
-        y2 = out.view(self.M, self.N) if len(self.out_shape) != 2 else out
-        if self.pieces:
-            ws = torch.empty(self.ws_shape, dtype=self.ws_dtype, device=self.device)
-            counters = split_k_counters(self.device, self.device_index, self.num_tiles)
-        else:
-            ws = counters = None
-        checked = self.gemm.kernel is not None  # layouts were validated when the first call built the descriptors
-        a = self.a_desc(x, checked) if self.a_desc is not None else x
-        b = self.b_desc(w, checked) if self.b_desc is not None else w
-        c = self.c_desc(y2, checked) if self.c_desc is not None else y2
         try:
-            self.gemm((a, b, c, ws, counters, bias, a_scale, b_scale), self.gemm_tail)
+            out = self._launch_regular(x, w, bias, y, a_scale, b_scale)
         except OutOfResources:
             smaller = shrink_config(self.cfg) if self.auto_config and self.gemm.kernel is None else None
             if smaller is None:
@@ -329,48 +314,56 @@ class DensePlan:
             self._configure(smaller)
             return self._run(x, w, bias, y, a_scale, b_scale)
         if self.run == self._call and self.gemm.kernel is not None:
-            self.run = self._bind_fast() or self._call
+            parts = self.gemm.direct_parts()
+            if parts is not None:
+                self.run = self._per_call(parts)
         return out
 
-    def _bind_fast(self):
-        """`_run` as one flat function, for every call after the first launch (which compiled
-        the kernel and validated the layouts): each decision the plan fixes is taken here once.
-        Eagerly, a decode-sized GEMM costs the host more than the GPU (README, "Host cost")."""
-        parts = self.gemm.direct_parts()
-        if parts is None:
-            return None
-        launch, gx, gy, gz, function, lead = parts
+    def _per_call(self, direct=None):
+        """The work of one call as a flat function of (x, w, bias, y, a_scale, b_scale), each
+        decision the plan fixes taken here once. direct=None: launch through CachedLaunch
+        (Triton's regular path the first time: compiles and validates the layouts). direct (from
+        CachedLaunch.direct_parts, after the first launch): call Triton's C launcher with raw
+        pointers, what every later call on the plan's device does; eagerly, a decode-sized GEMM
+        costs the host more than the GPU (README, "Host cost")."""
         M, N, K, idx, device = self.M, self.N, self.K, self.device_index, self.device
         out_shape, out_dtype, tail = self.out_shape, self.out_dtype, self.gemm_tail
         flatten_x, view_out = self.flatten_x, len(self.out_shape) != 2
         a_desc, b_desc, c_desc = self.a_desc, self.b_desc, self.c_desc
         pieces, ws_shape, ws_dtype, num_tiles = self.pieces, self.ws_shape, self.ws_dtype, self.num_tiles
-        out_strides = contiguous_strides(out_shape)
-        ws_strides = contiguous_strides(ws_shape)
-        empty, stream, hook, slow = torch.empty_strided, torch._C._cuda_getCurrentRawStream, launch_hooks(), self._call
+        out_strides, ws_strides = contiguous_strides(out_shape), contiguous_strides(ws_shape)
+        empty, gemm, flat = torch.empty_strided, self.gemm, direct is not None
+        if flat:
+            launch, gx, gy, gz, function, lead = direct
+            stream, hook, slow = torch._C._cuda_getCurrentRawStream, launch_hooks(), self._call
 
-        def fast(x, w, bias, y, a_scale, b_scale):
-            if _get_device() != idx or hook_set(hook):  # another device current, or a profiler
+        def per_call(x, w, bias, y, a_scale, b_scale):
+            if flat and (_get_device() != idx or hook_set(hook)):  # another device current, or a profiler
                 return slow(x, w, bias, y, a_scale, b_scale)
             if flatten_x:
                 x = x.reshape(M, K)
             out = empty(out_shape, out_strides, dtype=out_dtype, device=device) if y is None else y
             c = out.view(M, N) if view_out else out
             if pieces:  # (both held until the launch is queued: a freed block may be handed out again)
-                ws_t = empty(ws_shape, ws_strides, dtype=ws_dtype, device=device)
-                counters_t = split_k_counters(device, idx, num_tiles)
-                ws, counters = ws_t.data_ptr(), counters_t.data_ptr()
+                ws = empty(ws_shape, ws_strides, dtype=ws_dtype, device=device)
+                counters = split_k_counters(device, idx, num_tiles)
             else:
                 ws = counters = None
-            launch(gx, gy, gz, stream(idx), function, *lead,
-                   x.data_ptr() if a_desc is None else a_desc(x, True),
-                   w.data_ptr() if b_desc is None else b_desc(w, True),
-                   c.data_ptr() if c_desc is None else c_desc(c, True),
-                   ws, counters,
-                   None if bias is None else bias.data_ptr(),
-                   None if a_scale is None else a_scale.data_ptr(),
-                   None if b_scale is None else b_scale.data_ptr(),
-                   *tail)
+            if flat:
+                launch(gx, gy, gz, stream(idx), function, *lead,
+                       x.data_ptr() if a_desc is None else a_desc(x, True),
+                       w.data_ptr() if b_desc is None else b_desc(w, True),
+                       c.data_ptr() if c_desc is None else c_desc(c, True),
+                       None if ws is None else ws.data_ptr(),
+                       None if counters is None else counters.data_ptr(),
+                       None if bias is None else bias.data_ptr(),
+                       None if a_scale is None else a_scale.data_ptr(),
+                       None if b_scale is None else b_scale.data_ptr(),
+                       *tail)
+            else:
+                checked = gemm.kernel is not None  # layouts were validated when the first call built the descriptors
+                gemm((x if a_desc is None else a_desc(x, checked), w if b_desc is None else b_desc(w, checked),
+                      c if c_desc is None else c_desc(c, checked), ws, counters, bias, a_scale, b_scale), tail)
             return out
 
-        return fast
+        return per_call
