@@ -1,7 +1,8 @@
 """GPU code generation checked without a GPU: the shared kernel compiled offline for sm_90
 (gemmkit.tools.codegen) on the paths the interpreter cannot lower: TMA, persistent, stream-K,
 split-K, in-kernel quantization. Each must compile with no local memory (spills), at most 255
-registers, and the expected tensor-core instructions (warpgroup MMA for large tiles)."""
+registers, and the expected tensor-core instructions (warpgroup MMA for large tiles); the
+persistent TMA configs' K loop must cost what a bare tutorial-09 kernel's does."""
 
 import os
 import subprocess

@@ -5,8 +5,9 @@ specialization Triton would compile at launch (argument types, 16-byte divisibil
 arguments equal to 1 as constants), compiles with `triton.compile(..., target=GPUTarget("cuda",
 90, 32))` (ptxas ships with Triton) and reports registers, local memory (spills), shared memory
 and the tensor-core instructions in the SASS. Checks what the interpreter cannot: that GPU-only
-paths (TMA, persistent, split-K, stream-K, in-kernel quantization) lower and fit, and what a
-switch changes in the binary. Needs TRITON_INTERPRET unset (the kernels must be JIT functions).
+paths (TMA, persistent, split-K, stream-K, in-kernel quantization) lower and fit, that the
+persistent TMA K loop costs what a bare tutorial-09 kernel's does (tools/bare_kernel.py), and
+what a switch changes in the binary. Needs TRITON_INTERPRET unset (the kernels must be JIT functions).
 """
 
 from __future__ import annotations
@@ -110,6 +111,50 @@ def compile_gemm(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16
     return _inspect(compiled.asm["cubin"], compiled.metadata.shared)
 
 
+def compile_bare(M: int, N: int, K: int, cfg: GemmConfig, dtype=torch.float8_e4m3fn, out_dtype=torch.bfloat16,
+                 scales: bool = True, dev: DeviceInfo = H100) -> Binary:
+    """Compile tools/bare_kernel.py's tutorial-09-style kernel for sm_90 with cfg's tiles."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .bare_kernel import bare_persistent_gemm
+
+    bm, bn, bk = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
+    ty, out = _TT_TYPES[dtype], _TT_TYPES[out_dtype]
+    signature = {"a_desc": f"tensordesc<{ty}[{bm}, {bk}]>", "b_desc": f"tensordesc<{ty}[{bn}, {bk}]>",
+                 "c_desc": f"tensordesc<{out}[{bm}, {bn}]>", "a_scale": "*fp32", "b_scale": "*fp32",
+                 "M": "i32", "N": "i32", "K": "i32"}
+    values = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.GROUP_M, NUM_SMS=dev.num_sms, SCALES=scales)
+    signature.update(dict.fromkeys(values, "constexpr"))
+    names = list(signature)
+    constants = {(names.index(k),): v for k, v in values.items()}
+    aligned = ["a_scale", "b_scale"] + [k for k, n in zip("MNK", (M, N, K)) if n % 16 == 0]
+    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in aligned}
+    compiled = triton.compile(ASTSource(bare_persistent_gemm, signature, constants, attrs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+    return _inspect(compiled.asm["cubin"], compiled.metadata.shared)
+
+
+def k_loop(sass: str) -> list[str]:
+    """Opcodes (with modifiers, without predicates and operands) of the basic block that holds
+    the tensor-core instructions: the K loop's steady state."""
+    body = []
+    for line in sass.splitlines():
+        line = re.sub(r"/\*.*?\*/", "", line).strip()
+        if re.match(r"^\.L\w*:", line):
+            body.append(":")
+        elif line and line[0] in "@ABCDEFGHIJKLMNOPQRSTUVWXYZ":
+            body.append(re.sub(r"^@!?U?P\w+\s+", "", line).split()[0].rstrip(";"))
+    mma = [i for i, op in enumerate(body) if op.split(".")[0] in _MMA]
+    if not mma:
+        return []
+    start = max(i for i in range(mma[0]) if body[i] == ":") + 1 if ":" in body[:mma[0]] else 0
+    end = next((i for i in range(mma[-1], len(body)) if body[i].startswith("BRA")), len(body) - 1)
+    return body[start:end + 1]
+
+
 def _inspect(cubin: bytes, shared_bytes: int) -> Binary:
     import tempfile
 
@@ -172,9 +217,34 @@ def check(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
     found = {op: b.count(op) for op in _MMA if b.count(op)}
     ok = (b.local_bytes == 0 and b.registers <= 255 and mma in found and b.shared_bytes <= dev.smem_per_block
           and b.shared_bytes <= estimate + SMEM_SLACK)
+    loop = ""
+    if cfg.TMA and cfg.PERSISTENT and not cfg.STREAM_K and cfg.SPLIT_K == 1 and not kw.get("a_quant"):
+        same, loop = _compare_bare(b, M, N, K, cfg, kw, dev)
+        ok = ok and same
     return ok, b, (f"{'ok ' if ok else 'BAD'} {name}: {b.registers} registers, {b.local_bytes} B local, "
                    f"{b.shared_bytes} B shared (estimate {estimate}), tensor-core instructions {found} "
-                   f"(expected {mma})")
+                   f"(expected {mma}){loop}")
+
+
+# K-loop instructions the shared kernel may spend beyond the bare kernel's (the two schedule
+# the same work differently by a few integer/uniform-register instructions).
+K_LOOP_SLACK = 4
+_LOOP_KEY_OPS = _MMA + ("UTMALDG", "BAR", "SYNCS", "WARPGROUP")
+
+
+def _compare_bare(b: Binary, M, N, K, cfg: GemmConfig, kw: dict, dev: DeviceInfo) -> tuple[bool, str]:
+    """Whether gemm_kernel's K loop costs what a bare tutorial-09 kernel's does with the same
+    tiles and scaling: the same tensor-core, TMA and barrier instructions, and at most
+    K_LOOP_SLACK more in all."""
+    bare = compile_bare(M, N, K, cfg, kw.get("x_dtype", torch.bfloat16), kw.get("out_dtype", torch.bfloat16),
+                        scales=kw.get("a_scale") == kw.get("b_scale") == "vector", dev=dev)
+    ours, ref = k_loop(b.sass), k_loop(bare.sass)
+
+    def key(ops):
+        return sorted(op for op in ops if op.split(".")[0] in _LOOP_KEY_OPS)
+
+    same = bool(ours) and key(ours) == key(ref) and len(ours) <= len(ref) + K_LOOP_SLACK
+    return same, f"; K loop {len(ours)} instructions (bare tutorial-09 kernel {len(ref)}{'' if same else ', DIFFERENT'})"
 
 
 def main(argv=None) -> int:
