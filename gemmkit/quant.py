@@ -5,7 +5,10 @@
 - granularity "tensor": one scale for all of t, a 0-d float32 tensor; dynamic (from the absolute
   maximum: two passes) or static (``scale=`` given: one pass).
 A scale maps t onto the target's range: scale = absmax / qmax (qmax 448 for e4m3, 57344 for
-e5m2, 127 for int8); conversion saturates; an all-zero row gets scale 0.
+e5m2, 127 for int8); conversion saturates and rounds to nearest even (int8 as torch.round);
+an all-zero row gets scale 0; a row whose absmax is below qmax * 2^-126 gets scale 2^-126 (the
+least normal float32, so 1 / scale stays finite). NaNs do not enter the absmax; they stay NaN in
+FP8 and become 0 in INT8.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ def quantize_fp8(t, granularity: str = "row", dtype=torch.float8_e4m3fn, scale=N
 
 
 def quantize_int8(t, granularity: str = "row", scale=None):
-    """Quantize t (*, K) (bf16, fp16 or fp32) to int8 (symmetric; rounds half away from zero)."""
+    """Quantize t (*, K) (bf16, fp16 or fp32) to int8 (symmetric, round half to even)."""
     return _quantize(t, granularity, torch.int8, "int8", scale)
 
 

@@ -78,6 +78,45 @@ def test_empty():
     assert q.shape == (0, 64) and s.shape == (0, 1)
 
 
+@pytest.mark.parametrize("static", [False, True])
+def test_int8_rounds_half_to_even(static):
+    """Values at and next to halves (0.5 - 2^-25 used to round up: 0.49999997 + 0.5 is 1.0 in
+    fp32). The row's absmax is 127, so the scale is exactly 1 and q must equal torch.round(t)."""
+    near = [0.5 - 2**-25, 0.5 + 2**-24, 1.5 - 2**-23, 2.5 + 2**-22]
+    vals = [127.0, 0.5, 1.5, 2.5, 3.5, 126.5, -0.5, -1.5, -2.5, -126.5] + near + [-v for v in near]
+    t = torch.tensor(vals, dtype=torch.float32, device=DEVICE)[None, :]
+    if static:
+        q, _ = quant.quantize_int8(t, "tensor", scale=torch.ones((), device=DEVICE))
+    else:
+        q, s = quant.quantize_int8(t)
+        assert s.item() == 1.0
+    torch.testing.assert_close(q.double(), torch.round(t.double()), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("target", [E4M3, E5M2, INT8])
+def test_tiny_rows_and_nan(target):
+    """A nonzero absmax below qmax * 2^-126 gets the least normal scale (1 / scale stays finite:
+    no NaN, no saturation of every value); NaNs are left out of the absmax, stay NaN in FP8 and
+    become 0 in INT8."""
+    tiny = torch.tensor([1e-37, 5e-38, 0.0, -2.5e-38, 1e-39, 0.0, 0.0, 0.0], device=DEVICE)
+    nan_row = torch.tensor([1.0, float("nan"), -2.0, 0.5, 0.25, 1.5, -1.0, 0.0], device=DEVICE)
+    normal = randn(8, dtype=torch.float32)
+    t = torch.stack([tiny, nan_row, normal])
+    q, s = quantize(t, target)
+    least_normal = torch.finfo(torch.float32).tiny
+    assert s[0].item() == least_normal
+    assert s[1].item() == pytest.approx(2.0 / QMAX[target], rel=1e-6)
+    check_rounding(t[0:1], q[0:1], s[0:1], target)
+    check_rounding(t[2:], q[2:], s[2:], target)
+    ok = [0, 2, 3, 4, 5, 6, 7]
+    check_rounding(t[1:2, ok], q[1:2, ok], s[1:2], target)
+    q1 = q[1, 1].double()
+    assert (q1 == 0) if target == INT8 else torch.isnan(q1)
+    q_static, _ = quantize(t[1:], target, "tensor", scale=torch.tensor(2.0 / QMAX[target], device=DEVICE))
+    q_static_1 = q_static[0, 1].double()
+    assert (q_static_1 == 0) if target == INT8 else torch.isnan(q_static_1)
+
+
 @pytest.mark.parametrize("call,exc,word", [
     (lambda t: quant.quantize_fp8(t.to(torch.int32)), TypeError, "t"),
     (lambda t: quant.quantize_fp8(t, "block"), ValueError, "granularity"),

@@ -23,28 +23,44 @@ def quant_max(QUANT: tl.constexpr):
 
 @triton.jit
 def quantize_values(v, inv_scale, QUANT: tl.constexpr):
-    """v * inv_scale (broadcast), saturated to the target's range and converted to it.
-    INT8 rounds half away from zero; FP8 conversion rounds to nearest even."""
+    """v * inv_scale (broadcast), saturated to the target's range and converted to it, rounding
+    to nearest even (INT8 as torch.round and CUDA's __float2int_rn do). NaN stays NaN in FP8
+    and becomes 0 in INT8, which has no NaN."""
     qmax = quant_max(QUANT)
-    v = v.to(tl.float32) * inv_scale
-    v = tl.minimum(tl.maximum(v, -qmax), qmax)
+    v = tl.clamp(v.to(tl.float32) * inv_scale, -qmax, qmax, propagate_nan=tl.PropagateNan.ALL)
     if QUANT == "e4m3":
         q = v.to(tl.float8e4nv)
     elif QUANT == "e5m2":
         q = v.to(tl.float8e5)
     else:
-        q = tl.where(v >= 0, v + 0.5, v - 0.5).to(tl.int8)
+        # exact: truncate, then step away from zero past a half, or at a half to the even neighbour
+        # (adding 0.5 then truncating rounds 0.49999997 up: the sum rounds to 1.0 in fp32)
+        v = tl.where(v == v, v, 0.0)
+        t = v.to(tl.int32)
+        frac = tl.abs(v - t.to(tl.float32))
+        up = (frac > 0.5) | ((frac == 0.5) & ((t & 1) != 0))
+        q = (t + tl.where(up, tl.where(v > 0, 1, -1), 0)).to(tl.int8)
     return q
 
 
 @triton.jit
 def scales_from_absmax(amax, QUANT: tl.constexpr):
     """(scale, 1 / scale) for values whose absolute maximum is `amax`; an all-zero row gets
-    scale 0 and quantizes to zeros."""
+    scale 0 and quantizes to zeros. A nonzero amax below qmax * 2^-126 is taken as that bound
+    (scale 2^-126, the least normal float) so that 1 / scale stays finite."""
     qmax = quant_max(QUANT)
-    scale = amax / qmax
-    inv = tl.where(amax > 0, qmax / tl.where(amax > 0, amax, 1.0), 0.0)
+    amax_n = tl.maximum(amax, qmax * 1.1754943508222875e-38)
+    scale = tl.where(amax > 0, amax_n / qmax, 0.0)
+    inv = tl.where(amax > 0, qmax / amax_n, 0.0)
     return scale, inv
+
+
+@triton.jit
+def abs_ignoring_nan(t):
+    """|t| in fp32 with NaN as 0: absolute maxima then skip NaNs the same way on every backend
+    (GPU max instructions drop a NaN operand; the interpreter's numpy max keeps it)."""
+    a = tl.abs(t.to(tl.float32))
+    return tl.where(a == a, a, 0.0)
 
 
 @triton.jit
@@ -56,7 +72,7 @@ def rows_absmax(src, off_r, R, K, stride_r, stride_k, BLOCK_R: tl.constexpr, BLO
     for ki in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=3):
         t = load_k_tile(src, off_r, ki * BLOCK_K, R, K, stride_r, stride_k, BLOCK_R, BLOCK_K,
                         False, K_MAJOR, EVEN_K, INDEX_64)
-        amax = tl.maximum(amax, tl.max(tl.abs(t.to(tl.float32)), axis=1))
+        amax = tl.maximum(amax, tl.max(abs_ignoring_nan(t), axis=1))
     return amax
 
 
@@ -75,7 +91,7 @@ def quantize_rows_kernel(
         rows = rows.to(tl.int64)
     if ONE_PASS:
         t = load_k_tile(x, off_r, 0, R, C, stride_xr, stride_xc, BLOCK_R, BLOCK_C, False, True, EVEN_C, INDEX_64)
-        s, inv = scales_from_absmax(tl.max(tl.abs(t.to(tl.float32)), axis=1), QUANT)
+        s, inv = scales_from_absmax(tl.max(abs_ignoring_nan(t), axis=1), QUANT)
         cols = tl.arange(0, BLOCK_C)
         tl.store(q + rows[:, None] * stride_qr + cols[None, :], quantize_values(t, inv[:, None], QUANT),
                  mask=row_ok[:, None] & (cols[None, :] < C))
@@ -116,7 +132,7 @@ def quantize_tensor_kernel(
             tl.store(scale_out, s)
     else:
         s = tl.load(scale_in)
-        inv = tl.where(s > 0, 1.0 / s, 0.0)
+        inv = tl.where(s > 0, tl.minimum(1.0 / s, 3.4028234663852886e38), 0.0)  # finite for a subnormal s
     rows = off_r + tl.arange(0, BLOCK_R)
     row_ok = rows < R
     if INDEX_64:
