@@ -58,7 +58,7 @@ def _make_plan(t, granularity, qdtype, quant, scale):
         if granularity != "tensor" or scale.numel() != 1:
             raise ValueError("scale= (static quantization) must be a 1-element float32 tensor, with granularity='tensor'")
     device = v.check_devices(t=t, scale=scale)
-    v.check_no_autograd(t=t)
+    v.check_no_autograd(t=t, scale=scale)
     if t.ndim == 0:
         raise ValueError("t must have at least 1 dimension, got a 0-d tensor")
     return QuantizePlan(t, granularity, qdtype, quant, scale is not None, device)

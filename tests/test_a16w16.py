@@ -117,6 +117,9 @@ def test_empty_dimensions():
     x0, w0 = torch.empty(5, 0, dtype=BF16, device=DEVICE), torch.empty(8, 0, dtype=BF16, device=DEVICE)
     out = gemmkit.gemm_a16w16(x0, w0, bias, activation="relu", out_dtype=FP32)
     torch.testing.assert_close(out, torch.relu(bias).expand(5, 8))
+    for lead in ((2, 3), (), (0, 4)):  # K == 0 with x (*, 0): the row count comes from the leading shape
+        out = gemmkit.gemm_a16w16(torch.empty(*lead, 0, dtype=BF16, device=DEVICE), w0, bias, out_dtype=FP32)
+        torch.testing.assert_close(out, bias.expand(*lead, 8))
 
 
 def test_repeated_calls_fresh_data():

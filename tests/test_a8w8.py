@@ -31,9 +31,11 @@ def operand(rows, K, dtype):
 def scales(M, N, x_gran, w_gran):
     xs = {"tensor": lambda: torch.rand((), device=DEVICE) + 0.5,
           "tensor1": lambda: torch.rand(1, device=DEVICE) + 0.5,
+          "tensor111": lambda: torch.rand(1, 1, 1, device=DEVICE) + 0.5,
           "row": lambda: torch.rand(M, 1, device=DEVICE) + 0.5,
           "row1d": lambda: torch.rand(M, device=DEVICE) + 0.5}[x_gran]()
     ws = {"tensor": lambda: torch.rand((), device=DEVICE) + 0.5,
+          "tensor111": lambda: torch.rand(1, 1, 1, device=DEVICE) + 0.5,
           "col": lambda: torch.rand(1, N, device=DEVICE) + 0.5,
           "col1d": lambda: torch.rand(N, device=DEVICE) + 0.5,
           "colT": lambda: torch.rand(N, 1, device=DEVICE) + 0.5}[w_gran]()
@@ -53,8 +55,8 @@ def test_paths_dtypes_ragged(x_dtype, w_dtype, path, M, N, K):
     assert_close(out, reference(x, w, bias, x_scale=xs, w_scale=ws))
 
 
-@pytest.mark.parametrize("x_gran", ["tensor", "tensor1", "row", "row1d"])
-@pytest.mark.parametrize("w_gran", ["tensor", "col", "col1d", "colT"])
+@pytest.mark.parametrize("x_gran", ["tensor", "tensor1", "tensor111", "row", "row1d"])
+@pytest.mark.parametrize("w_gran", ["tensor", "tensor111", "col", "col1d", "colT"])
 @pytest.mark.parametrize("dtype", [E4M3, INT8])
 def test_scale_granularities(x_gran, w_gran, dtype):
     M, N, K = sizes((19, 40, 96), (300, 1000, 512))
@@ -111,6 +113,31 @@ def test_leading_dims_and_reuse():
             out = gemmkit.gemm_a8w8(x.view(2, 3, K), w, x_scale, ws)
             assert out.shape == (2, 3, N)
             assert_close(out.reshape(6, N), reference(x, w, x_scale=xs, w_scale=ws))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_empty_k_with_leading_dims(dynamic):
+    """K == 0 with x (*, 0): activation(bias) (the row count comes from x's leading shape)."""
+    w = torch.empty(8, 0, dtype=E4M3, device=DEVICE)
+    bias = randn(8, dtype=FP32)
+    for lead in ((2, 3), ()):
+        x = torch.empty(*lead, 0, dtype=BF16 if dynamic else E4M3, device=DEVICE)
+        xs = None if dynamic else _ones(())
+        out = gemmkit.gemm_a8w8(x, w, xs, _ones(8), bias, activation="relu", out_dtype=FP32)
+        torch.testing.assert_close(out, torch.relu(bias).expand(*lead, 8))
+
+
+def test_autograd_scales_and_y_refused():
+    x, w = _e4(4, 32), _e4(8, 32)
+    for name, args, kwargs in (
+        ("x_scale", (_ones(()).requires_grad_(), _ones(8)), {}),
+        ("w_scale", (_ones(()), _ones(8).requires_grad_()), {}),
+        ("y", (_ones(()), _ones(8)), {"y": torch.zeros(4, 8, dtype=BF16, device=DEVICE, requires_grad=True)}),
+    ):
+        with pytest.raises(ValueError, match=f"{name} requires grad"):
+            gemmkit.gemm_a8w8(x, w, *args, **kwargs)
+    with pytest.raises(ValueError, match="scale requires grad"):
+        quant.quantize_fp8(randn(4, 8, dtype=FP32), "tensor", scale=_ones(()).requires_grad_())
 
 
 def _e4(M, K):

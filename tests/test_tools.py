@@ -54,6 +54,17 @@ def test_table_lookup(tmp_path, monkeypatch):
         cfgmod.clear_caches()
 
 
+@pytest.mark.parametrize("M", [65, 100, 127, 128])
+def test_derived_config_keeps_small_m_on_pointer_loads(M):
+    """Selections are cached per M bucket; a bucket that straddles TMA_MIN_M must not hand the
+    bucket bound's TMA config to the M below it (no table for this device: derived)."""
+    dev = DeviceInfo("NVIDIA_H200_NO_TABLE", (9, 0), 132, 232448, 50 << 20)
+    for op in ("a16w16", "a8w8_fp8"):
+        assert select_config(op, M, 4096, 4096, dev, 2, 2).TMA == (M >= cfgmod.TMA_MIN_M)
+    with pytest.raises(ValueError, match="M, N, K"):
+        select_config("a16w16", -1, 4096, 4096, dev, 2, 2)
+
+
 def test_shipped_tables_are_valid():
     tables = list(cfgmod.CONFIG_DIR.glob("*/*.json"))
     assert tables, "no tuned tables shipped"

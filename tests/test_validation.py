@@ -58,6 +58,18 @@ CASES = {
     "config warps": (lambda: ((_x(), _w()), {"config": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 3}}), ValueError, "num_warps"),
     "config ws without tma": (lambda: ((_x(), _w()), {"config": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "WARP_SPECIALIZE": True}}), ValueError, "WARP_SPECIALIZE"),
     "config type": (lambda: ((_x(), _w()), {"config": "fast"}), TypeError, "config"),
+    "config float warps": (lambda: ((_x(), _w()), {"config": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "num_warps": 4.0}}), ValueError, "num_warps"),
+    "config int TMA": (lambda: ((_x(), _w()), {"config": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "TMA": 1}}), ValueError, "TMA"),
+    "config bool GROUP_M": (lambda: ((_x(), _w()), {"config": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": True}}), ValueError, "GROUP_M"),
+    "y rows share memory": (lambda: ((_x(), _w()), {"y": torch.empty(8, dtype=BF16, device=DEVICE).expand(4, 8)}), ValueError, "share memory"),
+    "y rows interleaved": (lambda: ((_x(), _w()), {"y": torch.empty(40, dtype=BF16, device=DEVICE).as_strided((4, 8), (4, 1))}), ValueError, "share memory"),
+    "y columns share memory": (lambda: ((_x(), _w()), {"y": torch.empty(4, 1, dtype=BF16, device=DEVICE).expand(4, 8)}), ValueError, "share memory"),
+    "y 3-D rows share memory": (lambda: ((_x(6).view(2, 3, 32), _w()), {"y": torch.empty(8, dtype=BF16, device=DEVICE).expand(2, 3, 8)}), ValueError, "y"),
+    "x sparse": (lambda: ((_x().to_sparse(), _w()), {}), TypeError, "x is a sparse"),
+    "w sparse": (lambda: ((_x(), _w().to_sparse()), {}), TypeError, "w is a sparse"),
+    "bias sparse": (lambda: ((_x(), _w(), randn(8, dtype=BF16).to_sparse()), {}), TypeError, "bias is a sparse"),
+    "y sparse": (lambda: ((_x(), _w()), {"y": torch.zeros(4, 8, dtype=BF16, device=DEVICE).to_sparse()}), TypeError, "y is a sparse"),
+    "w sparse csr": (lambda: ((_x(), _w().to_sparse_csr()), {}), TypeError, "w is a sparse"),
 }
 
 
@@ -94,3 +106,49 @@ def test_autograd_inputs_refused():
         gemmkit.gemm_a16w16(_x().requires_grad_(), _w())
     with pytest.raises(ValueError, match="w requires grad"):
         gemmkit.gemm_a16w16(_x(), torch.nn.Parameter(_w()))
+    with pytest.raises(ValueError, match="y requires grad"):  # torch refuses out= tensors that require grad
+        gemmkit.gemm_a16w16(_x(), _w(), y=torch.zeros(4, 8, dtype=BF16, device=DEVICE, requires_grad=True))
+
+
+def test_config_types_are_part_of_the_plan_key():
+    """A valid config cached under a key must not serve an invalid one that compares equal
+    (TMA=1 == True, num_warps=4.0 == 4)."""
+    base = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}
+    for good, bad in (({"TMA": True}, {"TMA": 1}), ({"num_warps": 4}, {"num_warps": 4.0})):
+        key = gemmkit.core.validate.config_key
+        assert key(dict(base, **good)) != key(dict(base, **bad))
+        with pytest.raises(ValueError, match="config"):
+            gemmkit.GemmConfig.from_dict(dict(base, **bad))
+
+
+def test_clear_caches_drops_plans(tmp_path, monkeypatch):
+    """After a table is rewritten and clear_caches() called, shapes called before get the new
+    config too (the ops' plans hold configs)."""
+    import json
+
+    from gemmkit.core import config as config_mod
+    from gemmkit.core.device import device_info
+    from gemmkit.ops import a16w16
+
+    monkeypatch.undo()  # this test launches
+    dev = device_info(torch.device(DEVICE))
+    x, w = _x(), _w()
+
+    def write(block_m):
+        cfg = {"BLOCK_M": block_m, "BLOCK_N": 16, "BLOCK_K": 16}
+        (tmp_path / dev.name).mkdir(exist_ok=True)
+        (tmp_path / dev.name / "a16w16.json").write_text(json.dumps({"buckets": {"any": cfg}}))
+
+    monkeypatch.setenv("GEMMKIT_CONFIG_DIR", str(tmp_path))
+    try:
+        write(16)
+        config_mod.clear_caches()
+        gemmkit.gemm_a16w16(x, w)
+        assert [p.cfg.BLOCK_M for p in a16w16._plans.values()] == [16]
+        write(32)
+        config_mod.clear_caches()
+        gemmkit.gemm_a16w16(x, w)
+        assert [p.cfg.BLOCK_M for p in a16w16._plans.values()] == [32]
+    finally:
+        monkeypatch.delenv("GEMMKIT_CONFIG_DIR")
+        config_mod.clear_caches()

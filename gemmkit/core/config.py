@@ -47,6 +47,10 @@ def bucket_bound(bucket: str) -> int | None:
     return None if bucket == "any" else int(bucket.rsplit("_", 1)[1])
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _pow2(v: int) -> bool:
     return v > 0 and v & (v - 1) == 0
 
@@ -88,15 +92,15 @@ class GemmConfig:
         errors = []
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
             v = getattr(self, name)
-            if not isinstance(v, int) or not _pow2(v) or not 16 <= v <= 512:
+            if not _is_int(v) or not _pow2(v) or not 16 <= v <= 512:
                 errors.append(f"{name}={v!r} must be a power of two in [16, 512]")
-        if not isinstance(self.GROUP_M, int) or self.GROUP_M < 1:
+        if not _is_int(self.GROUP_M) or self.GROUP_M < 1:
             errors.append(f"GROUP_M={self.GROUP_M!r} must be an int >= 1")
-        if not isinstance(self.SPLIT_K, int) or not 1 <= self.SPLIT_K <= 64:
+        if not _is_int(self.SPLIT_K) or not 1 <= self.SPLIT_K <= 64:
             errors.append(f"SPLIT_K={self.SPLIT_K!r} must be an int in [1, 64]")
-        if self.num_warps not in (1, 2, 4, 8, 16):
+        if not _is_int(self.num_warps) or self.num_warps not in (1, 2, 4, 8, 16):
             errors.append(f"num_warps={self.num_warps!r} must be 1, 2, 4, 8 or 16")
-        if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
+        if not _is_int(self.num_stages) or not 1 <= self.num_stages <= 8:
             errors.append(f"num_stages={self.num_stages!r} must be an int in [1, 8]")
         for name in ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE", "STREAM_K"):
             if not isinstance(getattr(self, name), bool):
@@ -238,9 +242,12 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, in_bytes: float, out_
 
 
 @functools.lru_cache(maxsize=8192)
-def _select(op: str, bucket: str, N: int, K: int, dev: DeviceInfo, in_bytes: float, out_bytes: int) -> GemmConfig:
+def _select(op: str, bucket: str, below_tma: bool, N: int, K: int, dev: DeviceInfo, in_bytes: float,
+            out_bytes: int) -> GemmConfig:
     table = load_table(dev.name, op)
     M = bucket_bound(bucket) or 2 * M_BUCKETS[-1]
+    if below_tma:  # the bucket straddles TMA_MIN_M: derive for an M below it
+        M = min(M, TMA_MIN_M - 1)
     if table is not None:
         for entries in (table.get("shapes", {}).get(f"{N},{K}"), table.get("buckets")):
             cfg = _pick_bucket(entries, M)
@@ -251,10 +258,23 @@ def _select(op: str, bucket: str, N: int, K: int, dev: DeviceInfo, in_bytes: flo
 
 def select_config(op: str, M: int, N: int, K: int, dev: DeviceInfo, in_bytes: float, out_bytes: int) -> GemmConfig:
     """The config for this op and shape on this device: tuned entry, else derived."""
-    return _select(op, m_bucket(M), N, K, dev, in_bytes, out_bytes)
+    if M < 0 or N < 0 or K < 0:
+        raise ValueError(f"select_config: M, N, K must be >= 0, got {(M, N, K)}")
+    return _select(op, m_bucket(M), M < TMA_MIN_M, N, K, dev, in_bytes, out_bytes)
+
+
+_plan_caches: list = []
+
+
+def register_plan_cache(cache) -> None:
+    """An op's plan cache (plans hold configs): emptied by clear_caches."""
+    _plan_caches.append(cache)
 
 
 def clear_caches() -> None:
-    """Forget loaded tables and selections (after the tuner rewrote a table)."""
+    """Forget loaded tables, selections and the ops' plans (after the tuner rewrote a table, or
+    GEMMKIT_CONFIG_DIR changed)."""
     load_table.cache_clear()
     _select.cache_clear()
+    for cache in _plan_caches:
+        cache.clear()

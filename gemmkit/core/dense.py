@@ -13,7 +13,7 @@ import dataclasses
 import torch
 from triton.runtime.errors import OutOfResources
 
-from .config import GemmConfig, select_config
+from .config import GemmConfig, register_plan_cache, select_config
 from .device import DeviceInfo
 from .launcher import CachedLaunch, hook_set, launch_hooks
 
@@ -71,7 +71,7 @@ def plan_key(tensors, extras):
     try:
         return (tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15,
                                                 t.requires_grad) for t in tensors]), extras, _grad_enabled())
-    except AttributeError:
+    except (AttributeError, RuntimeError, NotImplementedError):  # not a tensor; sparse or nested
         return None
 
 
@@ -81,6 +81,7 @@ class PlanCache(dict):
     def __init__(self, capacity: int = 4096):
         super().__init__()
         self.capacity = capacity
+        register_plan_cache(self)
 
     def plan_for(self, key, build, *args):
         """The plan cached under `key`, else `build(*args)` (which validates), cached."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .config import GemmConfig
@@ -14,6 +16,9 @@ OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 def check_tensor(name: str, t, dtypes=None) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided or t.is_nested:
+        kind = "nested" if t.is_nested else str(t.layout).replace("torch.", "")
+        raise TypeError(f"{name} is a {kind} tensor: gemmkit ops take dense (strided) tensors (call .to_dense())")
     if dtypes is not None and t.dtype not in dtypes:
         allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
         raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; expected one of: {allowed}")
@@ -65,7 +70,7 @@ def as_rows(name: str, x: torch.Tensor):
         raise ValueError(f"{name} must have at least 1 dimension, got a 0-d tensor")
     if x.ndim == 2:
         return x, x.shape[:1]
-    return x.reshape(-1, x.shape[-1]), x.shape[:-1]
+    return x.reshape(math.prod(x.shape[:-1]), x.shape[-1]), x.shape[:-1]
 
 
 def check_weight(name: str, w: torch.Tensor, K: int) -> int:
@@ -93,6 +98,15 @@ def check_layout(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} needs one dimension with unit stride (call .contiguous())")
 
 
+def check_no_overlap(name: str, t: torch.Tensor) -> None:
+    """A 2-D output whose elements are all distinct memory (no stride-0 or interleaved rows)."""
+    R, C = t.shape
+    (s_small, n_small), (s_big, n_big) = sorted([(abs(t.stride(0)), R), (abs(t.stride(1)), C)])
+    if (n_small > 1 and s_small == 0) or (n_big > 1 and n_small > 1 and s_big < s_small * n_small):
+        raise ValueError(f"{name} has elements that share memory (strides {tuple(t.stride())} for shape "
+                         f"{tuple(t.shape)}): every output element needs its own location")
+
+
 def check_no_autograd(**tensors) -> None:
     if torch.is_grad_enabled():
         for name, t in tensors.items():
@@ -108,8 +122,8 @@ def config_key(config):
     if config is None or isinstance(config, GemmConfig):
         return config
     if isinstance(config, dict):
-        try:
-            return tuple(sorted(config.items()))
+        try:  # with the types: 1 == True and 4 == 4.0, but only the latter of each pair is valid
+            return tuple(sorted((k, type(val).__name__, val) for k, val in config.items()))
         except TypeError:
             pass
     return object()
@@ -127,11 +141,14 @@ def check_out(y, lead, M: int, N: int, dtype: torch.dtype, device: torch.device)
     if y.device != device:
         raise ValueError(f"y is on {y.device} but x is on {device}")
     if y.ndim == 2:
-        return y
-    try:
-        return y.view(M, N)
-    except RuntimeError:
-        raise ValueError("y's leading dimensions cannot be flattened without a copy") from None
+        y2 = y
+    else:
+        try:
+            y2 = y.view(M, N)
+        except RuntimeError:
+            raise ValueError("y's leading dimensions cannot be flattened without a copy") from None
+    check_no_overlap("y", y2)
+    return y2
 
 
 class DegeneratePlan:

@@ -40,7 +40,7 @@ def _make_plan(x, w, bias, y, activation, out_dtype, config):
         raise TypeError(f"w has dtype {w.dtype} but x has {x.dtype}; both must be the same 16-bit type")
     activation = v.check_activation(activation)
     device = v.check_devices(x=x, w=w, bias=bias, y=y)
-    v.check_no_autograd(x=x, w=w, bias=bias)
+    v.check_no_autograd(x=x, w=w, bias=bias, y=y)
     x2, lead = v.as_rows("x", x)
     M, K = x2.shape
     N = v.check_weight("w", w, K)

@@ -62,7 +62,7 @@ def fused_dynamic_gemm(x, w, w_scale, *, config=None, out_dtype=torch.bfloat16):
 def _scale_mode(name: str, s, shapes, what: str) -> int:
     """TENSOR for a scale of one float32 value, VECTOR for one of the given shapes (contiguous)."""
     v.check_tensor(name, s, (torch.float32,))
-    if s.numel() == 1 and s.ndim <= 2:
+    if s.numel() == 1:
         return _SCALE_TENSOR
     if tuple(s.shape) not in shapes:
         raise ValueError(f"{name} has shape {tuple(s.shape)}: expected one value (per tensor) or {what}")
@@ -85,7 +85,7 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
         raise ValueError("x_scale is required when x is already quantized")
     activation = v.check_activation(activation)
     device = v.check_devices(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias, y=y)
-    v.check_no_autograd(x=x, w=w, bias=bias)
+    v.check_no_autograd(x=x, w=w, bias=bias, y=y, x_scale=x_scale, w_scale=w_scale)
     x2, lead = v.as_rows("x", x)
     M, K = x2.shape
     N = v.check_weight("w", w, K)
