@@ -122,7 +122,7 @@ def test_write_table_merges_and_picks_best(tmp_path):
     # generic bucket: geomean slowdown 16 -> (1, 2.25), 32 -> (1.2, 1): 32 wins
     assert table["buckets"]["M_LEQ_16"]["BLOCK_M"] == 32
     assert table["buckets"]["M_LEQ_64"]["BLOCK_M"] == 16 and table["buckets"]["any"]["BLOCK_M"] == 16
-    assert table["shapes"]["300,400"]["any"]["BLOCK_M"] == 16  # from its largest tuned M (64)
+    assert "any" not in table["shapes"]["300,400"]  # its largest tuned M (64) is below tune.LARGE_M
     assert json.loads(out.read_text())["_meta"]["command"] == "gemmkit tune test"
 
 
@@ -259,3 +259,90 @@ def test_kernel_signature_tells_configs_apart(monkeypatch):
         asm={}, run=types.SimpleNamespace(global_scratch_size=1, profile_scratch_size=0)))
     assert sig() is None  # no binary to compare: never a duplicate
     a16w16._plans.clear()
+
+
+def test_bench_problems_and_argument_errors():
+    """Requests are checked before anything runs (also on a machine without a GPU, where bench
+    then runs the CPU demo); a size asked for twice is measured once."""
+    op = registry.get_op("a16w16")
+    probs = bench.bench_problems(op, [[16, 64, 64], [16, 64, 64]], ["llama3-8b"], [16, 16, 1])
+    assert len(probs) == len({p[1:] for p in probs}) and probs[0] == ("16x64x64", 16, 64, 64)
+    assert len(probs) == 1 + 2 * len(registry.model_shapes(["llama3-8b"]))
+    quant = bench.bench_problems(registry.get_op("quant_fp8_row"), [[4, 64]], None, None)
+    assert quant == [("4x64", 4, 0, 64)]
+    for argv in (["nosuchop"], ["a16w16", "--model", "nosuch"], ["--shape", "1", "2"], ["a8w8", "--dtype", "bf16"],
+                 ["--shape", "-1", "64", "64"], ["--m-sweep", "0"], ["quant_fp8_row", "--shape", "4", "64", "64"]):
+        with pytest.raises(SystemExit):
+            bench.main(argv)
+    for argv in (["a8w8", "--dtype", "int8", "--shapes", "64", "64"], ["a16w16", "--dtype", "e4m3", "--shapes", "64", "64"],
+                 ["a16w16", "--shapes", "-64", "64"], ["a16w16", "--shapes", "64", "64", "--m", "0"],
+                 ["a16w16", "--shapes", "64"], ["quant_fp8_row", "--shapes", "64", "64"]):
+        with pytest.raises(SystemExit) as e:
+            tune.main(argv)
+        assert "CUDA" not in str(e.value)  # refused for the request, not for the missing GPU
+
+
+def test_plot_series_without_baseline_and_bandwidth():
+    """The torch line: the baseline's own bytes/s (gemmkit's bytes over the baseline's time),
+    and no point where the baseline failed (torch._int_mm at M <= 16)."""
+    rows = [dict(shape="s", M=16, N=8, K=8, graph_us=10.0, tflops=1.0, gbps=100.0, base_error="RuntimeError"),
+            dict(shape="s", M=64, N=8, K=8, graph_us=10.0, base_graph_us=20.0, ratio=2.0, tflops=4.0,
+                 base_tflops=2.0, gbps=100.0, base_gbps=50.0)]
+    bw = bench.plot_series(rows, "bandwidth")[("s", 8, 8)]
+    assert bw == {"gemmkit": [(16, 100.0), (64, 100.0)], "torch": [(64, 50.0)]}
+    assert bench.plot_series(rows, "tflops")[("s", 8, 8)]["torch"] == [(64, 2.0)]
+
+
+def test_append_markdown(tmp_path):
+    path = tmp_path / "b.md"
+    path.write_text("no newline at the end")
+    bench.append_markdown(path, "## section\n")
+    bench.append_markdown(path, "## next\n")
+    assert path.read_text() == "no newline at the end\n\n## section\n## next\n"
+
+
+def test_rotation_exceeds_l2_for_both_sides_and_dynamic_bytes():
+    """The dynamic op's bf16 weight is read only by the baseline: gemmkit's own inputs (bf16 x,
+    FP8 weight) must still rotate through 3x the L2; its bytes count x at 2 bytes."""
+    import dataclasses
+
+    from gemmkit.core.device import INTERPRETER_DEVICE
+
+    op = registry.get_op("a8w8_dynamic")
+    M, N, K = 4, 64, 256
+    dev = dataclasses.replace(INTERPRETER_DEVICE, l2_bytes=64 * 1024)
+    sets = tune.input_sets(op, M, N, K, "e4m3", dev, device="cpu")
+    ours, base = op.reads
+    for keys in (ours, base):
+        total = sum(s[k].numel() * s[k].element_size() for s in sets for k in keys)
+        assert total >= 3 * dev.l2_bytes, (keys, total)
+    assert op.nbytes(M, N, K) == M * K * 2 + N * K + M * N * 2
+
+
+def test_load_cache_skips_a_truncated_record(tmp_path, capsys):
+    path = tmp_path / "c.jsonl"
+    good = {"M": 1, "N": 2, "K": 3, "dtype": "bf16", "cfg": "{}", "us": 1.0}
+    path.write_text(json.dumps(good) + "\n" + json.dumps(good)[:20] + "\n")
+    assert list(tune.load_cache(path).values()) == [good]
+    assert "malformed" in capsys.readouterr().err
+
+
+def test_shape_tuned_only_at_small_m_leaves_large_m_to_the_buckets(tmp_path, monkeypatch):
+    """A shape tuned at M = 16 only gets no "any": M = 4096 on it takes the generic bucket
+    tuned at large M, not the 16-row config."""
+    def key(bm):
+        return tune.cfg_key(GemmConfig(bm, 64, 64))
+
+    cache = {(16, 6144, 4096, "bf16", key(16)): {"us": 1.0}, (16, 6144, 4096, "bf16", key(32)): {"us": 2.0},
+             (4096, 100, 200, "bf16", key(128)): {"us": 1.0}, (4096, 100, 200, "bf16", key(64)): {"us": 2.0},
+             (16, 100, 200, "bf16", key(16)): {"us": 1.0}}
+    out = tmp_path / H100.name / "a16w16.json"
+    table = tune.write_table("a16w16", "bf16", cache, out, "gemmkit tune test", H100.name)
+    assert "any" not in table["shapes"]["6144,4096"] and table["shapes"]["100,200"]["any"]["BLOCK_M"] == 128
+    monkeypatch.setattr(cfgmod, "CONFIG_DIR", tmp_path)
+    cfgmod.clear_caches()
+    try:
+        assert select_config("a16w16", 16, 6144, 4096, H100, 2, 2).BLOCK_M == 16
+        assert select_config("a16w16", 4096, 6144, 4096, H100, 2, 2).BLOCK_M == 128
+    finally:
+        cfgmod.clear_caches()

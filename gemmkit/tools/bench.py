@@ -84,9 +84,10 @@ def measure(op, label, M, N, K, dtype, dev, rep_ms, eager: bool, copy_gbps: floa
             row["eager_us"] = time_eager_us(ours)
     flops, nbytes = op.flops(M, N, K), op.nbytes(M, N, K)
     row["tflops"] = flops / row["graph_us"] / 1e6
+    row["gbps"] = nbytes / row["graph_us"] / 1e3
     if has_base:
         row["base_tflops"] = flops / row["base_graph_us"] / 1e6
-    row["gbps"] = nbytes / row["graph_us"] / 1e3
+        row["base_gbps"] = nbytes / row["base_graph_us"] / 1e3
     row["copy_pct"] = 100.0 * row["gbps"] / copy_gbps
     peak_f, peak_b = dev.peak_tflops(op.operand_bits), dev.peak_tbps()
     if peak_f and peak_b:
@@ -141,6 +142,24 @@ def summary_lines(rows, eager: bool) -> list[str]:
     return out
 
 
+_PLOT_KEYS = {"time": ("graph_us", "base_graph_us", "µs (graph replay)"),
+              "tflops": ("tflops", "base_tflops", "TFLOP/s"),
+              "bandwidth": ("gbps", "base_gbps", "GB/s")}
+
+
+def plot_series(rows, metric: str) -> dict:
+    """{(shape, N, K): {"gemmkit": [(M, value)], "torch": [(M, value)]}} over M, for --plot;
+    rows whose baseline failed have no torch point."""
+    ours, base, _ = _PLOT_KEYS[metric]
+    groups = {}
+    for r in sorted(rows, key=lambda r: r["M"]):
+        g = groups.setdefault((r["shape"], r["N"], r["K"]), {"gemmkit": [], "torch": []})
+        g["gemmkit"].append((r["M"], r[ours]))
+        if base in r:
+            g["torch"].append((r["M"], r[base]))
+    return groups
+
+
 def plot(rows, metric: str, path: Path, title: str) -> None:
     try:
         import matplotlib
@@ -150,28 +169,19 @@ def plot(rows, metric: str, path: Path, title: str) -> None:
     except ImportError:
         print("--plot needs matplotlib (pip install matplotlib)", file=sys.stderr)
         return
-    key = {"time": ("graph_us", "base_graph_us", "µs (graph replay)"),
-           "tflops": ("tflops", "base_tflops", "TFLOP/s"),
-           "bandwidth": ("gbps", None, "GB/s")}[metric]
-    groups = {}
-    for r in rows:
-        groups.setdefault((r["shape"], r["N"], r["K"]), []).append(r)
+    groups = plot_series(rows, metric)
     n = len(groups)
     cols = min(4, n)
     fig, axes = plt.subplots(-(-n // cols), cols, figsize=(4.2 * cols, 3.2 * -(-n // cols)), squeeze=False)
-    for ax, ((label, N, K), rs) in zip(axes.flat, groups.items()):
-        rs = sorted(rs, key=lambda r: r["M"])
-        ms = [r["M"] for r in rs]
-        ax.plot(ms, [r[key[0]] for r in rs], "o-", label="gemmkit")
-        if key[1]:
-            ax.plot(ms, [r[key[1]] for r in rs], "s--", label="torch")
-        else:
-            ax.plot(ms, [r["gbps"] * r["ratio"] for r in rs], "s--", label="torch")
+    for ax, ((label, N, K), series) in zip(axes.flat, groups.items()):
+        for name, style in (("gemmkit", "o-"), ("torch", "s--")):
+            if series[name]:
+                ax.plot(*zip(*series[name]), style, label=name)
         ax.set_xscale("log", base=2)
         ax.set_ylim(bottom=0)  # a lone point's autoscaled axis would magnify a 1% difference
         ax.set_title(f"{label} (N={N}, K={K})", fontsize=8)
         ax.set_xlabel("M")
-        ax.set_ylabel(key[2])
+        ax.set_ylabel(_PLOT_KEYS[metric][2])
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
@@ -181,21 +191,65 @@ def plot(rows, metric: str, path: Path, title: str) -> None:
     print(f"wrote {path}")
 
 
+def bench_problems(op, shape_args, models, m_sweep) -> list[tuple[str, int, int, int]]:
+    """(label, M, N, K) to measure, in order, each once: the --shape triples (M K pairs for the
+    elementwise ops), the models' layers at each --m-sweep M, and by default the Llama-3 layers
+    and two squares. Raises SystemExit on a malformed request (before anything runs)."""
+    problems = []
+    for shape in shape_args or []:
+        if len(shape) != (3 if op.gemm else 2):
+            raise SystemExit(f"--shape for {op.name}: " + ("M N K" if op.gemm else "M K") + f", got {shape}")
+        if min(shape) < 1:
+            raise SystemExit(f"--shape sizes must be >= 1, got {shape}")
+        m, n, k = shape if op.gemm else (shape[0], 0, shape[1])
+        problems.append((f"{m}x{n}x{k}" if op.gemm else f"{m}x{k}", m, n, k))
+    ms = list(dict.fromkeys(m_sweep or DEFAULT_M))
+    if min(ms) < 1:
+        raise SystemExit(f"--m-sweep values must be >= 1, got {m_sweep}")
+    if models or not shape_args:
+        shapes = model_shapes(models or DEFAULT_MODELS)
+        if op.gemm:
+            problems += [(label, m, n, k) for label, n, k in shapes for m in ms]
+        else:  # elementwise over activations (M, K): each model's distinct K
+            ks = sorted({k for _, _, k in shapes})
+            problems += [(f"K={k}", m, 0, k) for k in ks for m in ms]
+    if not shape_args and not models and op.gemm:
+        problems += [(f"{m}x{n}x{k}", m, n, k) for m, n, k in DEFAULT_SQUARES]
+    seen, unique = set(), []
+    for prob in problems:  # a size asked for twice is measured (and summarized) once
+        if prob[1:] not in seen:
+            seen.add(prob[1:])
+            unique.append(prob)
+    return unique
+
+
+def append_markdown(path: Path, text: str) -> None:
+    """Append a section; after a file that does not end in a newline, start on a fresh line."""
+    if path.is_file() and path.stat().st_size:
+        with open(path, "rb") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                text = "\n\n" + text
+    with open(path, "a") as f:
+        f.write(text)
+
+
 def run_demo() -> int:
     from . import demo
 
-    return demo.main()
+    return demo.main([])
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="gemmkit bench", description=__doc__.split("\n\n")[0])
     p.add_argument("op", nargs="?", default="a16w16")
-    p.add_argument("--shape", type=int, nargs="+", action="append", metavar="M N K",
-                   help="a GEMM shape M N K (for elementwise ops: M K); repeatable")
+    p.add_argument("--shape", type=int, nargs="+", action="append", metavar="DIM",
+                   help="one GEMM shape: M N K (for the elementwise quant ops: M K); repeat --shape for more")
     p.add_argument("--model", nargs="+", default=None, help="models from gemmkit/tools/models.json")
     p.add_argument("--m-sweep", type=int, nargs="+", default=None, help="M values for --model shapes")
     p.add_argument("--dtype", default=None)
-    p.add_argument("--metric", choices=["time", "tflops", "bandwidth"], default="tflops", help="what --plot shows")
+    p.add_argument("--metric", choices=["time", "tflops", "bandwidth"], default=None,
+                   help="what --plot shows (default: tflops for GEMMs, bandwidth for the quant ops)")
     p.add_argument("--rep-ms", type=float, default=25)
     p.add_argument("--no-eager", action="store_true", help="skip the eager per-call timing")
     p.add_argument("--csv", type=Path)
@@ -203,32 +257,17 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", type=Path, help="append the result as a section to this Markdown file")
     args = p.parse_args(argv)
     argv_used = argv if argv is not None else sys.argv[2:]
+    op = get_op(args.op)
+    dtype = args.dtype or op.dtypes[0]
+    if dtype not in op.dtypes:
+        raise SystemExit(f"--dtype for {args.op}: one of {op.dtypes}")
+    problems = bench_problems(op, args.shape, args.model, args.m_sweep)
+    metric = args.metric or ("tflops" if op.gemm else "bandwidth")
 
     if not torch.cuda.is_available():
         print("No CUDA GPU found: gemmkit bench times kernels on an NVIDIA GPU. Running a small CPU demo "
               "of the same kernels under the Triton interpreter instead (correctness only, no timing).\n")
         return run_demo()
-
-    op = get_op(args.op)
-    dtype = args.dtype or op.dtypes[0]
-    if dtype not in op.dtypes:
-        raise SystemExit(f"--dtype for {args.op}: one of {op.dtypes}")
-    problems = []
-    for shape in args.shape or []:
-        if len(shape) != (3 if op.gemm else 2):
-            raise SystemExit(f"--shape for {args.op}: " + ("M N K" if op.gemm else "M K"))
-        m, n, k = shape if op.gemm else (shape[0], 0, shape[1])
-        problems.append((f"{m}x{n}x{k}" if op.gemm else f"{m}x{k}", m, n, k))
-    if args.model or not args.shape:
-        ms = args.m_sweep or DEFAULT_M
-        shapes = model_shapes(args.model or DEFAULT_MODELS)
-        if op.gemm:
-            problems += [(label, m, n, k) for label, n, k in shapes for m in ms]
-        else:  # elementwise over activations (M, K): each model's distinct K
-            ks = sorted({k for _, _, k in shapes})
-            problems += [(f"K={k}", m, 0, k) for k in ks for m in ms]
-    if not args.shape and not args.model and op.gemm:
-        problems += [(f"{m}x{n}x{k}", m, n, k) for m, n, k in DEFAULT_SQUARES]
 
     dev = device_info()
     title = (f"gemmkit bench {args.op} ({dtype}) on {dev.name}, baseline {op.baseline_name}; "
@@ -253,7 +292,7 @@ def main(argv=None) -> int:
             writer.writeheader()
             writer.writerows(rows)
     if args.plot:
-        plot(rows, args.metric, args.plot, title)
+        plot(rows, metric, args.plot, title)
     if args.markdown:
         date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
         section = [
@@ -265,8 +304,7 @@ def main(argv=None) -> int:
             f"% copy BW against the device copy measured in the same run ({copy_gbps:.0f} GB/s).", "",
             *lines, "", *summary, "", "",
         ]
-        with open(args.markdown, "a") as f:
-            f.write("\n".join(section))
+        append_markdown(args.markdown, "\n".join(section))
         print(f"appended to {args.markdown}")
     return 0 if all(r["ok"] for r in rows) else 1
 

@@ -7,12 +7,14 @@ Correctness only: interpreter timings mean nothing.
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 import warnings
 
 
 def main(argv=None) -> int:
+    argparse.ArgumentParser(prog="gemmkit demo", description=__doc__.split("\n\n")[0]).parse_args(argv)
     if "gemmkit.kernels.gemm" not in __import__("sys").modules:
         os.environ["TRITON_INTERPRET"] = "1"  # must be set before the kernels are defined
     import torch

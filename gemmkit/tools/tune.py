@@ -58,10 +58,12 @@ def cfg_key(cfg: GemmConfig) -> str:
 
 
 def input_sets(op, M, N, K, dtype, dev, device="cuda"):
-    """Input sets for timing: enough that one pass over them is several times the L2."""
+    """Input sets for timing: enough that one pass over them reads 3x the L2, for gemmkit's
+    call and for the baseline's (op.reads: which inputs each side reads)."""
     first = op.make_inputs(M, N, K, dtype, device)
-    per_set = sum(t.numel() * t.element_size() for t in first.values() if isinstance(t, torch.Tensor))
-    n = rotation_count(per_set, dev.l2_bytes, max_sets=8)
+    sides = op.reads or (tuple(first),)
+    n = max(rotation_count(sum(first[k].numel() * first[k].element_size() for k in keys
+                               if isinstance(first[k], torch.Tensor)), dev.l2_bytes) for keys in sides)
     return [first] + [op.make_inputs(M, N, K, dtype, device) for _ in range(n - 1)]
 
 
@@ -170,12 +172,17 @@ def precompile(op_name, jobs, workers: int) -> dict:
 
 
 def load_cache(path: Path) -> dict:
+    """Measurements by (M, N, K, dtype, config key), the last record of each winning. A line that
+    does not parse (a run killed mid-write) is skipped with a warning: its candidate is re-measured."""
     cache = {}
     if path.is_file():
-        for line in path.read_text().splitlines():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
             if line.strip():
-                r = json.loads(line)
-                cache[(r["M"], r["N"], r["K"], r["dtype"], r["cfg"])] = r
+                try:
+                    r = json.loads(line)
+                    cache[(r["M"], r["N"], r["K"], r["dtype"], r["cfg"])] = r
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    print(f"{path}:{number}: skipping a malformed record", file=sys.stderr)
     return cache
 
 
@@ -187,7 +194,7 @@ def tune(op_name, shapes, ms, dtype, out_path: Path, cache_path: Path, workers: 
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
 
-    problems = [(M, N, K) for _, N, K in shapes for M in ms]
+    problems = list(dict.fromkeys((M, N, K) for _, N, K in shapes for M in ms))  # each once
     todo = {p: [c for c in search_space(op, *p, dev) if (*p, dtype, cfg_key(c)) not in cache] for p in problems}
     jobs = [(M, N, K, dtype, c) for (M, N, K), cands in todo.items() for c in cands]
     print(f"tuning {op_name} ({dtype}) on {dev.name}: {len(problems)} problems, {len(jobs)} candidates to measure "
@@ -280,14 +287,19 @@ def verify_finalists(op, problems, dtype, dev, cache: dict, log, deadline: float
     bar.close()
 
 
+LARGE_M = 4096
+
+
 def write_table(op_name, dtype, cache, out_path: Path, command: str, device_name: str) -> dict:
     """Regenerate the tuned entries of the JSON table at out_path from all measurements in
     `cache` for this dtype (entries of the table that the cache does not cover are kept).
 
     shapes: the fastest config per (N, K) and M bucket (under sustained load where the finalists
     were verified, else in the first ranking); the largest tuned M of an (N, K) also fills its
-    "any". buckets: per tuned M, the config with the least geometric-mean slowdown
-    over every (N, K) measured at that M (among the configs measured on all of them).
+    "any" when it is at least LARGE_M (else larger M falls through to the generic buckets: a
+    config tuned for M = 16 is no guess for M = 4096). buckets: per tuned M, the config with the
+    least geometric-mean slowdown over every (N, K) measured at that M (among the configs
+    measured on all of them).
     """
     table = json.loads(out_path.read_text()) if out_path.is_file() else {}
     table.setdefault("buckets", {})
@@ -312,8 +324,10 @@ def write_table(op_name, dtype, cache, out_path: Path, command: str, device_name
         fastest = min(times.values())
         entry = table["shapes"].setdefault(f"{N},{K}", {})
         entry[m_bucket(M)] = json.loads(best_key)
-        if M == largest_m[(N, K)]:
+        if M == largest_m[(N, K)] >= LARGE_M:
             entry["any"] = json.loads(best_key)
+        elif largest_m[(N, K)] < LARGE_M:
+            entry.pop("any", None)
         for ck, t in times.items():
             slowdowns.setdefault(M, {}).setdefault(ck, []).append(t / fastest)
     for M, per_cfg in slowdowns.items():
@@ -357,7 +371,7 @@ def main(argv=None):
     p.add_argument("--shapes", type=int, nargs="+", metavar="N K", help="(N, K) weight shapes, pairs of ints")
     p.add_argument("--model", nargs="+", default=[], help="models from gemmkit/tools/models.json")
     p.add_argument("--m", type=int, nargs="+", default=[16, 64, 256, 1024, 4096],
-                   help="M values to tune, one per bucket (the largest also fills 'any')")
+                   help="M values to tune, one per bucket (the largest, if >= 4096, also fills the shape's 'any')")
     p.add_argument("--dtype", default=None, help="operand dtype (default: the op's first)")
     p.add_argument("--out", type=Path, default=None, help="table to write/merge (default: the package's)")
     p.add_argument("--cache", type=Path, default=None, help="JSONL of measurements, for resuming")
@@ -365,12 +379,12 @@ def main(argv=None):
     p.add_argument("--rep-ms", type=int, default=8, help="graph replay time per measurement")
     p.add_argument("--time-budget-s", type=float, default=None, help="stop measuring after this long")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("gemmkit tune measures kernels on a CUDA GPU; none is available here")
     op = get_op(args.op)
     if op.table is None:
         raise SystemExit(f"{args.op} has no config table to tune")
     dtype = args.dtype or op.dtypes[0]
+    if dtype not in op.dtypes:  # the table and the cache records are per dtype
+        raise SystemExit(f"--dtype for {args.op}: one of {op.dtypes}")
     shapes = model_shapes(args.model) if args.model else []
     if args.shapes:
         if len(args.shapes) % 2:
@@ -378,6 +392,10 @@ def main(argv=None):
         shapes += [(f"{n}x{k}", n, k) for n, k in zip(args.shapes[::2], args.shapes[1::2])]
     if not shapes:
         raise SystemExit("give --shapes N K ... and/or --model NAME ...")
+    if min(min(n, k) for _, n, k in shapes) < 1 or min(args.m) < 1:
+        raise SystemExit("--shapes and --m take sizes >= 1")
+    if not torch.cuda.is_available():
+        raise SystemExit("gemmkit tune measures kernels on a CUDA GPU; none is available here")
     dev = device_info()
     out = args.out or CONFIG_DIR / dev.name / f"{op.table}.json"
     cache = args.cache or Path.home() / ".cache" / "gemmkit" / f"tune-{dev.name}-{args.op}.jsonl"
