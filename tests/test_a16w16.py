@@ -248,3 +248,18 @@ def test_stream_k_schedules(path, M, N, K):
     tiles = -(-M // cfg.BLOCK_M) * -(-N // cfg.BLOCK_N)
     assert plan.stream_k == (tiles % plan.gemm.grid[0] != 0 or tiles < plan.gemm.grid[0])
     assert all(int(c.abs().sum()) == 0 for c in dense._counters.values())
+
+
+def test_broadcast_operand_takes_the_pointer_path():
+    """A stride-0 (expanded) x is correct under a TMA config, through pointer loads: a TMA
+    descriptor with a zero row stride is not something to hand the driver."""
+    from gemmkit.ops import a16w16
+
+    M, N, K = 33, 40, 64
+    x = randn(1, K, dtype=FP16).expand(M, K)
+    w = randn(N, K, dtype=FP16)
+    a16w16._plans.clear()
+    out = gemmkit.gemm_a16w16(x, w, config=dict(BLOCK_M=32, BLOCK_N=32, BLOCK_K=32, TMA=True))
+    assert_close(out, reference(x, w))
+    (plan,) = a16w16._plans.values()
+    assert plan.a_desc is None and plan.b_desc is not None

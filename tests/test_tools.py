@@ -63,11 +63,15 @@ def test_derived_config_keeps_small_m_on_pointer_loads(M):
         assert select_config(op, M, 4096, 4096, dev, 2, 2).TMA == (M >= cfgmod.TMA_MIN_M)
     with pytest.raises(ValueError, match="M, N, K"):
         select_config("a16w16", -1, 4096, 4096, dev, 2, 2)
+    with pytest.raises(ValueError, match="unknown op"):
+        select_config("a8w8", 16, 4096, 4096, dev, 2, 2)
 
 
 def test_shipped_tables_are_valid():
     tables = list(cfgmod.CONFIG_DIR.glob("*/*.json"))
     assert tables, "no tuned tables shipped"
+    assert {p.stem for p in tables} <= set(cfgmod.TABLES)
+    assert {op.table for op in registry.OPS.values() if op.table} <= set(cfgmod.TABLES)
     for path in tables:
         in_bytes = 1 if path.stem.startswith("a8w8") else 2
         table = json.loads(path.read_text())

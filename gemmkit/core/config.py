@@ -24,6 +24,9 @@ from .device import DeviceInfo
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
+# The ops' config tables (file names under configs/<DEVICE>/).
+TABLES = ("a16w16", "a8w8_fp8", "a8w8_int8", "a8w8_fp8_dynamic")
+
 # Upper bounds of the M buckets; larger M falls in "any".
 M_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -258,6 +261,8 @@ def _select(op: str, bucket: str, below_tma: bool, N: int, K: int, dev: DeviceIn
 
 def select_config(op: str, M: int, N: int, K: int, dev: DeviceInfo, in_bytes: float, out_bytes: int) -> GemmConfig:
     """The config for this op and shape on this device: tuned entry, else derived."""
+    if op not in TABLES:
+        raise ValueError(f"select_config: unknown op {op!r}; one of {TABLES}")
     if M < 0 or N < 0 or K < 0:
         raise ValueError(f"select_config: M, N, K must be >= 0, got {(M, N, K)}")
     return _select(op, m_bucket(M), M < TMA_MIN_M, N, K, dev, in_bytes, out_bytes)

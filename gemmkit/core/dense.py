@@ -129,7 +129,10 @@ def operand_layout(t: torch.Tensor):
 
 
 def _tma_ok(t: torch.Tensor, outer_stride: int, block) -> bool:
-    return t.data_ptr() % 16 == 0 and (outer_stride * t.element_size()) % 16 == 0 and max(block) <= 256
+    """A TMA descriptor can address t: 16-byte aligned base and row stride (a stride-0,
+    broadcast operand takes the pointer path), boxes of at most 256 per dimension."""
+    return (t.data_ptr() % 16 == 0 and outer_stride > 0 and (outer_stride * t.element_size()) % 16 == 0
+            and max(block) <= 256)
 
 
 class _Descriptor:

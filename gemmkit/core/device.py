@@ -102,4 +102,6 @@ def device_info(device: torch.device | int | str | None = None) -> DeviceInfo:
     device = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
     if device.type != "cuda":
         return INTERPRETER_DEVICE
+    if not torch.cuda.is_available():
+        raise ValueError(f"device_info({str(device)!r}): this torch build or machine has no CUDA device")
     return _cuda_device_info(device.index if device.index is not None else torch.cuda.current_device())
