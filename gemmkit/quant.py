@@ -7,8 +7,8 @@
 A scale maps t onto the target's range: scale = absmax / qmax (qmax 448 for e4m3, 57344 for
 e5m2, 127 for int8); conversion saturates and rounds to nearest even (int8 as torch.round);
 an all-zero row gets scale 0; a row whose absmax is below qmax * 2^-126 gets scale 2^-126 (the
-least normal float32, so 1 / scale stays finite). NaNs do not enter the absmax; they stay NaN in
-FP8 and become 0 in INT8.
+least normal float32, so 1 / scale stays finite). NaNs do not enter the absmax (a row of NaNs
+only gets scale NaN); they stay NaN in FP8 and become 0 in INT8.
 """
 
 from __future__ import annotations

@@ -11,6 +11,10 @@ Fixed here (seen in triton 3.6; 3.9 has the first two as well):
   into the exponent's low bit), so some values lose up to half their magnitude. Downcasts to bf16
   truncate, where GPUs round to nearest even. Both now go through torch's exact conversions;
   fp8 saturates to the largest finite value, as the GPU's ``cvt.rn.satfinite`` does.
+- ``tl.maximum`` / ``tl.minimum`` on floats (default ``propagate_nan``): numpy's maximum keeps a
+  NaN operand, the GPU's ``max.f32`` / ``min.f32`` return the other one (as the interpreter's own
+  ``tl.max`` reduction, ``np.nanmax``, already does). Now ``np.fmax`` / ``np.fmin``, so absolute
+  maxima skip NaNs on both.
 """
 
 from __future__ import annotations
@@ -81,6 +85,8 @@ def apply_interpreter_fixes() -> None:
             return interp.TensorHandle(out, d.dtype.scalar)
         return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
 
+    interp.InterpreterBuilder.create_maxnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmax)
+    interp.InterpreterBuilder.create_minnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmin)
     interp.InterpreterBuilder.create_fp_to_fp = create_fp_to_fp
     interp.InterpreterBuilder.cast_impl = cast_impl
     interp.InterpreterBuilder.create_dot = create_dot

@@ -56,14 +56,6 @@ def scales_from_absmax(amax, QUANT: tl.constexpr):
 
 
 @triton.jit
-def abs_ignoring_nan(t):
-    """|t| in fp32 with NaN as 0: absolute maxima then skip NaNs the same way on every backend
-    (GPU max instructions drop a NaN operand; the interpreter's numpy max keeps it)."""
-    a = tl.abs(t.to(tl.float32))
-    return tl.where(a == a, a, 0.0)
-
-
-@triton.jit
 def rows_absmax(src, off_r, R, K, stride_r, stride_k, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
                 K_MAJOR: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr):
     """Absolute maximum over K of each of the BLOCK_R rows at off_r, as fp32 (BLOCK_R,).
@@ -72,7 +64,7 @@ def rows_absmax(src, off_r, R, K, stride_r, stride_k, BLOCK_R: tl.constexpr, BLO
     for ki in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=3):
         t = load_k_tile(src, off_r, ki * BLOCK_K, R, K, stride_r, stride_k, BLOCK_R, BLOCK_K,
                         False, K_MAJOR, EVEN_K, INDEX_64)
-        amax = tl.maximum(amax, tl.max(abs_ignoring_nan(t), axis=1))
+        amax = tl.maximum(amax, tl.max(tl.abs(t.to(tl.float32)), axis=1))
     return amax
 
 
@@ -91,7 +83,7 @@ def quantize_rows_kernel(
         rows = rows.to(tl.int64)
     if ONE_PASS:
         t = load_k_tile(x, off_r, 0, R, C, stride_xr, stride_xc, BLOCK_R, BLOCK_C, False, True, EVEN_C, INDEX_64)
-        s, inv = scales_from_absmax(tl.max(abs_ignoring_nan(t), axis=1), QUANT)
+        s, inv = scales_from_absmax(tl.max(tl.abs(t.to(tl.float32)), axis=1), QUANT)
         cols = tl.arange(0, BLOCK_C)
         tl.store(q + rows[:, None] * stride_qr + cols[None, :], quantize_values(t, inv[:, None], QUANT),
                  mask=row_ok[:, None] & (cols[None, :] < C))
