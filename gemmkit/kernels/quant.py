@@ -33,13 +33,11 @@ def quantize_values(v, inv_scale, QUANT: tl.constexpr):
     elif QUANT == "e5m2":
         q = v.to(tl.float8e5)
     else:
-        # exact: truncate, then step away from zero past a half, or at a half to the even neighbour
-        # (adding 0.5 then truncating rounds 0.49999997 up: the sum rounds to 1.0 in fp32)
+        # adding then subtracting 1.5 * 2^23 leaves |v| <= 2^22 rounded to an integer by the FPU,
+        # to nearest even (both adds survive compilation: no fast-math reassociation; adding 0.5
+        # then truncating would round 0.49999997 up, the sum being 1.0 in fp32)
         v = tl.where(v == v, v, 0.0)
-        t = v.to(tl.int32)
-        frac = tl.abs(v - t.to(tl.float32))
-        up = (frac > 0.5) | ((frac == 0.5) & ((t & 1) != 0))
-        q = (t + tl.where(up, tl.where(v > 0, 1, -1), 0)).to(tl.int8)
+        q = ((v + 12582912.0) - 12582912.0).to(tl.int8)
     return q
 
 

@@ -199,6 +199,8 @@ CHECKS = {
     "dynamic FP8 (quantized in the GEMM), M=16": (16, 6144, 4096, _tiles(16, 64, 512, 3, 4), _DYNAMIC, "HMMA"),
     "dynamic FP8 (quantized in the GEMM), M=64, split-K": (
         64, 6144, 4096, _tiles(64, 128, 256, 3, 4, SPLIT_K=2), _DYNAMIC, "QGMMA"),
+    "dynamic INT8 (quantized in the GEMM), M=16": (
+        16, 6144, 4096, _tiles(16, 64, 256, 3, 4), dict(_DYNAMIC, w_dtype=torch.int8, a_quant="int8"), "IMMA"),
 }
 _MMA = ("HGMMA", "QGMMA", "IGMMA", "HMMA", "IMMA")
 
@@ -217,6 +219,8 @@ def check(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
     found = {op: b.count(op) for op in _MMA if b.count(op)}
     ok = (b.local_bytes == 0 and b.registers <= 255 and mma in found and b.shared_bytes <= dev.smem_per_block
           and b.shared_bytes <= estimate + SMEM_SLACK)
+    if kw.get("a_quant") == "int8":  # round-half-even by adding and subtracting 1.5 * 2^23: both kept
+        ok = ok and b.sass.count("12582912") >= 2 and "-12582912" in b.sass
     loop = ""
     if cfg.TMA and cfg.PERSISTENT and not cfg.STREAM_K and cfg.SPLIT_K == 1 and not kw.get("a_quant"):
         same, loop = _compare_bare(b, M, N, K, cfg, kw, dev)
