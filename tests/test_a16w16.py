@@ -250,6 +250,16 @@ def test_stream_k_schedules(path, M, N, K):
     assert all(int(c.abs().sum()) == 0 for c in dense._counters.values())
 
 
+def test_nan_propagates_through_relu():
+    """A NaN in x poisons its output row with every activation, as in torch (max.f32 would
+    turn NaN into 0 under relu)."""
+    x, w = randn(4, 32, dtype=FP16), randn(8, 32, dtype=FP16)
+    x[1, 3] = float("nan")
+    for act in ("relu", "silu", "gelu_tanh", None):
+        out = gemmkit.gemm_a16w16(x, w, activation=act, config=dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32))
+        assert torch.isnan(out[1]).all() and not torch.isnan(out[[0, 2, 3]]).any(), act
+
+
 def test_broadcast_operand_takes_the_pointer_path():
     """A stride-0 (expanded) x is correct under a TMA config, through pointer loads: a TMA
     descriptor with a zero row stride is not something to hand the driver."""

@@ -127,6 +127,17 @@ def test_empty_k_with_leading_dims(dynamic):
         torch.testing.assert_close(out, torch.relu(bias).expand(*lead, 8))
 
 
+def test_block_k_below_32_refused_for_8_bit():
+    """Triton refuses 8-bit dots with K < 32 on the GPU (the interpreter would run them)."""
+    x, w = _e4(4, 32), _e4(8, 32)
+    with pytest.raises(ValueError, match="BLOCK_K"):
+        gemmkit.gemm_a8w8(x, w, _ones(()), _ones(8), config=dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16))
+    x8 = operand(3, 8, INT8)  # K = 8: the derived config still uses BLOCK_K = 32, masked
+    w8 = operand(16, 8, INT8)
+    out = gemmkit.gemm_a8w8(x8, w8, _ones(()), _ones(16), out_dtype=FP32)
+    assert_close(out, reference(x8, w8, x_scale=_ones(()), w_scale=_ones(16)))
+
+
 def test_autograd_scales_and_y_refused():
     x, w = _e4(4, 32), _e4(8, 32)
     for name, args, kwargs in (

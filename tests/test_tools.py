@@ -32,6 +32,13 @@ def test_derived_configs_fit_the_device(dev, M, N, K):
         assert not cfg.TMA  # small M: no per-call descriptor cost
     fp8 = derive_config(M, N, K, dev, 1, 2)
     assert fp8.BLOCK_K >= cfg.BLOCK_K  # the 128-byte line holds twice the fp8 elements
+    assert fp8.BLOCK_K >= 32  # 8-bit tensor-core dots take K >= 32, whatever K is
+    from gemmkit.core.dense import shrink_config
+
+    c = fp8
+    while c is not None:  # shrinking (a config that did not fit at launch) keeps that bound too
+        assert c.BLOCK_K >= 32
+        c = shrink_config(c, cfgmod.min_block_k(1))
 
 
 def test_table_lookup(tmp_path, monkeypatch):

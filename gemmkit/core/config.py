@@ -50,6 +50,11 @@ def bucket_bound(bucket: str) -> int | None:
     return None if bucket == "any" else int(bucket.rsplit("_", 1)[1])
 
 
+def min_block_k(in_bytes: float) -> int:
+    """Smallest BLOCK_K the tensor cores take: 8-bit dots need K >= 32 (Triton refuses less)."""
+    return 32 if in_bytes <= 1 else 16
+
+
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -227,7 +232,7 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, in_bytes: float, out_
     block_k = max(16, int(128 // in_bytes))
     if small_m and K >= 8 * block_k:
         block_k *= 2
-    block_k = min(block_k, max(16, next_pow2(K)))
+    block_k = min(block_k, max(min_block_k(in_bytes), next_pow2(K)))
     num_warps = 8 if block_m * block_n >= 128 * 256 else 4
     use_tma = dev.has_tma and M >= TMA_MIN_M
     work = tiles(block_n)

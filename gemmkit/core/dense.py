@@ -13,7 +13,7 @@ import dataclasses
 import torch
 from triton.runtime.errors import OutOfResources
 
-from .config import GemmConfig, register_plan_cache, select_config
+from .config import GemmConfig, min_block_k, register_plan_cache, select_config
 from .device import DeviceInfo
 from .launcher import CachedLaunch, hook_set, launch_hooks
 
@@ -200,13 +200,13 @@ class TensorFacts:
         return self._ptr_mod16
 
 
-def shrink_config(cfg: GemmConfig) -> GemmConfig | None:
+def shrink_config(cfg: GemmConfig, min_block_k: int = 16) -> GemmConfig | None:
     """A config needing less shared memory (fewer stages, a split epilogue, smaller tiles)."""
     if cfg.num_stages > 2:
         return dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
     if cfg.TMA and not cfg.EPILOGUE_SUBTILE and cfg.BLOCK_N >= 32:
         return dataclasses.replace(cfg, EPILOGUE_SUBTILE=True)
-    if cfg.BLOCK_K > 16:
+    if cfg.BLOCK_K > min_block_k:
         return dataclasses.replace(cfg, BLOCK_K=cfg.BLOCK_K // 2)
     if cfg.BLOCK_N > 16:
         return dataclasses.replace(cfg, BLOCK_N=cfg.BLOCK_N // 2, EPILOGUE_SUBTILE=False)
@@ -312,7 +312,8 @@ class DensePlan:
         try:
             out = self._launch_regular(x, w, bias, y, a_scale, b_scale)
         except OutOfResources:
-            smaller = shrink_config(self.cfg) if self.auto_config and self.gemm.kernel is None else None
+            smaller = (shrink_config(self.cfg, min_block_k(self.w.element_size()))
+                       if self.auto_config and self.gemm.kernel is None else None)
             if smaller is None:
                 raise
             self._configure(smaller)

@@ -16,7 +16,7 @@ SCALE_ROWS_IN_REGISTERS = tl.constexpr(3)
 def activation(x, ACTIVATION: tl.constexpr):
     """Apply ACTIVATION ("none", "relu", "gelu_tanh", "silu") to an fp32 tile."""
     if ACTIVATION == "relu":
-        x = tl.maximum(x, 0.0)
+        x = tl.maximum(x, 0.0, propagate_nan=tl.PropagateNan.ALL)  # NaN stays NaN, as in torch.relu
     elif ACTIVATION == "gelu_tanh":
         # 0.5 x (1 + tanh(u)) == x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
         x = x * tl.sigmoid(1.5957691216057308 * (x + 0.044715 * x * x * x))

@@ -48,8 +48,10 @@ def scales_from_absmax(amax, QUANT: tl.constexpr):
     (scale 2^-126, the least normal float) so that 1 / scale stays finite."""
     qmax = quant_max(QUANT)
     amax_n = tl.maximum(amax, qmax * 1.1754943508222875e-38)
-    scale = tl.where(amax > 0, amax_n / qmax, 0.0)
-    inv = tl.where(amax > 0, qmax / amax_n, 0.0)
+    # div_rn: a plain `/` compiles to reciprocal-and-multiply (2 ulp), which the interpreter's
+    # exact division would not show
+    scale = tl.where(amax > 0, tl.div_rn(amax_n, qmax), 0.0)
+    inv = tl.where(amax > 0, tl.div_rn(qmax, amax_n), 0.0)
     return scale, inv
 
 
@@ -122,7 +124,7 @@ def quantize_tensor_kernel(
             tl.store(scale_out, s)
     else:
         s = tl.load(scale_in)
-        inv = tl.where(s > 0, tl.minimum(1.0 / s, 3.4028234663852886e38), 0.0)  # finite for a subnormal s
+        inv = tl.where(s > 0, tl.minimum(tl.div_rn(1.0, s), 3.4028234663852886e38), 0.0)  # finite for a subnormal s
     rows = off_r + tl.arange(0, BLOCK_R)
     row_ok = rows < R
     if INDEX_64:

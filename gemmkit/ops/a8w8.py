@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..core import validate as v
-from ..core.config import fit_to_smem, load_table, select_config
+from ..core.config import fit_to_smem, load_table, min_block_k, select_config
 from ..core.dense import DensePlan, PlanCache, capturing, plan_key, resolve_config
 from ..core.device import device_info
 
@@ -108,6 +108,8 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
     dev = device_info(device)
     op = "a8w8_int8" if w.dtype == torch.int8 else "a8w8_fp8"
     cfg = resolve_config(op, config, M, N, K, dev, 1, out_dtype.itemsize)
+    if cfg.BLOCK_K < min_block_k(1):
+        raise ValueError(f"config: BLOCK_K={cfg.BLOCK_K} is below {min_block_k(1)}, the least 8-bit tensor-core dots take")
     example_y = y2 if y2 is not None else torch.empty((M, N), dtype=out_dtype, device=device)
     common = dict(out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=x.ndim != 2, b_scale_mode=b_mode,
                   auto_config=config is None)
