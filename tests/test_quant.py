@@ -99,7 +99,7 @@ def test_tiny_rows_and_nan(target):
     """A nonzero absmax below qmax * 2^-126 gets the least normal scale (1 / scale stays finite:
     no NaN, no saturation of every value); NaNs are left out of the absmax, stay NaN in FP8 and
     become 0 in INT8."""
-    tiny = torch.tensor([1e-37, 5e-38, 0.0, -2.5e-38, 1e-39, 0.0, 0.0, 0.0], device=DEVICE)
+    tiny = torch.tensor([1e-37, 5e-38, 0.0, -2.5e-38, 3e-38, 0.0, 0.0, 0.0], device=DEVICE)
     nan_row = torch.tensor([1.0, float("nan"), -2.0, 0.5, 0.25, 1.5, -1.0, 0.0], device=DEVICE)
     normal = randn(8, dtype=torch.float32)
     t = torch.stack([tiny, nan_row, normal])
