@@ -167,13 +167,16 @@ def _max_offset(t: torch.Tensor) -> int:
 
 
 def resolve_config(op: str, config, M: int, N: int, K: int, dev: DeviceInfo, in_bytes, out_bytes) -> GemmConfig:
+    """The caller's config (checked against the operand width), else the table's or a derived one."""
     if config is None:
         return select_config(op, M, N, K, dev, in_bytes, out_bytes)
-    if isinstance(config, GemmConfig):
-        return config
-    if isinstance(config, dict):
-        return GemmConfig.from_dict(config)
-    raise TypeError(f"config must be None, a dict or a GemmConfig, got {type(config).__name__}")
+    if not isinstance(config, (dict, GemmConfig)):
+        raise TypeError(f"config must be None, a dict or a GemmConfig, got {type(config).__name__}")
+    cfg = GemmConfig.from_dict(config)
+    if cfg.BLOCK_K < min_block_k(in_bytes):
+        raise ValueError(f"config: BLOCK_K={cfg.BLOCK_K} is below {min_block_k(in_bytes)}, the least "
+                         f"{8 * in_bytes}-bit tensor-core dots take")
+    return cfg
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,13 +203,13 @@ class TensorFacts:
         return self._ptr_mod16
 
 
-def shrink_config(cfg: GemmConfig, min_block_k: int = 16) -> GemmConfig | None:
+def shrink_config(cfg: GemmConfig, least_block_k: int = 16) -> GemmConfig | None:
     """A config needing less shared memory (fewer stages, a split epilogue, smaller tiles)."""
     if cfg.num_stages > 2:
         return dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
     if cfg.TMA and not cfg.EPILOGUE_SUBTILE and cfg.BLOCK_N >= 32:
         return dataclasses.replace(cfg, EPILOGUE_SUBTILE=True)
-    if cfg.BLOCK_K > min_block_k:
+    if cfg.BLOCK_K > least_block_k:
         return dataclasses.replace(cfg, BLOCK_K=cfg.BLOCK_K // 2)
     if cfg.BLOCK_N > 16:
         return dataclasses.replace(cfg, BLOCK_N=cfg.BLOCK_N // 2, EPILOGUE_SUBTILE=False)

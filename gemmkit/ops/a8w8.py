@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..core import validate as v
-from ..core.config import fit_to_smem, load_table, min_block_k, select_config
+from ..core.config import fit_to_smem, load_table, select_config
 from ..core.dense import DensePlan, PlanCache, capturing, plan_key, resolve_config
 from ..core.device import device_info
 
@@ -32,8 +32,9 @@ def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=t
 
     x: (M, K) (or (*, K)), w: (N, K), both K-contiguous (stride 1 along K, as fp8/int8 tensor
     cores need): float8_e4m3fn / float8_e5m2 in any combination, or both int8.
-    x_scale: float32, one value (0-d or 1 element: per tensor) or M values ((M, 1), (M,), or x's
-    leading shape with or without a trailing 1, as quantize_fp8 returns it: per token). w_scale: float32, one value or N values ((1, N), (N,) or (N, 1): per channel).
+    x_scale: float32, one value (any shape of 1 element: per tensor) or M values ((M, 1), (M,),
+    or x's leading shape with or without a trailing 1, as quantize_fp8 returns it: per token).
+    w_scale: float32, one value or N values ((1, N), (N,) or (N, 1): per channel).
     Dynamic per-token quantization: pass x in bf16/fp16 with x_scale=None; x is quantized to w's
     type (inside the GEMM when called eagerly with small M, else by a one-pass quantizer first;
     both round the same way).
@@ -108,8 +109,6 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
     dev = device_info(device)
     op = "a8w8_int8" if w.dtype == torch.int8 else "a8w8_fp8"
     cfg = resolve_config(op, config, M, N, K, dev, 1, out_dtype.itemsize)
-    if cfg.BLOCK_K < min_block_k(1):
-        raise ValueError(f"config: BLOCK_K={cfg.BLOCK_K} is below {min_block_k(1)}, the least 8-bit tensor-core dots take")
     example_y = y2 if y2 is not None else torch.empty((M, N), dtype=out_dtype, device=device)
     common = dict(out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=x.ndim != 2, b_scale_mode=b_mode,
                   auto_config=config is None)

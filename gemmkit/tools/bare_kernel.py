@@ -3,7 +3,8 @@
 `python -m gemmkit.tools.codegen` compiles it beside `gemm_kernel` with the same tiles to check
 that composing the shared kernel from constexpr switches costs nothing in the K loop. C (M, N)
 = A (M, K) @ B (N, K)^T, optionally times per-row A scales and per-column B scales; host
-tensor descriptors; grouped tile order; one flattened, software-pipelined loop.
+tensor descriptors; grouped tile order; one flattened, software-pipelined loop. Self-contained
+on purpose (none of gemmkit's kernel pieces): it is the yardstick they are measured against.
 """
 
 import triton

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..core.device import device_info
-from .registry import get_op, model_shapes
+from .registry import get_op, model_shapes, op_dtype
 from .timing import time_eager_pair_us, time_eager_us, time_graphs_us
 from .tune import input_sets, rel_error
 
@@ -258,9 +258,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     argv_used = argv if argv is not None else sys.argv[2:]
     op = get_op(args.op)
-    dtype = args.dtype or op.dtypes[0]
-    if dtype not in op.dtypes:
-        raise SystemExit(f"--dtype for {args.op}: one of {op.dtypes}")
+    dtype = op_dtype(op, args.dtype)
     problems = bench_problems(op, args.shape, args.model, args.m_sweep)
     metric = args.metric or ("tflops" if op.gemm else "bandwidth")
 

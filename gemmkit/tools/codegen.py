@@ -74,10 +74,6 @@ def compile_gemm(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16
                  activation: str = "none", dev: DeviceInfo = H100) -> Binary:
     """Compile gemm_kernel for sm_90 as a launch of this problem would. a_scale / b_scale: "",
     "tensor" or "vector"; a_quant: "" or the in-kernel quantization target ("e4m3", ...)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from ..core.dense import DensePlan, _jit_kernel
 
     w_dtype = w_dtype or x_dtype
@@ -94,9 +90,32 @@ def compile_gemm(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16
             torch.empty(plan.num_tiles, dtype=torch.int32) if plan.pieces else None, None,
             scale.get(a_scale, torch.empty(M, dtype=torch.float32)),
             scale.get(b_scale, torch.empty(N, dtype=torch.float32)))
-    kernel = _jit_kernel()
+    return _compile(_jit_kernel(), (*head, *plan.gemm_tail), cfg)
+
+
+def compile_bare(M: int, N: int, K: int, cfg: GemmConfig, dtype=torch.float8_e4m3fn, out_dtype=torch.bfloat16,
+                 scales: bool = True, dev: DeviceInfo = H100) -> Binary:
+    """Compile tools/bare_kernel.py's tutorial-09-style kernel for sm_90 with cfg's tiles."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from .bare_kernel import bare_persistent_gemm
+
+    bm, bn, bk = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
+    descs = [TensorDescriptor.from_tensor(torch.empty(r, c, dtype=dt), block)
+             for r, c, dt, block in ((M, K, dtype, [bm, bk]), (N, K, dtype, [bn, bk]), (M, N, out_dtype, [bm, bn]))]
+    args = (*descs, torch.empty(M, dtype=torch.float32), torch.empty(N, dtype=torch.float32), M, N, K,
+            bm, bn, bk, cfg.GROUP_M, dev.num_sms, scales)
+    return _compile(bare_persistent_gemm, args, cfg)
+
+
+def _compile(kernel, args, cfg: GemmConfig) -> Binary:
+    """Compile a JIT kernel for sm_90 with the specialization a launch with `args` would get."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
     signature, constants, attrs = {}, {}, {}
-    for i, (param, value) in enumerate(zip(kernel.params, (*head, *plan.gemm_tail))):
+    for i, (param, value) in enumerate(zip(kernel.params, args)):
         if param.is_constexpr:
             signature[param.name], constants[(i,)] = "constexpr", value
             continue
@@ -107,32 +126,6 @@ def compile_gemm(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16
         elif div16:
             attrs[(i,)] = [["tt.divisibility", 16]]
     compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
-    return _inspect(compiled.asm["cubin"], compiled.metadata.shared)
-
-
-def compile_bare(M: int, N: int, K: int, cfg: GemmConfig, dtype=torch.float8_e4m3fn, out_dtype=torch.bfloat16,
-                 scales: bool = True, dev: DeviceInfo = H100) -> Binary:
-    """Compile tools/bare_kernel.py's tutorial-09-style kernel for sm_90 with cfg's tiles."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from .bare_kernel import bare_persistent_gemm
-
-    bm, bn, bk = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
-    ty, out = _TT_TYPES[dtype], _TT_TYPES[out_dtype]
-    signature = {"a_desc": f"tensordesc<{ty}[{bm}, {bk}]>", "b_desc": f"tensordesc<{ty}[{bn}, {bk}]>",
-                 "c_desc": f"tensordesc<{out}[{bm}, {bn}]>", "a_scale": "*fp32", "b_scale": "*fp32",
-                 "M": "i32", "N": "i32", "K": "i32"}
-    values = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.GROUP_M, NUM_SMS=dev.num_sms, SCALES=scales)
-    signature.update(dict.fromkeys(values, "constexpr"))
-    names = list(signature)
-    constants = {(names.index(k),): v for k, v in values.items()}
-    aligned = ["a_scale", "b_scale"] + [k for k, n in zip("MNK", (M, N, K)) if n % 16 == 0]
-    attrs = {(names.index(k),): [["tt.divisibility", 16]] for k in aligned}
-    compiled = triton.compile(ASTSource(bare_persistent_gemm, signature, constants, attrs),
-                              target=GPUTarget("cuda", 90, 32),
                               options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     return _inspect(compiled.asm["cubin"], compiled.metadata.shared)
 

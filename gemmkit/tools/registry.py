@@ -187,6 +187,14 @@ OPS = {
 }
 
 
+def op_dtype(op: ToolOp, requested: str | None) -> str:
+    """The --dtype to use: the requested one if the op has it (else SystemExit), or its first."""
+    dtype = requested or op.dtypes[0]
+    if dtype not in op.dtypes:
+        raise SystemExit(f"--dtype for {op.name}: one of {op.dtypes}")
+    return dtype
+
+
 def get_op(name: str) -> ToolOp:
     if name not in OPS:
         raise SystemExit(f"unknown op {name!r}; known: {', '.join(OPS)}")

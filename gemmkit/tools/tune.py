@@ -27,7 +27,7 @@ import torch
 
 from ..core.config import CONFIG_DIR, GemmConfig, clear_caches, m_bucket
 from ..core.device import device_info
-from .registry import get_op, model_shapes, search_space
+from .registry import get_op, model_shapes, op_dtype, search_space
 from .timing import rotation_count, time_graph_us, time_graphs_us
 
 
@@ -382,9 +382,7 @@ def main(argv=None):
     op = get_op(args.op)
     if op.table is None:
         raise SystemExit(f"{args.op} has no config table to tune")
-    dtype = args.dtype or op.dtypes[0]
-    if dtype not in op.dtypes:  # the table and the cache records are per dtype
-        raise SystemExit(f"--dtype for {args.op}: one of {op.dtypes}")
+    dtype = op_dtype(op, args.dtype)  # the table and the cache records are per dtype
     shapes = model_shapes(args.model) if args.model else []
     if args.shapes:
         if len(args.shapes) % 2:
