@@ -10,6 +10,7 @@ from gemmkit.core import config as cfgmod
 from gemmkit.core.config import GemmConfig, derive_config, m_bucket, select_config
 from gemmkit.core.device import DeviceInfo
 from gemmkit.tools import bench, registry, tune
+from conftest import DEVICE
 
 H100 = DeviceInfo("NVIDIA_H100_80GB_HBM3", (9, 0), 132, 232448, 50 << 20)
 A100 = DeviceInfo("NVIDIA_A100_SXM4_80GB", (8, 0), 108, 166912, 40 << 20)
@@ -254,7 +255,8 @@ def test_kernel_signature_tells_configs_apart(monkeypatch):
 
     monkeypatch.setattr(launcher, "launch_jit", fake_compile)
     a16w16._plans.clear()
-    x, w = torch.randn(8, 64, dtype=torch.float16), torch.randn(48, 64, dtype=torch.float16)
+    x = torch.randn(8, 64, dtype=torch.float16, device=DEVICE)
+    w = torch.randn(48, 64, dtype=torch.float16, device=DEVICE)
     base = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, num_stages=2)
 
     def sig(**cfg):  # as in a fresh tuner worker: no cached plan
@@ -322,7 +324,7 @@ def test_rotation_exceeds_l2_for_both_sides_and_dynamic_bytes():
     op = registry.get_op("a8w8_dynamic")
     M, N, K = 4, 64, 256
     dev = dataclasses.replace(INTERPRETER_DEVICE, l2_bytes=64 * 1024)
-    sets = tune.input_sets(op, M, N, K, "e4m3", dev, device="cpu")
+    sets = tune.input_sets(op, M, N, K, "e4m3", dev, device=DEVICE)
     ours, base = op.reads
     for keys in (ours, base):
         total = sum(s[k].numel() * s[k].element_size() for s in sets for k in keys)
