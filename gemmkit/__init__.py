@@ -10,12 +10,10 @@ import importlib
 
 __version__ = "0.1.0"
 
+from .registry import OPS as _OPS
+
 _EXPORTS = {
-    "gemm_a16w16": "gemmkit.ops.a16w16",
-    "gemm_a8w8": "gemmkit.ops.a8w8",
-    "quantize_fp8": "gemmkit.quant",
-    "quantize_int8": "gemmkit.quant",
-    "dequantize": "gemmkit.quant",
+    **{name: entry.module for name, entry in _OPS.items()},
     "GemmConfig": "gemmkit.core.config",
     "select_config": "gemmkit.core.config",
     "device_info": "gemmkit.core.device",

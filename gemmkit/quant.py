@@ -17,7 +17,7 @@ import torch
 
 from .core import validate as v
 from .core.config import next_pow2
-from .core.dense import PlanCache, contiguous_strides, plan_key
+from .core.plan import PlanCache, contiguous_strides, plan_key
 from .core.launcher import CachedLaunch
 
 FP8_TARGETS = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}

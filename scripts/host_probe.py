@@ -16,7 +16,7 @@ import triton.language as tl
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import gemmkit  # noqa: E402
 from gemmkit import quant  # noqa: E402
-from gemmkit.core import dense  # noqa: E402
+from gemmkit.core import dense, plan as plan_mod  # noqa: E402
 from gemmkit.ops import a8w8  # noqa: E402
 
 
@@ -48,15 +48,17 @@ ws = ws.reshape(1, N)
 x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
 xq, xs = quant.quantize_fp8(x, "row")
 gemmkit.gemm_a8w8(x, wq, None, ws)
-key = dense.plan_key((x, wq, None, ws, None, None), (None, torch.bfloat16, None))
+key = plan_mod.plan_key((x, wq, None, ws, None, None), (None, torch.bfloat16, None, True))
 plan = a8w8._plans[key]
 fused = plan.fused
 empty_kernel[(1,)](x, 7)
 ck = empty_kernel[(1,)](x, 7)
 out = torch.empty(1, N, device="cuda", dtype=torch.bfloat16)
-args_fused = (x.data_ptr(), wq.data_ptr(), out.data_ptr(), None, None, None, 0, ws.data_ptr(), *fused.gemm_tail)
+# the per-call arguments by name (gemm_kernel's signature starts with dense.PER_CALL), then the plan's tail
+per_call = dict(a=x.data_ptr(), b=wq.data_ptr(), c=out.data_ptr(), b_scale=ws.data_ptr())
+args_fused = (*[per_call.get(name) for name in dense.PER_CALL], *fused.tail)
 launch_direct = gemmkit.core.launcher.launch_direct
-direct = fused.gemm.direct
+direct = fused.launch.direct
 print("fast path bound:", fused.run != fused._call)
 
 rows = {
@@ -67,14 +69,14 @@ rows = {
     "torch.empty_strided": lambda: torch.empty_strided((1, N), (N, 1), dtype=torch.bfloat16, device=x.device),
     "torch._C._cuda_getCurrentRawStream": lambda: torch._C._cuda_getCurrentRawStream(0),
     "torch._C._cuda_getDevice": lambda: torch._C._cuda_getDevice(),
-    "dense.capturing()": dense.capturing,
-    "plan_key": lambda: dense.plan_key((x, wq, None, ws, None, None), (None, torch.bfloat16, None)),
+    "plan.capturing()": plan_mod.capturing,
+    "plan_key": lambda: plan_mod.plan_key((x, wq, None, ws, None, None), (None, torch.bfloat16, None, True)),
     "x.data_ptr() x3": lambda: (x.data_ptr(), wq.data_ptr(), out.data_ptr()),
     "empty_kernel[(1,)](x, 7)": lambda: empty_kernel[(1,)](x, 7),
     "empty kernel, C launcher": lambda: ck.run.launch(1, 1, 1, torch._C._cuda_getCurrentRawStream(0), ck.function,
                                                       False, False, None, None, ck.packed_metadata, None, None, None,
                                                       x.data_ptr(), 7),
-    "fused gemm, C launcher only": lambda: launch_direct(direct, fused.gemm.grid, args_fused, 0),
+    "fused gemm, C launcher only": lambda: launch_direct(direct, fused.launch.grid, args_fused, 0),
     "fused plan (DensePlan.run)": lambda: fused.run(x, wq, None, None, None, ws),
     "torch._C._cuda_isCurrentStreamCapturing": lambda: torch._C._cuda_isCurrentStreamCapturing(),
     "gemm_a8w8 dynamic (whole call)": lambda: gemmkit.gemm_a8w8(x, wq, None, ws),

@@ -213,13 +213,13 @@ def test_config_too_large_for_device_is_shrunk(monkeypatch):
 def test_split_k_counters_left_zero():
     """Split-K's arrival counters are reused by the next launch on the stream: every launch must
     leave them zero, whatever the tile count (here several shapes through one buffer)."""
-    from gemmkit.core import dense
+    from gemmkit.core import plan as plan_mod
 
     for M, N in ((5, 40), (33, 70), (1, 200)):
         x, w = randn(M, 96, dtype=FP16), randn(N, 96, dtype=FP16)
         out = gemmkit.gemm_a16w16(x, w, config=PATHS["ptr_splitk"])
         assert_close(out, reference(x, w))
-        assert dense._counters and all(int(c.abs().sum()) == 0 for c in dense._counters.values())
+        assert plan_mod._counters and all(int(c.abs().sum()) == 0 for c in plan_mod._counters.values())
 
 
 # (M, N, K) whose tile counts fall below, at and between multiples of the SM count, with K shares
@@ -235,7 +235,7 @@ STREAM_K_SHAPES = sizes(
 def test_stream_k_schedules(path, M, N, K):
     """Stream-K on every split of tiles into data-parallel waves and shared K iterations; the
     arrival counters are left zero for the next launch."""
-    from gemmkit.core import dense
+    from gemmkit.core import plan as plan_mod
     from gemmkit.ops import a16w16
 
     x, w = randn(M, K, dtype=BF16), randn(N, K, dtype=BF16)
@@ -246,8 +246,8 @@ def test_stream_k_schedules(path, M, N, K):
     plan = next(reversed(a16w16._plans.values()))
     cfg = plan.cfg
     tiles = -(-M // cfg.BLOCK_M) * -(-N // cfg.BLOCK_N)
-    assert plan.stream_k == (tiles % plan.gemm.grid[0] != 0 or tiles < plan.gemm.grid[0])
-    assert all(int(c.abs().sum()) == 0 for c in dense._counters.values())
+    assert plan.stream_k == (tiles % plan.launch.grid[0] != 0 or tiles < plan.launch.grid[0])
+    assert all(int(c.abs().sum()) == 0 for c in plan_mod._counters.values())
 
 
 def test_nan_propagates_through_relu():

@@ -12,6 +12,7 @@ import torch
 
 import gemmkit
 from gemmkit.core import dense, launcher
+from gemmkit.core import plan as plan_mod
 from gemmkit.ops import a8w8, a16w16
 from gemmkit import quant
 from conftest import DEVICE, ON_GPU, assert_close, kernel_paths, poisoned, randn, reference, sizes
@@ -59,9 +60,10 @@ def test_flat_path_passes_the_regular_arguments(monkeypatch, op, path):
     recorded = []
     compiled = types.SimpleNamespace(function="compiled kernel")
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 1234, raising=False)
+    monkeypatch.setattr(plan_mod, "_get_device", lambda: gemm_plan.device_index)
     monkeypatch.setattr(dense, "_get_device", lambda: gemm_plan.device_index)
-    gemm_plan.gemm.kernel = compiled
-    gemm_plan.gemm.direct = (compiled, lambda *args: recorded.append(args), ("lead",))
+    gemm_plan.launch.kernel = compiled
+    gemm_plan.launch.direct = (compiled, lambda *args: recorded.append(args), ("lead",))
 
     # workspaces must stay allocated until the launch (else the counters may get the same block)
     allocated, real_empty, real_counters = [], torch.empty_strided, dense.split_k_counters

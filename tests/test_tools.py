@@ -9,11 +9,14 @@ import gemmkit
 from gemmkit.core import config as cfgmod
 from gemmkit.core.config import GemmConfig, derive_config, m_bucket, select_config
 from gemmkit.core.device import DeviceInfo
+from gemmkit.core.formats import Scale, dense
 from gemmkit.tools import bench, registry, tune
 from conftest import DEVICE
 
 H100 = DeviceInfo("NVIDIA_H100_80GB_HBM3", (9, 0), 132, 232448, 50 << 20)
 A100 = DeviceInfo("NVIDIA_A100_SXM4_80GB", (8, 0), 108, 166912, 40 << 20)
+BF16 = dense(torch.bfloat16)
+FP8 = dense(torch.float8_e4m3fn, Scale.ROW)
 
 
 def test_m_buckets():
@@ -25,21 +28,19 @@ def test_m_buckets():
 @pytest.mark.parametrize("M", [1, 7, 16, 33, 64, 100, 256, 1000, 4096, 20000])
 @pytest.mark.parametrize("N,K", [(4096, 4096), (28672, 4096), (4096, 14336), (17, 8), (1, 1), (200, 5000)])
 def test_derived_configs_fit_the_device(dev, M, N, K):
-    cfg = derive_config(M, N, K, dev, 2, 2)
-    assert cfg.smem_bytes(2, 2) <= dev.smem_per_block
+    cfg = derive_config(M, N, K, dev, BF16, BF16, 2)
+    assert cfg.smem_bytes(BF16, BF16, 2) <= dev.smem_per_block
     assert cfg.TMA <= dev.has_tma
     assert cfg.BLOCK_M <= max(16, 2 * M) and cfg.BLOCK_K <= max(16, 2 * K)
     if M <= 64:
         assert not cfg.TMA  # small M: no per-call descriptor cost
-    fp8 = derive_config(M, N, K, dev, 1, 2)
+    fp8 = derive_config(M, N, K, dev, FP8, FP8, 2)
     assert fp8.BLOCK_K >= cfg.BLOCK_K  # the 128-byte line holds twice the fp8 elements
     assert fp8.BLOCK_K >= 32  # 8-bit tensor-core dots take K >= 32, whatever K is
-    from gemmkit.core.dense import shrink_config
-
     c = fp8
     while c is not None:  # shrinking (a config that did not fit at launch) keeps that bound too
         assert c.BLOCK_K >= 32
-        c = shrink_config(c, cfgmod.min_block_k(1))
+        c = cfgmod.shrink_config(c, FP8, FP8)
 
 
 def test_table_lookup(tmp_path, monkeypatch):
@@ -51,13 +52,14 @@ def test_table_lookup(tmp_path, monkeypatch):
     monkeypatch.setattr(cfgmod, "CONFIG_DIR", tmp_path)
     cfgmod.clear_caches()
     try:
-        pick = lambda M, N=100, K=100: select_config("a16w16", M, N, K, H100, 2, 2).BLOCK_M  # noqa: E731
+        pick = lambda M, N=100, K=100: select_config("a16w16", M, N, K, H100, BF16, BF16, 2).BLOCK_M  # noqa: E731
         assert pick(1) == 16 and pick(16) == 16
         assert pick(17) == 64 and pick(256) == 64  # smallest bucket >= M
         assert pick(257) == 128 and pick(10**6) == 128  # "any"
         assert pick(50, 4096, 4096) == 32  # exact (N, K) entry first
         assert pick(100, 4096, 4096) == 64  # ... then the generic buckets
-        assert select_config("a16w16", 8, 100, 100, A100, 2, 2) == derive_config(16, 100, 100, A100, 2, 2)
+        assert (select_config("a16w16", 8, 100, 100, A100, BF16, BF16, 2)
+                == derive_config(16, 100, 100, A100, BF16, BF16, 2))
     finally:
         cfgmod.clear_caches()
 
@@ -67,12 +69,12 @@ def test_derived_config_keeps_small_m_on_pointer_loads(M):
     """Selections are cached per M bucket; a bucket that straddles TMA_MIN_M must not hand the
     bucket bound's TMA config to the M below it (no table for this device: derived)."""
     dev = DeviceInfo("NVIDIA_H200_NO_TABLE", (9, 0), 132, 232448, 50 << 20)
-    for op in ("a16w16", "a8w8_fp8"):
-        assert select_config(op, M, 4096, 4096, dev, 2, 2).TMA == (M >= cfgmod.TMA_MIN_M)
+    for op, fmt in (("a16w16", BF16), ("a8w8_fp8", FP8)):
+        assert select_config(op, M, 4096, 4096, dev, fmt, fmt, 2).TMA == (M >= cfgmod.TMA_MIN_M)
     with pytest.raises(ValueError, match="M, N, K"):
-        select_config("a16w16", -1, 4096, 4096, dev, 2, 2)
-    with pytest.raises(ValueError, match="unknown op"):
-        select_config("a8w8", 16, 4096, 4096, dev, 2, 2)
+        select_config("a16w16", -1, 4096, 4096, dev, BF16, BF16, 2)
+    with pytest.raises(ValueError, match="unknown table"):
+        select_config("a8w8", 16, 4096, 4096, dev, FP8, FP8, 2)
 
 
 def test_shipped_tables_are_valid():
@@ -81,13 +83,13 @@ def test_shipped_tables_are_valid():
     assert {p.stem for p in tables} <= set(cfgmod.TABLES)
     assert {op.table for op in registry.OPS.values() if op.table} <= set(cfgmod.TABLES)
     for path in tables:
-        in_bytes = 1 if path.stem.startswith("a8w8") else 2
+        fmt = FP8 if path.stem.startswith("a8w8") else BF16
         table = json.loads(path.read_text())
         for entries in [table.get("buckets", {})] + list(table.get("shapes", {}).values()):
             for bucket, cfg in entries.items():
                 assert bucket == "any" or bucket.startswith("M_LEQ_")
                 c = GemmConfig.from_dict(cfg)
-                assert c.smem_bytes(in_bytes, 2) <= H100.smem_per_block
+                assert c.smem_bytes(fmt, fmt, 2) <= H100.smem_per_block
 
 
 @pytest.mark.parametrize("M", [1, 16, 32, 64, 256, 1024, 4096])
@@ -101,7 +103,8 @@ def test_search_space(M, name):
         for c in cands:
             tiles = -(-M // c.BLOCK_M) * -(-N // c.BLOCK_N)
             assert not c.STREAM_K or (c.PERSISTENT and tiles % H100.num_sms != 0)
-            assert c.smem_bytes(op.in_bytes, op.out_bytes) <= H100.smem_per_block
+            assert c.smem_bytes(*op.formats, op.out_bytes) <= H100.smem_per_block
+            assert not c.WARP_SPECIALIZE  # a no-op on sm_90: never enumerated there
             assert c.TMA == (M >= cfgmod.TMA_MIN_M)
             assert not c.TMA or max(c.BLOCK_M, c.BLOCK_N, c.BLOCK_K) <= 256  # TMA boxes
 
@@ -355,7 +358,7 @@ def test_shape_tuned_only_at_small_m_leaves_large_m_to_the_buckets(tmp_path, mon
     monkeypatch.setattr(cfgmod, "CONFIG_DIR", tmp_path)
     cfgmod.clear_caches()
     try:
-        assert select_config("a16w16", 16, 6144, 4096, H100, 2, 2).BLOCK_M == 16
-        assert select_config("a16w16", 4096, 6144, 4096, H100, 2, 2).BLOCK_M == 128
+        assert select_config("a16w16", 16, 6144, 4096, H100, BF16, BF16, 2).BLOCK_M == 16
+        assert select_config("a16w16", 4096, 6144, 4096, H100, BF16, BF16, 2).BLOCK_M == 128
     finally:
         cfgmod.clear_caches()

@@ -20,12 +20,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..registry import TABLES  # the ops' config tables (file names under configs/<DEVICE>/)
 from .device import DeviceInfo
+from .formats import OperandFormat, check_block_k
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-
-# The ops' config tables (file names under configs/<DEVICE>/).
-TABLES = ("a16w16", "a8w8_fp8", "a8w8_int8", "a8w8_fp8_dynamic")
 
 # Upper bounds of the M buckets; larger M falls in "any".
 M_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -48,11 +47,6 @@ def m_bucket(M: int) -> str:
 
 def bucket_bound(bucket: str) -> int | None:
     return None if bucket == "any" else int(bucket.rsplit("_", 1)[1])
-
-
-def min_block_k(in_bytes: float) -> int:
-    """Smallest BLOCK_K the tensor cores take: 8-bit dots need K >= 32 (Triton refuses less)."""
-    return 32 if in_bytes <= 1 else 16
 
 
 def _is_int(v) -> bool:
@@ -143,19 +137,17 @@ class GemmConfig:
             del d["STREAM_K"]
         return d
 
-    def smem_bytes(self, in_bytes: float, out_bytes: int, b_bytes: float | None = None, a_quant: bool = False) -> int:
+    def smem_bytes(self, a: OperandFormat, b: OperandFormat, out_bytes: int) -> int:
         """Shared memory the pipelined loop and a TMA-store epilogue need, as Triton 3.6 lays it out
         for sm_90 (within SMEM_SLACK on the tuner's search space, except a few stream-K and 64-row
-        subtiled configs far below the limit; checked with gemmkit.tools.codegen).
-        in_bytes: bytes per element of A (and of B unless b_bytes is given); a_quant: A is
-        quantized in the kernel (in_bytes is then its 16-bit width)."""
-        b_bytes = in_bytes if b_bytes is None else b_bytes
-        a_tile = self.BLOCK_M * self.BLOCK_K * in_bytes
-        b_tile = self.BLOCK_N * self.BLOCK_K * b_bytes
+        subtiled configs far below the limit; checked with gemmkit.tools.codegen)."""
+        a_tile = self.BLOCK_M * self.BLOCK_K * a.bytes
+        b_tile = self.BLOCK_N * self.BLOCK_K * b.bytes
         # Pointer loads feeding mma.sync (BLOCK_M < 64) keep num_stages - 1 tiles in flight;
         # warpgroup MMA reads operands from shared memory, all num_stages buffers of them.
         mma_sync = self.BLOCK_M < 64
         lagged = max(1, self.num_stages - 1)
+        a_quant = bool(a.quantize)
         if a_quant:  # A through registers (quantized there), then one converted tile in shared memory
             loop = (a_tile + b_tile) * lagged if mma_sync else a_tile * lagged + b_tile * self.num_stages
             loop += a_tile if mma_sync else self.BLOCK_M * self.BLOCK_K
@@ -169,22 +161,39 @@ class GemmConfig:
         # split-K stores through pointers (the last K slice of a tile runs the epilogue)
         return int(loop + (epilogue if self.TMA and self.SPLIT_K == 1 and not a_quant else 0))
 
-    def fits(self, dev: DeviceInfo, in_bytes: float, out_bytes: int, b_bytes: float | None = None,
-             a_quant: bool = False) -> bool:
+    def fits(self, dev: DeviceInfo, a: OperandFormat, b: OperandFormat, out_bytes: int) -> bool:
         """The estimate leaves SMEM_SLACK of the device's shared memory per block free."""
-        return self.smem_bytes(in_bytes, out_bytes, b_bytes, a_quant) <= dev.smem_per_block - SMEM_SLACK
+        return self.smem_bytes(a, b, out_bytes) <= dev.smem_per_block - SMEM_SLACK
 
 
-def fit_to_smem(cfg: GemmConfig, dev: DeviceInfo, a_bytes: float, b_bytes: float, out_bytes: int,
-                a_quant: bool = False) -> GemmConfig:
-    """`cfg` adjusted to fit the shared memory with operands and output of these widths (a table
-    entry tuned for a bf16 output may be asked for an fp32 one): first a split epilogue, then
-    fewer pipeline stages."""
-    fits = lambda c: c.fits(dev, a_bytes, out_bytes, b_bytes, a_quant)  # noqa: E731
-    if not fits(cfg) and cfg.TMA and not cfg.EPILOGUE_SUBTILE and cfg.BLOCK_N >= 32:
-        cfg = dataclasses.replace(cfg, EPILOGUE_SUBTILE=True)
-    while cfg.num_stages > 2 and not fits(cfg):
-        cfg = dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+def shrink_config(cfg: GemmConfig, a: OperandFormat, b: OperandFormat) -> GemmConfig | None:
+    """The next config of the one shrinking policy (fitting a table entry to other operand or output
+    widths, and a config that failed to launch): a split epilogue first (it costs no pipelining),
+    then fewer stages, then a shorter K step, then narrower tiles. None when nothing is left."""
+    least_k = max(a.min_block_k(), b.min_block_k())
+    if cfg.TMA and not cfg.EPILOGUE_SUBTILE and cfg.BLOCK_N >= 32:
+        return dataclasses.replace(cfg, EPILOGUE_SUBTILE=True)
+    if cfg.num_stages > 2:
+        return dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
+    if cfg.BLOCK_K > least_k:
+        return dataclasses.replace(cfg, BLOCK_K=cfg.BLOCK_K // 2)
+    if cfg.BLOCK_N > 16:
+        return dataclasses.replace(cfg, BLOCK_N=cfg.BLOCK_N // 2, EPILOGUE_SUBTILE=False)
+    return None
+
+
+def fit_to_smem(cfg: GemmConfig, dev: DeviceInfo, a: OperandFormat, b: OperandFormat, out_bytes: int) -> GemmConfig:
+    """`cfg` shrunk (shrink_config) until the estimate fits the device with these operands and
+    output (a table entry tuned for a bf16 output may be asked for an fp32 one), and its BLOCK_K
+    within what the operands take."""
+    most = [m for m in (a.max_block_k(), b.max_block_k()) if m]
+    if most and cfg.BLOCK_K > min(most):
+        cfg = dataclasses.replace(cfg, BLOCK_K=min(most))
+    while not cfg.fits(dev, a, b, out_bytes):
+        smaller = shrink_config(cfg, a, b)
+        if smaller is None:
+            break
+        cfg = smaller
     return cfg
 
 
@@ -214,7 +223,8 @@ def _pick_bucket(entries: dict | None, M: int) -> dict | None:
     return entries.get("any")
 
 
-def derive_config(M: int, N: int, K: int, dev: DeviceInfo, in_bytes: float, out_bytes: int) -> GemmConfig:
+def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,
+                  out_bytes: int) -> GemmConfig:
     """A config from the device's limits, for shapes and devices without a tuned entry.
 
     BLOCK_K spans one 128-byte line of the operand (64 bf16, 128 fp8), doubled when M is small and
@@ -229,10 +239,11 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, in_bytes: float, out_
     tiles = lambda bn: -(-M // block_m) * -(-N // bn)  # noqa: E731
     while small_m and block_n > 32 and tiles(block_n) < dev.num_sms:
         block_n //= 2
-    block_k = max(16, int(128 // in_bytes))
+    dot_bytes = max(a.dot_bits, b.dot_bits) / 8
+    block_k = max(16, int(128 // dot_bytes))
     if small_m and K >= 8 * block_k:
         block_k *= 2
-    block_k = min(block_k, max(min_block_k(in_bytes), next_pow2(K)))
+    block_k = min(block_k, max(max(a.min_block_k(), b.min_block_k()), next_pow2(K)))
     num_warps = 8 if block_m * block_n >= 128 * 256 else 4
     use_tma = dev.has_tma and M >= TMA_MIN_M
     work = tiles(block_n)
@@ -242,16 +253,17 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, in_bytes: float, out_
         split_k = max(1, min(dev.num_sms // work, k_tiles // 4, 16))
     persistent = use_tma and split_k == 1 and work > dev.num_sms
     subtile = use_tma and block_n >= 128 and block_m >= 128
-    cfg = GemmConfig(block_m, block_n, block_k, 8, split_k, num_warps, 2, use_tma, persistent, False, subtile)
-    stages = 2
-    while stages < 6 and dataclasses.replace(cfg, num_stages=stages + 1).fits(dev, in_bytes, out_bytes):
+    cfg = fit_to_smem(GemmConfig(block_m, block_n, block_k, 8, split_k, num_warps, 2, use_tma, persistent, False,
+                                 subtile), dev, a, b, out_bytes)
+    stages = cfg.num_stages
+    while stages < 6 and dataclasses.replace(cfg, num_stages=stages + 1).fits(dev, a, b, out_bytes):
         stages += 1
     return dataclasses.replace(cfg, num_stages=stages)
 
 
 @functools.lru_cache(maxsize=8192)
-def _select(op: str, bucket: str, below_tma: bool, N: int, K: int, dev: DeviceInfo, in_bytes: float,
-            out_bytes: int) -> GemmConfig:
+def _select(op: str, bucket: str, below_tma: bool, N: int, K: int, dev: DeviceInfo, a: OperandFormat,
+            b: OperandFormat, out_bytes: int) -> GemmConfig:
     table = load_table(dev.name, op)
     M = bucket_bound(bucket) or 2 * M_BUCKETS[-1]
     if below_tma:  # the bucket straddles TMA_MIN_M: derive for an M below it
@@ -260,17 +272,33 @@ def _select(op: str, bucket: str, below_tma: bool, N: int, K: int, dev: DeviceIn
         for entries in (table.get("shapes", {}).get(f"{N},{K}"), table.get("buckets")):
             cfg = _pick_bucket(entries, M)
             if cfg is not None:
-                return fit_to_smem(GemmConfig.from_dict(cfg), dev, in_bytes, in_bytes, out_bytes)
-    return derive_config(M, N, K, dev, in_bytes, out_bytes)
+                return fit_to_smem(GemmConfig.from_dict(cfg), dev, a, b, out_bytes)
+    return derive_config(M, N, K, dev, a, b, out_bytes)
 
 
-def select_config(op: str, M: int, N: int, K: int, dev: DeviceInfo, in_bytes: float, out_bytes: int) -> GemmConfig:
-    """The config for this op and shape on this device: tuned entry, else derived."""
+def select_config(op: str, M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,
+                  out_bytes: int) -> GemmConfig:
+    """The config for this op and shape on this device, with these operand formats: tuned entry,
+    else derived."""
     if op not in TABLES:
-        raise ValueError(f"select_config: unknown op {op!r}; one of {TABLES}")
+        raise ValueError(f"select_config: unknown table {op!r}; one of {TABLES}")
     if M < 0 or N < 0 or K < 0:
         raise ValueError(f"select_config: M, N, K must be >= 0, got {(M, N, K)}")
-    return _select(op, m_bucket(M), M < TMA_MIN_M, N, K, dev, in_bytes, out_bytes)
+    return _select(op, m_bucket(M), M < TMA_MIN_M, N, K, dev, a, b, out_bytes)
+
+
+def resolve_config(table: str, config, M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat,
+                   b: OperandFormat, out_bytes: int) -> GemmConfig:
+    """The caller's config (checked against the operands), else the table's or a derived one."""
+    if config is None:
+        return select_config(table, M, N, K, dev, a, b, out_bytes)
+    if not isinstance(config, (dict, GemmConfig)):
+        raise TypeError(f"config must be None, a dict or a GemmConfig, got {type(config).__name__}")
+    cfg = GemmConfig.from_dict(config)
+    why = check_block_k(cfg.BLOCK_K, a, b)
+    if why:
+        raise ValueError(f"config: {why}")
+    return cfg
 
 
 _plan_caches: list = []

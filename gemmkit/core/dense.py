@@ -1,27 +1,28 @@
-"""Host side of the shared dense GEMM: plans, operand layouts, TMA descriptors, grid, launch.
+"""Host side of the shared dense GEMM: operand layouts, TMA descriptors, grid, and `DensePlan`.
 
-A `DensePlan` holds everything about a call that depends only on shapes, strides, dtypes,
-devices and pointer alignments. Ops build one after validating their arguments and cache it under
-`plan_key(...)`; a repeated call with the same key skips validation, config lookup and Triton's
-argument binding, and costs one dict lookup plus the launch.
+A `DensePlan` fixes everything about one dense (M, N) problem that depends only on tensor facts
+(gemmkit.core.plan) and launches `gemm_kernel` with the kernel switches its operand formats and
+epilogue spec select.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
-from triton.runtime.errors import OutOfResources
 
-from .config import GemmConfig, min_block_k, register_plan_cache, select_config
+from ..kernels import modes
+from .config import GemmConfig
 from .device import DeviceInfo
+from .epilogue import EpilogueSpec
+from .formats import OperandFormat, Scale
 from .launcher import CachedLaunch, hook_set, launch_hooks
+from .plan import (PlanBase, TensorFacts, _get_device, contiguous_strides, kernel_tail, overlapping_input,
+                   split_k_counters)
 
 _INT32_MAX = 2**31 - 1
-_get_device = getattr(torch._C, "_cuda_getDevice", None)
-_grad_enabled = torch.is_grad_enabled
-_stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 _kernels: dict = {}
+
+# gemm_kernel's per-call parameters, first in its signature, in this order
+PER_CALL = ("a", "b", "c", "ws", "counters", "bias", "a_scale", "b_scale", "mul", "add")
 
 
 def _jit_kernel():
@@ -33,84 +34,8 @@ def _jit_kernel():
     return _kernels["gemm"]
 
 
-def capturing() -> bool:
-    """True while the current CUDA stream is being captured into a graph."""
-    return torch.cuda.is_initialized() and _stream_capturing()
-
-
-_counters: dict = {}
-
-
-def split_k_counters(device: torch.device, device_index: int, n: int) -> torch.Tensor:
-    """n int32 zeros for the split-K arrival counters of one launch (the kernel leaves them zero).
-
-    Eagerly: one buffer per (device, stream), reused; launches on one stream run in order, and
-    launches on different streams get different buffers. Under graph capture: a fresh zeroed
-    buffer per call (its zeroing is captured with the GEMM), so graphs share nothing."""
-    if device.type != "cuda":
-        key = (device.type, 0)
-    elif capturing():
-        return torch.zeros(n, dtype=torch.int32, device=device)
-    else:
-        key = (device_index, torch._C._cuda_getCurrentRawStream(device_index))
-    buf = _counters.get(key)
-    if buf is None or buf.numel() < n:
-        buf = _counters[key] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-    return buf
-
-
-# ---------------------------------------------------------------------------------------------
-# plan cache keys
-
-
-def plan_key(tensors, extras):
-    """A key covering every fact a plan depends on, or None (then: build a plan, which validates
-    and raises on bad input): per tensor its shape, strides, dtype, device, pointer alignment and
-    requires_grad, and the grad mode (plans refuse autograd inputs). It may still be unhashable
-    (an odd argument in `extras`): PlanCache.plan_for then builds the plan."""
-    try:
-        return (tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15,
-                                                t.requires_grad) for t in tensors]), extras, _grad_enabled())
-    except (AttributeError, RuntimeError, NotImplementedError):  # not a tensor; sparse or nested
-        return None
-
-
-class PlanCache(dict):
-    """Plans by key, bounded: a serving process sees many distinct M values."""
-
-    def __init__(self, capacity: int = 4096):
-        super().__init__()
-        self.capacity = capacity
-        register_plan_cache(self)
-
-    def plan_for(self, key, build, *args):
-        """The plan cached under `key`, else `build(*args)` (which validates), cached."""
-        try:
-            return self[key]  # (a None key is never stored)
-        except KeyError:
-            pass
-        except TypeError:  # unhashable key: a plan for this call only
-            key = None
-        plan = build(*args)
-        if key is not None:
-            if len(self) >= self.capacity:
-                self.clear()
-            self[key] = plan
-        return plan
-
-
 # ---------------------------------------------------------------------------------------------
 # layouts and descriptors
-
-
-def contiguous_strides(shape) -> tuple:
-    """Strides of a contiguous tensor of this shape (for torch.empty_strided, which parses its
-    arguments faster than torch.empty: 4.0 vs 5.8 µs on the H100 host, scripts/host_probe.py)."""
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 def operand_layout(t: torch.Tensor):
@@ -166,96 +91,55 @@ def _max_offset(t: torch.Tensor) -> int:
     return sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
 
 
-def resolve_config(op: str, config, M: int, N: int, K: int, dev: DeviceInfo, in_bytes, out_bytes) -> GemmConfig:
-    """The caller's config (checked against the operand width), else the table's or a derived one."""
-    if config is None:
-        return select_config(op, M, N, K, dev, in_bytes, out_bytes)
-    if not isinstance(config, (dict, GemmConfig)):
-        raise TypeError(f"config must be None, a dict or a GemmConfig, got {type(config).__name__}")
-    cfg = GemmConfig.from_dict(config)
-    if cfg.BLOCK_K < min_block_k(in_bytes):
-        raise ValueError(f"config: BLOCK_K={cfg.BLOCK_K} is below {min_block_k(in_bytes)}, the least "
-                         f"{8 * in_bytes}-bit tensor-core dots take")
-    return cfg
+def _strides_2d(t) -> tuple:
+    return (0, 0) if t is None else tuple(t.stride())
 
 
-# ---------------------------------------------------------------------------------------------
-# the plan
+class DensePlan(PlanBase):
+    """y (M, N) = epilogue(x (M, K) @ w (N, K)^T) for fixed tensor facts and operand formats.
 
-
-class TensorFacts:
-    """What a plan needs of a tensor (shape, strides, dtype, element size, device, 16-byte
-    alignment), without keeping the tensor alive."""
-
-    __slots__ = ("shape", "_stride", "dtype", "_element_size", "device", "_ptr_mod16")
-
-    def __init__(self, t: torch.Tensor):
-        self.shape, self._stride, self.dtype = tuple(t.shape), tuple(t.stride()), t.dtype
-        self._element_size, self.device, self._ptr_mod16 = t.element_size(), t.device, t.data_ptr() % 16
-
-    def stride(self):
-        return self._stride
-
-    def element_size(self):
-        return self._element_size
-
-    def data_ptr(self):  # only its alignment is known
-        return self._ptr_mod16
-
-
-def shrink_config(cfg: GemmConfig, least_block_k: int = 16) -> GemmConfig | None:
-    """A config needing less shared memory (fewer stages, a split epilogue, smaller tiles)."""
-    if cfg.num_stages > 2:
-        return dataclasses.replace(cfg, num_stages=cfg.num_stages - 1)
-    if cfg.TMA and not cfg.EPILOGUE_SUBTILE and cfg.BLOCK_N >= 32:
-        return dataclasses.replace(cfg, EPILOGUE_SUBTILE=True)
-    if cfg.BLOCK_K > least_block_k:
-        return dataclasses.replace(cfg, BLOCK_K=cfg.BLOCK_K // 2)
-    if cfg.BLOCK_N > 16:
-        return dataclasses.replace(cfg, BLOCK_N=cfg.BLOCK_N // 2, EPILOGUE_SUBTILE=False)
-    return None
-
-
-class DensePlan:
-    """y (M, N) = activation(x (M, K) @ w (N, K)^T * scales + bias) for fixed tensor facts.
-
-    Built from validated example arguments (M, N, K >= 1). Call it with tensors that have the
-    same facts (the plan key guarantees it). `out_shape`: the shape returned to the user ((M, N)
-    or (*, N)); x is reshaped to (M, K) when `flatten_x`. With `auto_config` (the config was not
-    the caller's choice), a config that turns out not to fit the device at its first launch is
-    shrunk until it does.
+    Built from validated example arguments (M, N, K >= 1): `x2` (M, K) (the stored A, 16-bit when
+    `a_fmt.quantize`), `w`, `y2` (M, N), and `inputs`: example tensors (or None) for "bias",
+    "a_scale", "b_scale", "mul", "add" (mul/add as (M, N) views, stride 0 where broadcast). Call
+    it as `run(x, w, bias, y, a_scale, b_scale, mul, add)` with tensors of the same facts (the
+    plan key guarantees it). `out_shape`: the shape returned to the user ((M, N) or (*, N)); x is
+    reshaped to (M, K) when `flatten_x`. `exact_accumulation`: float dots promote each K tile's
+    partial sum to fp32 (PROMOTE_TILE) instead of accumulating in the tensor cores (FP8's fast
+    accumulation); K-block scales always promote.
     """
 
-    def __init__(self, x2, w, y2, bias, activation: str, cfg: GemmConfig, dev: DeviceInfo, *,
-                 out_dtype, out_shape, flatten_x: bool, a_scale_mode: int = 0, b_scale_mode: int = 0,
-                 a_quant: str = "", auto_config: bool = False):
+    def __init__(self, x2, w, y2, a_fmt: OperandFormat, b_fmt: OperandFormat, epilogue: EpilogueSpec,
+                 cfg: GemmConfig, dev: DeviceInfo, *, out_dtype, out_shape, flatten_x: bool, inputs=None,
+                 auto_config: bool = False, exact_accumulation: bool = False):
+        inputs = inputs or {}
         self.x, self.w, self.y = TensorFacts(x2), TensorFacts(w), TensorFacts(y2)
+        self.inputs = {k: (None if t is None else TensorFacts(t)) for k, t in inputs.items()}
         self.M, self.K = x2.shape
         self.N = w.shape[0]
-        self.activation, self.dev, self.auto_config = activation, dev, auto_config
-        self.a_scale_mode, self.b_scale_mode, self.a_quant = a_scale_mode, b_scale_mode, a_quant
+        self.formats, self.epilogue, self.dev, self.auto_config = (a_fmt, b_fmt), epilogue, dev, auto_config
         self.out_dtype, self.out_shape, self.flatten_x = out_dtype, tuple(out_shape), flatten_x
+        self.exact_accumulation = exact_accumulation
         self.device = x2.device
         self.device_index = x2.device.index or 0
         self.cuda = x2.device.type == "cuda"
-        self.int_dot = w.dtype == torch.int8
         self._configure(cfg)
 
     def _configure(self, cfg: GemmConfig) -> None:
-        x2, w, y2, dev, a_quant = self.x, self.w, self.y, self.dev, self.a_quant
+        x2, w, y2, dev = self.x, self.w, self.y, self.dev
+        a_fmt, b_fmt = self.formats
         M, N, K = self.M, self.N, self.K
         self.cfg = cfg
         bm, bn, bk = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
-        # in-kernel quantization of A keeps its scales in registers: no TMA for A, no split epilogue
         split_k = cfg.SPLIT_K
+        quant_a = a_fmt.quantize  # A through registers: pointer loads, no split epilogue
 
         x_layout, w_layout = operand_layout(x2), operand_layout(w)
         want_tma = cfg.TMA and dev.has_tma
-        self.a_desc = _operand_descriptor(x2, x_layout, bm, bk) if want_tma and not a_quant else None
+        self.a_desc = _operand_descriptor(x2, x_layout, bm, bk) if want_tma and not quant_a else None
         self.b_desc = _operand_descriptor(w, w_layout, bn, bk) if want_tma else None
         self.c_desc = None
         s_cm, s_cn = y2.stride()
-        subtile = cfg.EPILOGUE_SUBTILE and split_k == 1 and not a_quant
+        subtile = cfg.EPILOGUE_SUBTILE and split_k == 1 and not quant_a
         if split_k == 1 and want_tma and (s_cn == 1 or N == 1):
             bn_store = bn // 2 if subtile else bn
             s_cm_eff = s_cm if M > 1 else N
@@ -276,78 +160,80 @@ class DensePlan:
             ragged = num_tiles % grid
             sk_tiles = num_tiles if num_tiles < grid else (grid + ragged if ragged else 0)
         self.stream_k = sk_tiles > 0
-        flatten = cfg.PERSISTENT and split_k == 1 and not a_quant
+        flatten = cfg.PERSISTENT and split_k == 1 and not quant_a
         warp_specialize = cfg.WARP_SPECIALIZE and flatten and self.a_desc is not None and self.b_desc is not None
         a_km, s_am, s_ak = x_layout
         b_km, s_bn, s_bk = w_layout
-        act, a_mode, b_mode = self.activation, self.a_scale_mode, self.b_scale_mode
-        # gemm_kernel's parameters after (a, b, c, bias, a_scale, b_scale), in signature order
-        self.gemm_tail = (
-            M, N, K, s_am, s_ak, s_bn, s_bk, s_cm, s_cn, sk_tiles,
-            bm, bn, bk, cfg.GROUP_M, split_k, self.stream_k,
-            self.a_desc is not None, a_km, self.b_desc is not None, b_km, self.c_desc is not None,
-            K % bk == 0, index_64, self.int_dot,
-            a_mode, b_mode, act,
-            flatten, warp_specialize, subtile, a_quant,
-        )
-        # partial tiles (kernels/reduce.py): one block per (tile, K slice), or two per program
+        kblock = Scale.KBLOCK in (a_fmt.scale, b_fmt.scale) or quant_a == "group"
+        ep, inputs = self.epilogue, self.inputs
+        s_asm, s_ask = _strides_2d(inputs.get("a_scale")) if a_fmt.scale == Scale.KBLOCK else (0, 0)
+        s_bsn, s_bsk = _strides_2d(inputs.get("b_scale")) if b_fmt.scale == Scale.KBLOCK else (0, 0)
+        s_mul, s_add = _strides_2d(inputs.get("mul")), _strides_2d(inputs.get("add"))
+        # accumulate in int32 only where no scale joins inside the K loop
+        acc_int = a_fmt.integer and b_fmt.integer and not kblock
+        self.tail = kernel_tail(_jit_kernel(), PER_CALL, dict(
+            M=M, N=N, K=K, stride_am=s_am, stride_ak=s_ak, stride_bn=s_bn, stride_bk=s_bk, stride_cm=s_cm,
+            stride_cn=s_cn, stride_asm=s_asm, stride_ask=s_ask, stride_bsn=s_bsn, stride_bsk=s_bsk,
+            stride_mul_m=s_mul[0], stride_mul_n=s_mul[1], stride_add_m=s_add[0], stride_add_n=s_add[1],
+            sk_tiles=sk_tiles, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.GROUP_M, SPLIT_K=split_k,
+            STREAM_K=self.stream_k, TILE_MAP=modes.MAP_DENSE.value,
+            A_TMA=self.a_desc is not None, A_K_MAJOR=a_km, B_TMA=self.b_desc is not None, B_K_MAJOR=b_km,
+            C_TMA=self.c_desc is not None, EVEN_K=K % bk == 0, INDEX_64=index_64,
+            A_PRODUCER={"": modes.A_DENSE, "row": modes.A_QUANT_ROW, "group": modes.A_QUANT_GROUP}[quant_a].value,
+            B_PRODUCER=modes.B_DENSE.value, QUANT=a_fmt.quant_target, ACC_INT=acc_int,
+            PROMOTE=(modes.PROMOTE_KBLOCK if kblock else modes.PROMOTE_TILE if self.exact_accumulation and not acc_int
+                     else modes.PROMOTE_NONE).value,
+            A_SCALE=int(a_fmt.scale), B_SCALE=int(b_fmt.scale),
+            GROUP_K=max(a_fmt.group_k, b_fmt.group_k, 1), GROUP_N=max(b_fmt.group_rows, 1),
+            ACTIVATION=ep.activation, FLATTEN=flatten, WARP_SPECIALIZE=warp_specialize, EPILOGUE_SUBTILE=subtile,
+        ))
+        # partial tiles (kernels/reduce.py): one block per (tile, K slice), or two per program;
+        # int32 where the pieces' sums are (unscaled int8 products), else fp32
         self.pieces = split_k > 1 or self.stream_k
         self.ws_shape = (2 * grid if self.stream_k else num_tiles * split_k, bm, bn)
-        self.ws_dtype = torch.int32 if self.int_dot else torch.float32
+        self.ws_dtype = torch.int32 if acc_int and not quant_a else torch.float32
         self.num_tiles = num_tiles
-        self.gemm = CachedLaunch(_jit_kernel(), (grid,), cfg.num_warps, cfg.num_stages, self.device_index)
-        self._launch_regular = self._per_call()
-        # run(x, w, bias, y, a_scale, b_scale): the quickest way to call this plan (the direct
-        # launch once the first call has compiled the kernel)
-        self.run = self._call
+        self.launch = CachedLaunch(_jit_kernel(), (grid,), cfg.num_warps, cfg.num_stages, self.device_index)
+        self._bind()
 
-    def __call__(self, x, w, bias=None, y=None, a_scale=None, b_scale=None):
-        return self.run(x, w, bias, y, a_scale, b_scale)
-
-    def _call(self, x, w, bias, y, a_scale, b_scale):
-        # (torch.cuda.current_device() without its lazy-init check: a CUDA plan has CUDA tensors)
-        if self.cuda and _get_device() != self.device_index:
-            with torch.cuda.device(self.device_index):
-                return self._run(x, w, bias, y, a_scale, b_scale)
-        return self._run(x, w, bias, y, a_scale, b_scale)
-
-    def _run(self, x, w, bias, y, a_scale, b_scale):
-        try:
-            out = self._launch_regular(x, w, bias, y, a_scale, b_scale)
-        except OutOfResources:
-            smaller = (shrink_config(self.cfg, min_block_k(self.w.element_size()))
-                       if self.auto_config and self.gemm.kernel is None else None)
-            if smaller is None:
-                raise
-            self._configure(smaller)
-            return self._run(x, w, bias, y, a_scale, b_scale)
-        if self.run == self._call and self.gemm.kernel is not None:
-            parts = self.gemm.direct_parts()
-            if parts is not None:
-                self.run = self._per_call(parts)
-        return out
+    def head(self, x, w, c, ws, counters, bias, a_scale, b_scale, mul, add, checked: bool = True) -> tuple:
+        """gemm_kernel's per-call arguments (PER_CALL order) for the regular (Triton) launch."""
+        a_desc, b_desc, c_desc = self.a_desc, self.b_desc, self.c_desc
+        return (x if a_desc is None else a_desc(x, checked), w if b_desc is None else b_desc(w, checked),
+                c if c_desc is None else c_desc(c, checked), ws, counters, bias, a_scale, b_scale, mul, add)
 
     def _per_call(self, direct=None):
-        """The work of one call as a flat function of (x, w, bias, y, a_scale, b_scale), each
-        decision the plan fixes taken here once. direct=None: launch through CachedLaunch
+        """The work of one call as a flat function of (x, w, bias, y, a_scale, b_scale, mul, add),
+        each decision the plan fixes taken here once. direct=None: launch through CachedLaunch
         (Triton's regular path the first time: compiles and validates the layouts). direct (from
         CachedLaunch.direct_parts, after the first launch): call Triton's C launcher with raw
         pointers, what every later call on the plan's device does; eagerly, a decode-sized GEMM
         costs the host more than the GPU (README, "Host cost")."""
         M, N, K, idx, device = self.M, self.N, self.K, self.device_index, self.device
-        out_shape, out_dtype, tail = self.out_shape, self.out_dtype, self.gemm_tail
+        out_shape, out_dtype, tail = self.out_shape, self.out_dtype, self.tail
         flatten_x, view_out = self.flatten_x, len(self.out_shape) != 2
         a_desc, b_desc, c_desc = self.a_desc, self.b_desc, self.c_desc
         pieces, ws_shape, ws_dtype, num_tiles = self.pieces, self.ws_shape, self.ws_dtype, self.num_tiles
         out_strides, ws_strides = contiguous_strides(out_shape), contiguous_strides(ws_shape)
-        empty, gemm, flat = torch.empty_strided, self.gemm, direct is not None
+        empty, launch_regular, head, flat = torch.empty_strided, self.launch, self.head, direct is not None
+        y_extent = self.y.extent
+        extents = {k: (0 if f is None else f.extent) for k, f in self.inputs.items()}
+        x_ext, w_ext, bias_ext = self.x.extent, self.w.extent, extents.get("bias", 0)
+        as_ext, bs_ext, mul_ext, add_ext = (extents.get(k, 0) for k in ("a_scale", "b_scale", "mul", "add"))
         if flat:
             launch, gx, gy, gz, function, lead = direct
             stream, hook, slow = torch._C._cuda_getCurrentRawStream, launch_hooks(), self._call
 
-        def per_call(x, w, bias, y, a_scale, b_scale):
+        def per_call(x, w, bias, y, a_scale, b_scale, mul=None, add=None):
             if flat and (_get_device() != idx or hook_set(hook)):  # another device current, or a profiler
-                return slow(x, w, bias, y, a_scale, b_scale)
+                return slow(x, w, bias, y, a_scale, b_scale, mul, add)
+            if y is not None:
+                clash = overlapping_input(y, y_extent, (("x", x, x_ext), ("w", w, w_ext), ("bias", bias, bias_ext),
+                                                        ("x_scale", a_scale, as_ext), ("w_scale", b_scale, bs_ext),
+                                                        ("mul", mul, mul_ext), ("add", add, add_ext)))
+                if clash:
+                    raise ValueError(f"y shares memory with {clash}: the output must not overlap an input "
+                                     "(other programs would still read what one has written)")
             if flatten_x:
                 x = x.reshape(M, K)
             out = empty(out_shape, out_strides, dtype=out_dtype, device=device) if y is None else y
@@ -367,11 +253,13 @@ class DensePlan:
                        None if bias is None else bias.data_ptr(),
                        None if a_scale is None else a_scale.data_ptr(),
                        None if b_scale is None else b_scale.data_ptr(),
+                       None if mul is None else mul.data_ptr(),
+                       None if add is None else add.data_ptr(),
                        *tail)
             else:
-                checked = gemm.kernel is not None  # layouts were validated when the first call built the descriptors
-                gemm((x if a_desc is None else a_desc(x, checked), w if b_desc is None else b_desc(w, checked),
-                      c if c_desc is None else c_desc(c, checked), ws, counters, bias, a_scale, b_scale), tail)
+                # layouts were validated when the first call built the descriptors
+                launch_regular(head(x, w, c, ws, counters, bias, a_scale, b_scale, mul, add,
+                                    launch_regular.kernel is not None), tail)
             return out
 
         return per_call

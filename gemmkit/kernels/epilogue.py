@@ -3,13 +3,7 @@
 import triton
 import triton.language as tl
 
-# Scale modes of the epilogue (A_SCALE / B_SCALE): none, one scalar, one value per row of A
-# (per token) or per row of B (per output channel) loaded from memory, or (A only) the tile's
-# per-row scales already in registers (computed in-kernel by dynamic quantization).
-SCALE_NONE = tl.constexpr(0)
-SCALE_TENSOR = tl.constexpr(1)
-SCALE_VECTOR = tl.constexpr(2)
-SCALE_ROWS_IN_REGISTERS = tl.constexpr(3)
+from .modes import SCALE_ROW, SCALE_TENSOR
 
 
 @triton.jit
@@ -26,41 +20,42 @@ def activation(x, ACTIVATION: tl.constexpr):
 
 
 @triton.jit
+def _operand_tile(t, rm, rn, M, N, stride_m, stride_n):
+    """The (BLOCK_M, BLOCK_N) tile of an (M, N) epilogue input at rows rm, columns rn, as fp32
+    (a broadcast input has stride 0 along the broadcast dimensions)."""
+    ptrs = t + rm[:, None] * stride_m + rn[None, :] * stride_n
+    return tl.load(ptrs, mask=(rm[:, None] < M) & (rn[None, :] < N), other=0.0).to(tl.float32)
+
+
+@triton.jit
 def finish_tile(
-    acc,
-    off_m,
-    off_n,
-    M,
-    N,
-    bias,
-    a_scale,
-    a_rows,
-    b_scale,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    A_SCALE: tl.constexpr,
-    B_SCALE: tl.constexpr,
+    acc, off_m, off_n, M, N, bias, a_scale, b_scale, mul, add,
+    stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, A_SCALE: tl.constexpr, B_SCALE: tl.constexpr,
     ACTIVATION: tl.constexpr,
 ):
-    """(acc * a_scale * b_scale + bias) then ACTIVATION, in fp32, for the tile at (off_m, off_n).
+    """activation(acc * a_scale * b_scale + bias) * mul + add, in fp32, for the tile at (off_m, off_n).
 
-    `bias` is None or an (N,) vector; `a_scale` an (M,) or 1-element vector, or with
-    SCALE_ROWS_IN_REGISTERS `a_rows`, the tile's (BLOCK_M,) scales; `b_scale` an (N,) or 1-element
-    vector; as selected by A_SCALE / B_SCALE.
+    `a_scale`: (M,) or 1-element vector; `b_scale`: (N,) or 1-element vector, as A_SCALE /
+    B_SCALE select (other kinds were applied in the K loop). `bias`: None or (N,). `mul`, `add`: None or (M, N) inputs
+    with the given strides (0 along broadcast dimensions).
     """
     out = acc.to(tl.float32)
     rm = off_m + tl.arange(0, BLOCK_M)
     rn = off_n + tl.arange(0, BLOCK_N)
     if A_SCALE == SCALE_TENSOR:
         out = out * tl.load(a_scale)
-    elif A_SCALE == SCALE_VECTOR:
+    elif A_SCALE == SCALE_ROW:
         out = out * tl.load(a_scale + rm, mask=rm < M, other=0.0)[:, None]
-    elif A_SCALE == SCALE_ROWS_IN_REGISTERS:
-        out = out * a_rows[:, None]
     if B_SCALE == SCALE_TENSOR:
         out = out * tl.load(b_scale)
-    elif B_SCALE == SCALE_VECTOR:
+    elif B_SCALE == SCALE_ROW:
         out = out * tl.load(b_scale + rn, mask=rn < N, other=0.0)[None, :]
     if bias is not None:
         out = out + tl.load(bias + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    return activation(out, ACTIVATION)
+    out = activation(out, ACTIVATION)
+    if mul is not None:
+        out = out * _operand_tile(mul, rm, rn, M, N, stride_mul_m, stride_mul_n)
+    if add is not None:
+        out = out + _operand_tile(add, rm, rn, M, N, stride_add_m, stride_add_n)
+    return out

@@ -1,28 +1,31 @@
-"""The shared dense GEMM kernel, composed from the scheduling, memory and epilogue pieces.
+"""The shared GEMM kernel, composed from the scheduling, K-step, epilogue and reduction pieces.
 
-C = activation(A @ B^T * scales + bias): A (M, K), B (N, K) (nn.Linear weight layout), C (M, N).
-Every dense op of gemmkit launches `gemm_kernel` with its own constexpr switches; nothing here is
-specific to one op.
+C = epilogue(A @ B^T): A (M, K), B (N, K) (nn.Linear weight layout), C (M, N). Every op of gemmkit
+launches `gemm_kernel` with its own constexpr switches; nothing here is specific to one op. The
+host builds the argument list by parameter name from this signature (gemmkit.core.plan): the
+per-call parameters (tensors, descriptors, None) come first, the rest is fixed per plan.
 """
 
 import triton
 import triton.language as tl
 
-from .epilogue import SCALE_ROWS_IN_REGISTERS, finish_tile
-from .memory import load_k_tile, store_tile
-from .quant import quantize_values, rows_absmax, scales_from_absmax
+from .epilogue import finish_tile
+from .kstep import k_range_product
+from .memory import store_tile
+from .modes import A_QUANT_GROUP, A_QUANT_ROW, PROMOTE_KBLOCK, SCALE_NONE
 from .reduce import fixup_tile
-from .schedule import grouped_tile, work_item
+from .schedule import map_tile, tile_grid, work_item
 
 
 @triton.jit
 def _finish_and_store(
-    acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, a_rows, b_scale,
+    acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale, mul, add,
+    stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, C_TMA: tl.constexpr, INDEX_64: tl.constexpr,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, ACTIVATION: tl.constexpr,
 ):
-    out = finish_tile(acc, off_m, off_n, M, N, bias, a_scale, a_rows, b_scale, BLOCK_M, BLOCK_N, A_SCALE, B_SCALE,
-                      ACTIVATION)
+    out = finish_tile(acc, off_m, off_n, M, N, bias, a_scale, b_scale, mul, add, stride_mul_m, stride_mul_n,
+                      stride_add_m, stride_add_n, BLOCK_M, BLOCK_N, A_SCALE, B_SCALE, ACTIVATION)
     if C_TMA:
         out = out.to(c.dtype)
     else:
@@ -32,7 +35,8 @@ def _finish_and_store(
 
 @triton.jit
 def _epilogue(
-    acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, a_rows, b_scale,
+    acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale, mul, add,
+    stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, C_TMA: tl.constexpr, INDEX_64: tl.constexpr,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, ACTIVATION: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
 ):
@@ -40,79 +44,37 @@ def _epilogue(
     if EPILOGUE_SUBTILE:
         halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
         acc0, acc1 = tl.split(halves)
-        _finish_and_store(acc0, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, a_rows, b_scale,
+        _finish_and_store(acc0, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale, mul, add,
+                          stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,
                           BLOCK_M, BLOCK_N // 2, C_TMA, INDEX_64, A_SCALE, B_SCALE, ACTIVATION)
-        _finish_and_store(acc1, c, off_m, off_n + BLOCK_N // 2, M, N, stride_cm, stride_cn, bias, a_scale, a_rows,
-                          b_scale, BLOCK_M, BLOCK_N // 2, C_TMA, INDEX_64, A_SCALE, B_SCALE, ACTIVATION)
+        _finish_and_store(acc1, c, off_m, off_n + BLOCK_N // 2, M, N, stride_cm, stride_cn, bias, a_scale,
+                          b_scale, mul, add, stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,
+                          BLOCK_M, BLOCK_N // 2, C_TMA, INDEX_64, A_SCALE, B_SCALE, ACTIVATION)
     else:
-        _finish_and_store(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, a_rows, b_scale,
+        _finish_and_store(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale, mul, add,
+                          stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,
                           BLOCK_M, BLOCK_N, C_TMA, INDEX_64, A_SCALE, B_SCALE, ACTIVATION)
 
 
 @triton.jit
-def _k_range_product(
-    a, b, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bn, stride_bk, a_rows_inv,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    A_TMA: tl.constexpr, A_K_MAJOR: tl.constexpr, B_TMA: tl.constexpr, B_K_MAJOR: tl.constexpr,
-    EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, INT_DOT: tl.constexpr, A_QUANT: tl.constexpr,
-):
-    """A[off_m:, k] @ B[off_n:, k]^T summed over the K tiles k_lo <= ki < k_hi (fp32 or int32)."""
-    if INT_DOT:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for ki in range(k_lo, k_hi):
-        off_k = ki * BLOCK_K
-        x = load_k_tile(a, off_m, off_k, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_TMA, A_K_MAJOR, EVEN_K, INDEX_64)
-        if A_QUANT != "":
-            x = quantize_values(x, a_rows_inv[:, None], A_QUANT)
-        w = load_k_tile(b, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64)
-        if INT_DOT:
-            acc += tl.dot(x, w.T, out_dtype=tl.int32)
-        else:
-            acc = tl.dot(x, w.T, acc)
-    return acc
-
-
-@triton.jit
-def _tile_product(
-    a, b, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    A_TMA: tl.constexpr, A_K_MAJOR: tl.constexpr, B_TMA: tl.constexpr, B_K_MAJOR: tl.constexpr,
-    EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, INT_DOT: tl.constexpr, A_QUANT: tl.constexpr,
-):
-    """(the K tiles k_lo <= ki < k_hi of the tile's product, the tile's per-row A scales): with
-    A_QUANT, A's rows are quantized on the fly with per-row scales over the whole of K, returned
-    in registers for the epilogue; else the row scales are unused zeros."""
-    if A_QUANT != "":
-        amax = rows_absmax(a, off_m, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_K_MAJOR, EVEN_K, INDEX_64)
-        row_scale, row_inv = scales_from_absmax(amax, A_QUANT)
-    else:
-        row_scale = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        row_inv = row_scale
-    acc = _k_range_product(a, b, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
-                           row_inv, BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR,
-                           EVEN_K, INDEX_64, INT_DOT, A_QUANT)
-    return acc, row_scale
-
-
-@triton.jit
 def gemm_kernel(
-    a, b, c,  # operands and output: pointers, or tensor descriptors where *_TMA
-    ws, counters,  # partial tiles and per-tile arrival counters (split-K, stream-K); else None
-    bias, a_scale, b_scale,  # pointers or None
+    # per call: operands and output (pointers, or tensor descriptors where *_TMA), partial tiles
+    # and per-tile arrival counters (split-K, stream-K), epilogue inputs; None where unused
+    a, b, c, ws, counters, bias, a_scale, b_scale, mul, add,
+    # fixed per plan
     M, N, K,
     stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
+    stride_asm, stride_ask, stride_bsn, stride_bsk,  # K-block scales (SCALE_KBLOCK)
+    stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,
     sk_tiles,  # STREAM_K: how many of the last tiles (in schedule order) are shared out by K iterations
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, STREAM_K: tl.constexpr,
-    A_TMA: tl.constexpr, A_K_MAJOR: tl.constexpr,
-    B_TMA: tl.constexpr, B_K_MAJOR: tl.constexpr,
-    C_TMA: tl.constexpr,
-    EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, INT_DOT: tl.constexpr,
-    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, ACTIVATION: tl.constexpr,
+    GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, STREAM_K: tl.constexpr, TILE_MAP: tl.constexpr,
+    A_TMA: tl.constexpr, A_K_MAJOR: tl.constexpr, B_TMA: tl.constexpr, B_K_MAJOR: tl.constexpr, C_TMA: tl.constexpr,
+    EVEN_K: tl.constexpr, INDEX_64: tl.constexpr,
+    A_PRODUCER: tl.constexpr, B_PRODUCER: tl.constexpr, QUANT: tl.constexpr, ACC_INT: tl.constexpr,
+    PROMOTE: tl.constexpr, A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr,
+    GROUP_N: tl.constexpr, ACTIVATION: tl.constexpr,
     FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
-    A_QUANT: tl.constexpr,
 ):
     """One program per work item (classic grid) or per SM (persistent grid), striding over
     work items (tile, K slice). Tiles computed in pieces meet through `ws` and `counters`
@@ -125,18 +87,16 @@ def gemm_kernel(
       program, so every SM gets the same work whatever the tile count. `ws` holds 2 blocks per
       program.
 
-    A_K_MAJOR / B_K_MAJOR: the operand's K dimension has unit stride (else its row dimension has).
-    EVEN_K: K % BLOCK_K == 0. INDEX_64: pointer offsets need 64 bits. INT_DOT: int8 operands,
-    int32 accumulation. FLATTEN: flatten the work loop and the K loop into one pipelined loop.
-    A_QUANT ("" or "e4m3", "e5m2", "int8"): A is 16-bit and quantized per row on the fly (dynamic
-    per-token scales over the whole of K, computed by each program for its rows; needs pointer
-    loads of A; the scales reach the epilogue in registers).
+    The K loop (kernels/kstep.py): A_PRODUCER, B_PRODUCER and PROMOTE (kernels/modes.py); QUANT
+    names the in-kernel quantization target of A ("e4m3", "e5m2", "int8" or ""); ACC_INT: int8
+    dots accumulate in int32. A_K_MAJOR / B_K_MAJOR: the operand's K dimension has unit stride
+    (else its row dimension has). EVEN_K: K % BLOCK_K == 0. INDEX_64: pointer offsets need 64
+    bits. FLATTEN: flatten the work loop and the K loop into one pipelined loop. GROUP_K /
+    GROUP_N: the K-block scales' group (SCALE_KBLOCK).
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
+    num_pid_m, num_pid_n, num_tiles = tile_grid(M, N, BLOCK_M, BLOCK_N, TILE_MAP)
     k_tiles = tl.cdiv(K, BLOCK_K)
     if STREAM_K:
         tl.static_assert(SPLIT_K == 1, "stream-K replaces split-K")
@@ -145,15 +105,22 @@ def gemm_kernel(
         dp_tiles = num_tiles
     num_work = dp_tiles * SPLIT_K
     k_per_split = tl.cdiv(k_tiles, SPLIT_K)
-    if A_QUANT != "":
-        a_mode: tl.constexpr = SCALE_ROWS_IN_REGISTERS
+    tl.static_assert(A_PRODUCER != A_QUANT_GROUP or PROMOTE == PROMOTE_KBLOCK, "group-quantized A needs block promotion")
+    # scales the K loop applied (per K block, or the rows' dynamic scales) are not applied again
+    if A_PRODUCER == A_QUANT_ROW:
+        a_mode: tl.constexpr = SCALE_NONE
+        b_mode: tl.constexpr = B_SCALE
+    elif PROMOTE == PROMOTE_KBLOCK:
+        a_mode: tl.constexpr = SCALE_NONE
+        b_mode: tl.constexpr = SCALE_NONE
     else:
         a_mode: tl.constexpr = A_SCALE
+        b_mode: tl.constexpr = B_SCALE
     # The epilogue recomputes its tile from its own counter: it then does not depend on the
     # loads of the next tile, which the flattened loop issues while this epilogue runs.
     work_c = pid - num_programs
     for work in tl.range(pid, num_work, num_programs, flatten=FLATTEN, warp_specialize=WARP_SPECIALIZE):
-        pid_m, pid_n, pid_k = work_item(work, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n, pid_k = work_item(work, num_pid_m, num_pid_n, num_tiles, GROUP_M, TILE_MAP)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         if SPLIT_K == 1:
@@ -162,12 +129,13 @@ def gemm_kernel(
         else:
             k_lo = pid_k * k_per_split
             k_hi = min(k_lo + k_per_split, k_tiles)
-        acc, a_rows = _tile_product(a, b, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak,
-                                          stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA,
-                                          B_K_MAJOR, EVEN_K, INDEX_64, INT_DOT, A_QUANT)
+        acc = k_range_product(a, b, a_scale, b_scale, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak,
+                              stride_bn, stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk,
+                              BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64, ACC_INT,
+                              A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N)
 
         work_c += num_programs
-        pid_m, pid_n, pid_k = work_item(work_c, num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n, pid_k = work_item(work_c, num_pid_m, num_pid_n, num_tiles, GROUP_M, TILE_MAP)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
         if SPLIT_K > 1:
@@ -175,11 +143,13 @@ def gemm_kernel(
             last, acc = fixup_tile(acc, ws, counters, tile, tile * SPLIT_K + pid_k, tile * SPLIT_K, 1, 0, SPLIT_K,
                                    BLOCK_M, BLOCK_N)
             if last:
-                _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, a_rows, b_scale,
-                          BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, B_SCALE, ACTIVATION, EPILOGUE_SUBTILE)
+                _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale, mul, add,
+                          stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,
+                          BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, b_mode, ACTIVATION, EPILOGUE_SUBTILE)
         else:
-            _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, a_rows, b_scale,
-                      BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, B_SCALE, ACTIVATION, EPILOGUE_SUBTILE)
+            _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale, mul, add,
+                      stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,
+                      BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, b_mode, ACTIVATION, EPILOGUE_SUBTILE)
 
     if STREAM_K:
         # this program's share of the iterations of the stream-K tiles: [it_lo, it_hi)
@@ -191,13 +161,14 @@ def gemm_kernel(
         for t in range(t_first, t_first + n_seg):
             t_start = t * k_tiles
             tile = dp_tiles + t
-            pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+            pid_m, pid_n = map_tile(tile, num_pid_m, num_pid_n, GROUP_M, TILE_MAP)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
-            acc, a_rows = _tile_product(a, b, off_m, off_n, tl.maximum(it_lo - t_start, 0),
-                                          tl.minimum(it_hi - t_start, k_tiles), M, N, K, stride_am, stride_ak,
-                                          stride_bn, stride_bk, BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA,
-                                          B_K_MAJOR, EVEN_K, INDEX_64, INT_DOT, A_QUANT)
+            acc = k_range_product(a, b, a_scale, b_scale, off_m, off_n, tl.maximum(it_lo - t_start, 0),
+                                  tl.minimum(it_hi - t_start, k_tiles), M, N, K, stride_am, stride_ak, stride_bn,
+                                  stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk,
+                                  BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64,
+                                  ACC_INT, A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N)
             # the tile's pieces come from programs p_first..p_last (shares are contiguous)
             p_first = t_start // share
             n_parts = (t_start + k_tiles - 1) // share - p_first + 1
@@ -206,5 +177,6 @@ def gemm_kernel(
                 last, acc = fixup_tile(acc, ws, counters, tile, 2 * pid + (t != t_first).to(tl.int32), 2 * p_first,
                                        2, (p_first * share < t_start).to(tl.int32), n_parts, BLOCK_M, BLOCK_N)
             if last:
-                _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, a_rows, b_scale,
-                          BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, B_SCALE, ACTIVATION, EPILOGUE_SUBTILE)
+                _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale, mul, add,
+                          stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,
+                          BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, b_mode, ACTIVATION, EPILOGUE_SUBTILE)

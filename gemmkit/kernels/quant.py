@@ -56,12 +56,13 @@ def scales_from_absmax(amax, QUANT: tl.constexpr):
 
 
 @triton.jit
-def rows_absmax(src, off_r, R, K, stride_r, stride_k, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+def rows_absmax(src, off_r, k_lo, k_hi, R, K, stride_r, stride_k, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
                 K_MAJOR: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr):
-    """Absolute maximum over K of each of the BLOCK_R rows at off_r, as fp32 (BLOCK_R,).
-    The loop is software-pipelined (loads of later tiles in flight): it is latency-bound."""
+    """Absolute maximum over the K tiles k_lo <= ki < k_hi of each of the BLOCK_R rows at off_r, as
+    fp32 (BLOCK_R,). The loop is software-pipelined (loads of later tiles in flight): it is
+    latency-bound."""
     amax = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    for ki in tl.range(0, tl.cdiv(K, BLOCK_K), num_stages=3):
+    for ki in tl.range(k_lo, k_hi, num_stages=3):
         t = load_k_tile(src, off_r, ki * BLOCK_K, R, K, stride_r, stride_k, BLOCK_R, BLOCK_K,
                         False, K_MAJOR, EVEN_K, INDEX_64)
         amax = tl.maximum(amax, tl.max(tl.abs(t.to(tl.float32)), axis=1))
@@ -88,7 +89,7 @@ def quantize_rows_kernel(
         tl.store(q + rows[:, None] * stride_qr + cols[None, :], quantize_values(t, inv[:, None], QUANT),
                  mask=row_ok[:, None] & (cols[None, :] < C))
     else:
-        amax = rows_absmax(x, off_r, R, C, stride_xr, stride_xc, BLOCK_R, BLOCK_C, True, EVEN_C, INDEX_64)
+        amax = rows_absmax(x, off_r, 0, tl.cdiv(C, BLOCK_C), R, C, stride_xr, stride_xc, BLOCK_R, BLOCK_C, True, EVEN_C, INDEX_64)
         s, inv = scales_from_absmax(amax, QUANT)
         for ci in range(0, tl.cdiv(C, BLOCK_C)):
             t = load_k_tile(x, off_r, ci * BLOCK_C, R, C, stride_xr, stride_xc, BLOCK_R, BLOCK_C,
@@ -104,7 +105,7 @@ def absmax_kernel(x, amax, R, C, stride_xr, stride_xc, BLOCK_R: tl.constexpr, BL
                   EVEN_C: tl.constexpr, INDEX_64: tl.constexpr):
     """amax[0] = max(amax[0], max |x|) over this program's rows (amax starts at 0)."""
     off_r = tl.program_id(0) * BLOCK_R
-    row_max = rows_absmax(x, off_r, R, C, stride_xr, stride_xc, BLOCK_R, BLOCK_C, True, EVEN_C, INDEX_64)
+    row_max = rows_absmax(x, off_r, 0, tl.cdiv(C, BLOCK_C), R, C, stride_xr, stride_xc, BLOCK_R, BLOCK_C, True, EVEN_C, INDEX_64)
     row_max = tl.where(off_r + tl.arange(0, BLOCK_R) < R, row_max, 0.0)
     tl.atomic_max(amax, tl.max(row_max, axis=0))
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 import torch
 
 from ..core import validate as v
-from ..core.dense import DensePlan, PlanCache, plan_key, resolve_config
+from ..core.config import resolve_config
+from ..core.dense import DensePlan
 from ..core.device import device_info
+from ..core.epilogue import EpilogueSpec
+from ..core.formats import dense
+from ..core.plan import PlanCache, plan_key
 
 OP = "a16w16"
 _IN_DTYPES = (torch.bfloat16, torch.float16)
@@ -27,7 +31,7 @@ def gemm_a16w16(x, w, bias=None, *, activation=None, out_dtype=None, y=None, con
     """
     key = plan_key((x, w, bias, y), (activation, out_dtype, None if config is None else v.config_key(config)))
     try:
-        plan = _plans[key]
+        plan = _plans.lookup(key)
     except (KeyError, TypeError):  # a new plan (validates), or no key (bad input)
         plan = _plans.plan_for(key, _make_plan, x, w, bias, y, activation, out_dtype, config)
     return plan.run(x, w, bias, y, None, None)
@@ -54,7 +58,9 @@ def _make_plan(x, w, bias, y, activation, out_dtype, config):
     if y2 is not None:
         v.check_layout("y", y2)
     dev = device_info(device)
-    cfg = resolve_config(OP, config, M, N, K, dev, x.element_size(), out_dtype.itemsize)
+    fmt = dense(x.dtype)
+    cfg = resolve_config(OP, config, M, N, K, dev, fmt, fmt, out_dtype.itemsize)
     example_y = y2 if y2 is not None else torch.empty((M, N), dtype=out_dtype, device=device)
-    return DensePlan(x2, w, example_y, bias, activation, cfg, dev, out_dtype=out_dtype,
-                     out_shape=(*lead, N), flatten_x=x.ndim != 2, auto_config=config is None)
+    return DensePlan(x2, w, example_y, fmt, fmt, EpilogueSpec(activation, bias is not None), cfg, dev,
+                     out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=x.ndim != 2, inputs=dict(bias=bias),
+                     auto_config=config is None)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import torch
 
 from ..core import validate as v
-from ..core.config import fit_to_smem, load_table, select_config
-from ..core.dense import DensePlan, PlanCache, capturing, plan_key, resolve_config
+from ..core.config import fit_to_smem, load_table, resolve_config, select_config
+from ..core.dense import DensePlan
 from ..core.device import device_info
+from ..core.epilogue import EpilogueSpec
+from ..core.formats import Scale, dense, quantized_in_kernel
+from ..core.plan import PlanCache, capturing, plan_key
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-_QUANT_NAME = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2", torch.int8: "int8"}
 _X_DTYPES = FP8 + (torch.int8, torch.bfloat16, torch.float16)
 _W_DTYPES = FP8 + (torch.int8,)
 _BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -23,11 +25,11 @@ _BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # saves once M grows (BENCHMARKS.md, a8w8_dynamic; tuning/tune_a8w8_dynamic.jsonl).
 FUSED_QUANT_MAX_M = 64
 FUSED_QUANT_MAX_WEIGHT = 1 << 25  # N * K elements, for M > 16
-_SCALE_TENSOR, _SCALE_VECTOR = 1, 2
 _plans = PlanCache()
 
 
-def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=torch.bfloat16, y=None, config=None):
+def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=torch.bfloat16, y=None, config=None,
+              fast_accum=True):
     """activation((x * x_scale) @ (w * w_scale).T + bias), accumulated in fp32 (int32 for int8).
 
     x: (M, K) (or (*, K)), w: (N, K), both K-contiguous (stride 1 along K, as fp8/int8 tensor
@@ -41,14 +43,19 @@ def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=t
     bias: (N,) bf16/fp16/fp32. activation: None, "relu", "gelu_tanh", "silu".
     out_dtype: bf16 (default), fp16 or fp32. y: optional preallocated output (M, N).
     config: None (tuned table, else derived from the device), a dict or a GemmConfig.
-    Matches torch._scaled_mm(..., use_fast_accum=True): Triton's sm_90 default for fp8 dots.
+    fast_accum=True (default): FP8 dots accumulate with Hopper's fast, reduced-precision
+    accumulation inside each K tile (Triton's sm_90 default), like
+    torch._scaled_mm(..., use_fast_accum=True). fast_accum=False: each K tile's partial sum is
+    promoted to fp32 (every BLOCK_K, at most 128, elements of K), like _scaled_mm's default
+    accumulation. INT8 accumulation is exact either way.
     """
     cfg_key = None if config is None else v.config_key(config)
-    key = plan_key((x, w, x_scale, w_scale, bias, y), (activation, out_dtype, cfg_key))
+    key = plan_key((x, w, x_scale, w_scale, bias, y), (activation, out_dtype, cfg_key, fast_accum))
     try:
-        plan = _plans[key]
+        plan = _plans.lookup(key)
     except (KeyError, TypeError):  # a new plan (validates), or no key (bad input)
-        plan = _plans.plan_for(key, _make_plan, x, w, x_scale, w_scale, bias, y, activation, out_dtype, config)
+        plan = _plans.plan_for(key, _make_plan, x, w, x_scale, w_scale, bias, y, activation, out_dtype, config,
+                               fast_accum)
     return plan.run(x, w, bias, y, x_scale, w_scale)
 
 
@@ -56,23 +63,23 @@ def fused_dynamic_gemm(x, w, w_scale, *, config=None, out_dtype=torch.bfloat16):
     """gemm_a8w8(x, w, None, w_scale) for a 16-bit x, always through the GEMM that quantizes x per
     token itself (one launch), eager or captured: what `gemmkit tune a8w8_dynamic` measures."""
     key = plan_key((x, w, w_scale), ("fused", out_dtype, v.config_key(config)))
-    plan = _plans.plan_for(key, _make_plan, x, w, None, w_scale, None, None, None, out_dtype, config, "fused")
+    plan = _plans.plan_for(key, _make_plan, x, w, None, w_scale, None, None, None, out_dtype, config, True, "fused")
     return plan(x, w, None, None, None, w_scale)
 
 
-def _scale_mode(name: str, s, shapes, what: str) -> int:
-    """TENSOR for a scale of one float32 value, VECTOR for one of the given shapes (contiguous)."""
+def _scale_kind(name: str, s, shapes, what: str) -> Scale:
+    """TENSOR for a scale of one float32 value, ROW for one of the given shapes (contiguous)."""
     v.check_tensor(name, s, (torch.float32,))
     if s.numel() == 1:
-        return _SCALE_TENSOR
+        return Scale.TENSOR
     if tuple(s.shape) not in shapes:
         raise ValueError(f"{name} has shape {tuple(s.shape)}: expected one value (per tensor) or {what}")
     if not s.is_contiguous():
         raise ValueError(f"{name} must be contiguous (call .contiguous())")
-    return _SCALE_VECTOR
+    return Scale.ROW
 
 
-def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, dynamic_path="auto"):
+def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, fast_accum, dynamic_path="auto"):
     v.check_tensor("x", x, _X_DTYPES)
     v.check_tensor("w", w, _W_DTYPES)
     dynamic = x.dtype in (torch.bfloat16, torch.float16)
@@ -84,6 +91,8 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
         raise TypeError(f"x is {x.dtype} but w is {w.dtype}: int8 pairs only with int8, fp8 only with fp8")
     elif x_scale is None:
         raise ValueError("x_scale is required when x is already quantized")
+    if not isinstance(fast_accum, bool):
+        raise TypeError(f"fast_accum must be a bool, got {type(fast_accum).__name__}")
     activation = v.check_activation(activation)
     device = v.check_devices(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias, y=y)
     v.check_no_autograd(x=x, w=w, bias=bias, y=y, x_scale=x_scale, w_scale=w_scale)
@@ -92,9 +101,10 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
     N = v.check_weight("w", w, K)
     lead = tuple(lead)
     token_shapes = {(M, 1), (M,), (*lead, 1), lead}  # x (*, K): quantize_fp8's (*, 1) too
-    a_mode = 0 if dynamic else _scale_mode("x_scale", x_scale, token_shapes,
-                                           f"per token: {M} values, ({M}, 1), ({M},) or (*x.shape[:-1], 1)")
-    b_mode = _scale_mode("w_scale", w_scale, {(1, N), (N,), (N, 1)}, f"per channel: (1, {N}), ({N},) or ({N}, 1)")
+    a_kind = Scale.ROW if dynamic else _scale_kind("x_scale", x_scale, token_shapes,
+                                                   f"per token: {M} values, ({M}, 1), ({M},) or (*x.shape[:-1], 1)")
+    b_fmt = dense(w.dtype, _scale_kind("w_scale", w_scale, {(1, N), (N,), (N, 1)},
+                                       f"per channel: (1, {N}), ({N},) or ({N}, 1)"))
     v.check_bias(bias, N, _BIAS_DTYPES)
     out_dtype = v.check_out_dtype(out_dtype, y, torch.bfloat16)
     y2 = v.check_out(y, lead, M, N, out_dtype, device)
@@ -108,25 +118,31 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
         v.check_layout("y", y2)
     dev = device_info(device)
     op = "a8w8_int8" if w.dtype == torch.int8 else "a8w8_fp8"
-    cfg = resolve_config(op, config, M, N, K, dev, 1, out_dtype.itemsize)
+    a_fmt = dense(w.dtype if dynamic else x.dtype, a_kind)  # a dynamic x is quantized to w's type
+    cfg = resolve_config(op, config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
     example_y = y2 if y2 is not None else torch.empty((M, N), dtype=out_dtype, device=device)
-    common = dict(out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=x.ndim != 2, b_scale_mode=b_mode,
-                  auto_config=config is None)
+    epilogue = EpilogueSpec(activation, bias is not None)
+    common = dict(out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=x.ndim != 2, auto_config=config is None,
+                  exact_accumulation=not fast_accum)
     if not dynamic:
-        return DensePlan(x2, w, example_y, bias, activation, cfg, dev, a_scale_mode=a_mode, **common)
+        return DensePlan(x2, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev,
+                         inputs=dict(bias=bias, a_scale=x_scale, b_scale=w_scale), **common)
     from ..quant import quantize_fp8, quantize_int8
 
     quantize = quantize_int8 if w.dtype == torch.int8 else (lambda t: quantize_fp8(t, "row", w.dtype))
     xq = torch.empty((M, K), dtype=w.dtype, device=device)  # what the quantizer returns (facts only)
-    gemm = DensePlan(xq, w, example_y, bias, activation, cfg, dev, a_scale_mode=_SCALE_VECTOR,
-                     **dict(common, flatten_x=False))
+    xs = torch.empty((M, 1), dtype=torch.float32, device=device)
+    gemm = DensePlan(xq, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev,
+                     inputs=dict(bias=bias, a_scale=xs, b_scale=w_scale), **dict(common, flatten_x=False))
     fused = None
     if dynamic_path == "fused" or (M <= FUSED_QUANT_MAX_M and (M <= 16 or N * K <= FUSED_QUANT_MAX_WEIGHT)):
         fused_op = op + "_dynamic"
+        fused_a = quantized_in_kernel(x.dtype, w.dtype, "row")
         if config is None and load_table(dev.name, fused_op) is not None:
-            cfg = select_config(fused_op, M, N, K, dev, 1, out_dtype.itemsize)
-        fused_cfg = fit_to_smem(cfg, dev, x.element_size(), 1, out_dtype.itemsize, a_quant=True)
-        fused = DensePlan(x2, w, example_y, bias, activation, fused_cfg, dev, a_quant=_QUANT_NAME[w.dtype], **common)
+            cfg = select_config(fused_op, M, N, K, dev, fused_a, b_fmt, out_dtype.itemsize)
+        fused_cfg = fit_to_smem(cfg, dev, fused_a, b_fmt, out_dtype.itemsize)
+        fused = DensePlan(x2, w, example_y, fused_a, b_fmt, epilogue, fused_cfg, dev,
+                          inputs=dict(bias=bias, b_scale=w_scale), **common)
     return _Dynamic(quantize, gemm, fused, M, K, x.ndim != 2, always_fused=dynamic_path == "fused")
 
 

@@ -71,26 +71,38 @@ def _arg_type(value):
 
 def compile_gemm(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16, w_dtype=None,
                  out_dtype=torch.bfloat16, a_scale: str = "", b_scale: str = "", a_quant: str = "",
-                 activation: str = "none", dev: DeviceInfo = H100) -> Binary:
+                 activation: str = "none", exact: bool = False, dev: DeviceInfo = H100) -> Binary:
     """Compile gemm_kernel for sm_90 as a launch of this problem would. a_scale / b_scale: "",
-    "tensor" or "vector"; a_quant: "" or the in-kernel quantization target ("e4m3", ...)."""
+    "tensor", "vector" (per row) or "kblock" (1x128 / 128x128 block scales); a_quant: "" or how a
+    16-bit x is quantized to w's type in the kernel ("row", "group"); exact: fp32 promotion of
+    each K tile (gemm_a8w8's fast_accum=False)."""
     from ..core.dense import DensePlan, _jit_kernel
+    from ..core.epilogue import EpilogueSpec
+    from ..core.formats import Scale, dense, quantized_in_kernel
 
     w_dtype = w_dtype or x_dtype
     x = torch.empty(M, K, dtype=x_dtype)
     w = torch.empty(N, K, dtype=w_dtype)
     y = torch.empty(M, N, dtype=out_dtype)
-    modes = {"": 0, "tensor": 1, "vector": 2}
-    plan = DensePlan(x, w, y, None, activation, cfg, dev, out_dtype=out_dtype, out_shape=(M, N), flatten_x=False,
-                     a_scale_mode=modes[a_scale], b_scale_mode=modes[b_scale], a_quant=a_quant)
-    scale = {"": None, "tensor": torch.empty((), dtype=torch.float32)}
-    head = (plan.a_desc(x, False) if plan.a_desc else x, plan.b_desc(w, False) if plan.b_desc else w,
-            plan.c_desc(y, False) if plan.c_desc else y,
-            torch.empty(plan.ws_shape, dtype=plan.ws_dtype) if plan.pieces else None,
-            torch.empty(plan.num_tiles, dtype=torch.int32) if plan.pieces else None, None,
-            scale.get(a_scale, torch.empty(M, dtype=torch.float32)),
-            scale.get(b_scale, torch.empty(N, dtype=torch.float32)))
-    return _compile(_jit_kernel(), (*head, *plan.gemm_tail), cfg)
+    kind = {"": Scale.NONE, "tensor": Scale.TENSOR, "vector": Scale.ROW, "kblock": Scale.KBLOCK}
+    groups = lambda s: (128, 128) if s == "kblock" else (0, 1)  # noqa: E731
+    if a_quant:
+        a_fmt = quantized_in_kernel(x_dtype, w_dtype, a_quant, 128 if a_quant == "group" else 0)
+    else:
+        a_fmt = dense(x_dtype, kind[a_scale], groups(a_scale)[0])
+    b_fmt = dense(w_dtype, kind[b_scale], *groups(b_scale))
+    g = -(-K // 128)
+    scales = {"": None, "tensor": torch.empty((), dtype=torch.float32)}
+    a_s = scales.get(a_scale, torch.empty(M, g, dtype=torch.float32) if a_scale == "kblock"
+                     else torch.empty(M, dtype=torch.float32))
+    b_s = scales.get(b_scale, torch.empty(-(-N // 128), g, dtype=torch.float32) if b_scale == "kblock"
+                     else torch.empty(N, dtype=torch.float32))
+    plan = DensePlan(x, w, y, a_fmt, b_fmt, EpilogueSpec(activation), cfg, dev, out_dtype=out_dtype,
+                     out_shape=(M, N), flatten_x=False, inputs=dict(a_scale=a_s, b_scale=b_s), exact_accumulation=exact)
+    head = plan.head(x, w, y, torch.empty(plan.ws_shape, dtype=plan.ws_dtype) if plan.pieces else None,
+                     torch.empty(plan.num_tiles, dtype=torch.int32) if plan.pieces else None, None, a_s, b_s, None,
+                     None, checked=False)
+    return _compile(_jit_kernel(), (*head, *plan.tail), cfg)
 
 
 def compile_bare(M: int, N: int, K: int, cfg: GemmConfig, dtype=torch.float8_e4m3fn, out_dtype=torch.bfloat16,
@@ -165,7 +177,8 @@ def _inspect(cubin: bytes, shared_bytes: int) -> Binary:
 
 
 _FP8 = dict(x_dtype=torch.float8_e4m3fn, a_scale="vector", b_scale="vector")  # row-wise x, column-wise w
-_DYNAMIC = dict(w_dtype=torch.float8_e4m3fn, b_scale="vector", a_quant="e4m3")  # bf16 x quantized in the GEMM
+_BLOCK = dict(x_dtype=torch.float8_e4m3fn, a_scale="kblock", b_scale="kblock")  # DeepSeek-V3 block scales
+_DYNAMIC = dict(w_dtype=torch.float8_e4m3fn, b_scale="vector", a_quant="row")  # bf16 x quantized in the GEMM
 
 
 def _tiles(bm, bn, bk, stages, warps=8, **flags):
@@ -192,10 +205,30 @@ CHECKS = {
     "dynamic FP8 (quantized in the GEMM), M=16": (16, 6144, 4096, _tiles(16, 64, 512, 3, 4), _DYNAMIC, "HMMA"),
     "dynamic FP8 (quantized in the GEMM), M=64, split-K": (
         64, 6144, 4096, _tiles(64, 128, 256, 3, 4, SPLIT_K=2), _DYNAMIC, "QGMMA"),
+    "fp8 blockscale (1x128 / 128x128 scales) persistent TMA 128x128x128": (
+        4096, 7168, 7168, _tiles(128, 128, 128, 4, **_PERSISTENT), _BLOCK, "QGMMA"),
+    "fp8 blockscale, pointer loads, M=16": (16, 7168, 2048, _tiles(16, 64, 128, 4, 4), _BLOCK, "HMMA"),
+    "dynamic fp8 blockscale (x quantized per 1x128 group in the GEMM), M=64": (
+        64, 7168, 7168, _tiles(64, 128, 128, 3, 4), dict(w_dtype=torch.float8_e4m3fn, a_quant="group",
+                                                           b_scale="kblock"), "QGMMA"),
+    "fp8 exact accumulation (fast_accum=False) persistent TMA 128x256x128": (
+        8192, 8192, 8192, _tiles(128, 256, 128, 3, EPILOGUE_SUBTILE=True, **_PERSISTENT), dict(_FP8, exact=True),
+        "QGMMA"),
     "dynamic INT8 (quantized in the GEMM), M=16": (
-        16, 6144, 4096, _tiles(16, 64, 256, 3, 4), dict(_DYNAMIC, w_dtype=torch.int8, a_quant="int8"), "IMMA"),
+        16, 6144, 4096, _tiles(16, 64, 256, 3, 4), dict(_DYNAMIC, w_dtype=torch.int8), "IMMA"),
 }
 _MMA = ("HGMMA", "QGMMA", "IGMMA", "HMMA", "IMMA")
+
+
+def _formats(kw: dict):
+    """The (A, B) OperandFormats a CHECKS entry's compile_gemm arguments describe (for the
+    shared-memory estimate)."""
+    from ..core.formats import dense, quantized_in_kernel
+
+    x_dtype = kw.get("x_dtype", torch.bfloat16)
+    w_dtype = kw.get("w_dtype") or x_dtype
+    a = quantized_in_kernel(x_dtype, w_dtype, kw["a_quant"], 128) if kw.get("a_quant") else dense(x_dtype)
+    return a, dense(w_dtype)  # (scales take no shared memory)
 
 
 def check(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
@@ -206,16 +239,15 @@ def check(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
     M, N, K, cfg, kw, mma = CHECKS[name]
     cfg = GemmConfig.from_dict(cfg)
     b = compile_gemm(M, N, K, cfg, **kw)
-    a_bytes = (torch.bfloat16.itemsize if kw.get("a_quant") else kw.get("x_dtype", torch.bfloat16).itemsize)
-    b_bytes = (kw.get("w_dtype") or kw.get("x_dtype", torch.bfloat16)).itemsize
-    estimate = cfg.smem_bytes(a_bytes, kw.get("out_dtype", torch.bfloat16).itemsize, b_bytes, bool(kw.get("a_quant")))
+    estimate = cfg.smem_bytes(*_formats(kw), kw.get("out_dtype", torch.bfloat16).itemsize)
     found = {op: b.count(op) for op in _MMA if b.count(op)}
     ok = (b.local_bytes == 0 and b.registers <= 255 and mma in found and b.shared_bytes <= dev.smem_per_block
           and b.shared_bytes <= estimate + SMEM_SLACK)
-    if kw.get("a_quant") == "int8":  # round-half-even by adding and subtracting 1.5 * 2^23: both kept
+    if kw.get("a_quant") and kw.get("w_dtype") == torch.int8:  # round-half-even by adding and subtracting 1.5 * 2^23: both kept
         ok = ok and b.sass.count("12582912") >= 2 and "-12582912" in b.sass
     loop = ""
-    if cfg.TMA and cfg.PERSISTENT and not cfg.STREAM_K and cfg.SPLIT_K == 1 and not kw.get("a_quant"):
+    plain_loop = not (kw.get("a_quant") or kw.get("exact") or "kblock" in (kw.get("a_scale"), kw.get("b_scale")))
+    if cfg.TMA and cfg.PERSISTENT and not cfg.STREAM_K and cfg.SPLIT_K == 1 and plain_loop:
         same, loop = _compare_bare(b, M, N, K, cfg, kw, dev)
         ok = ok and same
     return ok, b, (f"{'ok ' if ok else 'BAD'} {name}: {b.registers} registers, {b.local_bytes} B local, "

@@ -13,6 +13,7 @@ import torch
 
 from ..core.config import GemmConfig, TMA_MIN_M
 from ..core.device import DeviceInfo
+from ..core.formats import OperandFormat, Scale, dense, quantized_in_kernel
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -27,13 +28,12 @@ class ToolOp:
     baseline_name: str
     reference: Callable  # (inputs) -> float32 result to compare run() with
     tolerance: float  # relative (Frobenius) error allowed against the reference
-    in_bytes: float  # bytes per operand element (search space, roofline)
+    in_bytes: float  # bytes per element of the op's input (elementwise ops)
     out_bytes: int
     operand_bits: int  # which datasheet peak applies
     table: str | None  # config table the op reads (what `gemmkit tune` writes); None: not tunable
     gemm: bool = True  # (M, N, K) problem; False: an elementwise op over (M, K)
-    a_bytes: float | None = None  # bytes per element of A where it differs from B's (in_bytes)
-    a_quant: bool = False  # A is quantized inside the GEMM (its shared-memory layout differs)
+    formats: tuple[OperandFormat, OperandFormat] | None = None  # GEMMs: (A, B) as the kernel reads them
     # (inputs gemmkit reads, inputs the baseline reads) where they differ: the timing rotation
     # must exceed the L2 for each side (None: both read all of make_inputs' tensors)
     reads: tuple | None = None
@@ -44,7 +44,8 @@ class ToolOp:
     def nbytes(self, M, N, K) -> float:
         """Bytes gemmkit's call must move at least: its operands read once, the output written."""
         if self.gemm:
-            return M * K * (self.a_bytes or self.in_bytes) + N * K * self.in_bytes + M * N * self.out_bytes
+            a, b = self.formats
+            return M * K * a.bytes + N * K * b.bytes + M * N * self.out_bytes
         return M * K * (self.in_bytes + self.out_bytes) + 4 * M
 
 
@@ -159,28 +160,34 @@ class _Quantized:
         return self.dequantize(self.q, self.s)
 
 
+_FP8_ROW = (dense(torch.float8_e4m3fn, Scale.ROW), dense(torch.float8_e4m3fn, Scale.ROW))
+
 OPS = {
     "a16w16": ToolOp(
         "a16w16", ("bf16", "fp16"), _a16w16_inputs, _a16w16_run, lambda i: _F.linear(i["x"], i["w"]),
-        "F.linear (cuBLAS)", lambda i: i["x"].float() @ i["w"].float().T, 1e-2, 2, 2, 16, "a16w16"),
+        "F.linear (cuBLAS)", lambda i: i["x"].float() @ i["w"].float().T, 1e-2, 2, 2, 16, "a16w16",
+        formats=(dense(torch.bfloat16), dense(torch.bfloat16))),
     "a8w8": ToolOp(
         "a8w8", ("e4m3",), _a8w8_inputs("row"), _a8w8_run, _scaled_mm,
         "torch._scaled_mm row-wise (cuBLASLt/CUTLASS, use_fast_accum=True)", _a8w8_reference, 1e-2, 1, 2, 8,
-        "a8w8_fp8"),
+        "a8w8_fp8", formats=_FP8_ROW),
     "a8w8_default_accum": ToolOp(
         "a8w8_default_accum", ("e4m3",), _a8w8_inputs("row"), _a8w8_run, lambda i: _scaled_mm(i, False),
         "torch._scaled_mm row-wise with its default use_fast_accum=False (gemmkit keeps Triton's fast "
-        "accumulation)", _a8w8_reference, 1e-2, 1, 2, 8, "a8w8_fp8"),
+        "accumulation)", _a8w8_reference, 1e-2, 1, 2, 8, "a8w8_fp8", formats=_FP8_ROW),
     "a8w8_tensor": ToolOp(
         "a8w8_tensor", ("e4m3",), _a8w8_inputs("tensor"), _a8w8_run, _scaled_mm,
-        "torch._scaled_mm tensor-wise (cuBLASLt, use_fast_accum=True)", _a8w8_reference, 1e-2, 1, 2, 8, "a8w8_fp8"),
+        "torch._scaled_mm tensor-wise (cuBLASLt, use_fast_accum=True)", _a8w8_reference, 1e-2, 1, 2, 8, "a8w8_fp8",
+        formats=(dense(torch.float8_e4m3fn, Scale.TENSOR), dense(torch.float8_e4m3fn, Scale.TENSOR))),
     "a8w8_int8": ToolOp(
         "a8w8_int8", ("int8",), _a8w8_inputs("row"), _a8w8_run, _int_mm_scaled,
-        "torch._int_mm + scaling in torch", _a8w8_reference, 1e-2, 1, 2, 8, "a8w8_int8"),
+        "torch._int_mm + scaling in torch", _a8w8_reference, 1e-2, 1, 2, 8, "a8w8_int8",
+        formats=(dense(torch.int8, Scale.ROW), dense(torch.int8, Scale.ROW))),
     "a8w8_dynamic": ToolOp(
         "a8w8_dynamic", ("e4m3",), _dynamic_inputs, _dynamic_run, lambda i: _F.linear(i["x"], i["w16"]),
         "F.linear bf16 (cuBLAS) on the unquantized weight", _dynamic_reference, 2e-2, 1, 2, 8, "a8w8_fp8_dynamic",
-        a_bytes=2, a_quant=True, reads=(("x", "w", "ws"), ("x", "w16"))),
+        formats=(quantized_in_kernel(torch.bfloat16, torch.float8_e4m3fn, "row"), dense(torch.float8_e4m3fn, Scale.ROW)),
+        reads=(("x", "w", "ws"), ("x", "w16"))),
     "quant_fp8_row": ToolOp(
         "quant_fp8_row", ("bf16",), _quant_inputs, _quant_run, _quant_torch,
         "torch eager: absmax, divide, clamp, cast", lambda i: i["x"].float(), 0.08, 2, 1, 16, None, gemm=False),
@@ -238,7 +245,12 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
     TMA, wide tiles, persistent schedules, stream-K where the tiles do not fill whole waves,
     warp specialization, epilogue subtiling.
     """
-    elem_k = int(128 // op.in_bytes)  # BLOCK_K of one 128-byte line
+    a_fmt, b_fmt = op.formats
+    # on sm_90 Triton (3.6 to 3.9) compiles WARP_SPECIALIZE to the binary of its plain persistent
+    # twin (README, Architecture; `python -m gemmkit.tools.codegen --warp-specialize`): not enumerated
+    warp_specialize = dev.capability != (9, 0)
+    dot_bytes = max(a_fmt.dot_bits, b_fmt.dot_bits) // 8
+    elem_k = 128 // dot_bytes  # BLOCK_K of one 128-byte line
     cands = []
 
     def add(bm, bn, bk, warps, stages, split=1, group_m=8, **flags):
@@ -251,7 +263,7 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
         elif flags.get("PERSISTENT") and tiles <= dev.num_sms // 2:
             return
         cfg = GemmConfig(bm, bn, bk, group_m, split, warps, stages, **flags)
-        if cfg.fits(dev, op.a_bytes or op.in_bytes, op.out_bytes, op.in_bytes, op.a_quant):
+        if cfg.fits(dev, a_fmt, b_fmt, op.out_bytes):
             cands.append(cfg)
 
     if M < TMA_MIN_M:  # weight streaming: pointer loads, thin tiles, deep pipelines, split-K
@@ -275,18 +287,20 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
                      (128, 128, elem_k, 8, 5), (128, 128, 2 * elem_k, 8, 3), (128, 128, 2 * elem_k, 4, 3),
                      # two-line K steps, two stages (with the split epilogue): half the loop's barriers per FLOP
                      (128, 256, 2 * elem_k, 8, 2)]
-            if op.in_bytes == 1:  # 8-bit: half-line K steps, more stages in flight (256-wide tiles)
+            if dot_bytes == 1:  # 8-bit: half-line K steps, more stages in flight (256-wide tiles)
                 tiles += [(128, 256, elem_k // 2, 8, 4), (128, 256, elem_k // 2, 8, 5), (256, 128, elem_k // 2, 8, 4)]
         for bm, bn, bk, warps, stages in tiles:
             add(bm, bn, bk, warps, stages, 1, TMA=True)
             add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True)
-            add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=True)
+            if warp_specialize:
+                add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=True)
             if bn >= 128:
                 add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True, EPILOGUE_SUBTILE=True)
             # stream-K: the ragged last wave shared out by K iterations (wide tiles, few waves)
             if bm * bn >= 128 * 128:
                 add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True, STREAM_K=True)
-                add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=True, STREAM_K=True)
+                if warp_specialize:
+                    add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=True, STREAM_K=True)
             if M <= 512:
                 add(bm, bn, bk, warps, stages, 2, TMA=True)
                 add(bm, bn, bk, warps, stages, 3, TMA=True)

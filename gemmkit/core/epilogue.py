@@ -1,0 +1,31 @@
+"""Epilogue specs: what a plan's epilogue does between the K loop and the store (host side).
+
+The operand scales come from the operands' formats (gemmkit.core.formats: per-tensor and per-row
+scales are applied here, K-block scales in the K loop); the spec adds the rest. Kernel side:
+gemmkit/kernels/epilogue.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ACTIVATIONS = ("none", "relu", "gelu_tanh", "silu")
+
+
+@dataclass(frozen=True)
+class EpilogueSpec:
+    """out = activation(acc * scales + bias) * mul + add, cast to the output dtype.
+
+    bias: an (N,) vector is added. mul / add: an input broadcastable to (M, N) (a scalar, a row
+    (1, N), a column (M, 1) or a full (M, N) tensor, passed with stride 0 along broadcast
+    dimensions) multiplies / is added after the activation.
+    """
+
+    activation: str = "none"
+    bias: bool = False
+    mul: bool = False
+    add: bool = False
+
+    def __post_init__(self):
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation={self.activation!r} is not one of {ACTIVATIONS}")

@@ -1,0 +1,126 @@
+"""The K loop, composed from an A producer, a B producer and a promotion rule (kernels/modes.py).
+
+A tile's product over the K tiles k_lo <= ki < k_hi is: an optional A prologue (the per-row absmax
+of A_QUANT_ROW), then per K tile `x = A producer`, `w = B producer`, and the tensor-core product
+joined to the accumulator as PROMOTE says. Every switch is a constexpr: a path that does not use
+a piece compiles as if the piece did not exist (gemmkit.tools.codegen checks the plain persistent
+TMA loop against a bare tutorial-09 kernel).
+"""
+
+import triton
+import triton.language as tl
+
+from .memory import load_k_tile
+from .modes import (A_QUANT_GROUP, A_QUANT_ROW, B_DENSE, PROMOTE_KBLOCK, PROMOTE_NONE,
+                    PROMOTE_TILE, SCALE_KBLOCK)
+from .quant import quantize_values, rows_absmax, scales_from_absmax
+
+
+@triton.jit
+def a_prologue(a, off_m, k_lo, k_hi, M, K, stride_am, stride_ak, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+               A_K_MAJOR: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, A_PRODUCER: tl.constexpr,
+               QUANT: tl.constexpr):
+    """(row scales, their inverses) of the tile's A rows over the K tiles [k_lo, k_hi) for
+    A_QUANT_ROW (a split-K slice or stream-K piece scans only its own range: each piece is
+    quantized and scaled on its own); unused zeros otherwise."""
+    if A_PRODUCER == A_QUANT_ROW:
+        amax = rows_absmax(a, off_m, k_lo, k_hi, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_K_MAJOR, EVEN_K,
+                           INDEX_64)
+        row_scale, row_inv = scales_from_absmax(amax, QUANT)
+    else:
+        row_scale = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        row_inv = row_scale
+    return row_scale, row_inv
+
+
+@triton.jit
+def produce_a(a, off_m, off_k, M, K, stride_am, stride_ak, row_inv, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+              A_TMA: tl.constexpr, A_K_MAJOR: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr,
+              A_PRODUCER: tl.constexpr, QUANT: tl.constexpr):
+    """(A tile (BLOCK_M, BLOCK_K) for the dot, its per-row scales where the producer made them)."""
+    x = load_k_tile(a, off_m, off_k, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_TMA, A_K_MAJOR, EVEN_K, INDEX_64)
+    if A_PRODUCER == A_QUANT_ROW:
+        x = quantize_values(x, row_inv[:, None], QUANT)
+        s = row_inv
+    elif A_PRODUCER == A_QUANT_GROUP:
+        s, inv = scales_from_absmax(tl.max(tl.abs(x.to(tl.float32)), axis=1), QUANT)
+        x = quantize_values(x, inv[:, None], QUANT)
+    else:
+        s = row_inv
+    return x, s
+
+
+@triton.jit
+def produce_b(b, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              B_TMA: tl.constexpr, B_K_MAJOR: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr,
+              B_PRODUCER: tl.constexpr):
+    """B tile (BLOCK_N, BLOCK_K) for the dot."""
+    tl.static_assert(B_PRODUCER == B_DENSE, "unknown B producer")
+    return load_k_tile(b, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K,
+                       INDEX_64)
+
+
+@triton.jit
+def kblock_scales(a_scale, b_scale, a_rows, off_m, off_n, off_k, M, N, stride_asm, stride_ask, stride_bsn, stride_bsk,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, A_SCALE: tl.constexpr, B_SCALE: tl.constexpr,
+                  GROUP_K: tl.constexpr, GROUP_N: tl.constexpr):
+    """The (BLOCK_M, 1) x (1, BLOCK_N) scale product of the K group holding column off_k: A's per
+    row (loaded for SCALE_KBLOCK, else `a_rows` from the producer), B's per GROUP_N rows of B."""
+    kg = off_k // GROUP_K
+    if A_SCALE == SCALE_KBLOCK:
+        rm = off_m + tl.arange(0, BLOCK_M)
+        sa = tl.load(a_scale + rm * stride_asm + kg * stride_ask, mask=rm < M, other=0.0)
+    else:
+        sa = a_rows
+    if B_SCALE == SCALE_KBLOCK:
+        if BLOCK_N <= GROUP_N:  # one scale for the tile's columns (tiles never straddle a group)
+            sb = tl.load(b_scale + (off_n // GROUP_N) * stride_bsn + kg * stride_bsk)
+            s = sa[:, None] * sb
+        else:
+            rn = off_n + tl.arange(0, BLOCK_N)
+            sb = tl.load(b_scale + (rn // GROUP_N) * stride_bsn + kg * stride_bsk, mask=rn < N, other=0.0)
+            s = sa[:, None] * sb[None, :]
+    else:
+        s = sa[:, None]
+    return s
+
+
+@triton.jit
+def k_range_product(
+    a, b, a_scale, b_scale, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
+    stride_asm, stride_ask, stride_bsn, stride_bsk,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    A_TMA: tl.constexpr, A_K_MAJOR: tl.constexpr, B_TMA: tl.constexpr, B_K_MAJOR: tl.constexpr,
+    EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, ACC_INT: tl.constexpr,
+    A_PRODUCER: tl.constexpr, B_PRODUCER: tl.constexpr, PROMOTE: tl.constexpr, QUANT: tl.constexpr,
+    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
+):
+    """(sum over the K tiles k_lo <= ki < k_hi of A[off_m:, k] @ B[off_n:, k]^T, the rows' scales):
+    fp32, or int32 with ACC_INT (8-bit integer dots, PROMOTE_NONE). With A_QUANT_ROW the sum comes
+    back already multiplied by the rows' scales (fp32), with PROMOTE_KBLOCK by the block scales."""
+    row_scale, row_inv = a_prologue(a, off_m, k_lo, k_hi, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_K_MAJOR,
+                                    EVEN_K, INDEX_64, A_PRODUCER, QUANT)
+    if ACC_INT:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ki in range(k_lo, k_hi):
+        off_k = ki * BLOCK_K
+        x, a_rows = produce_a(a, off_m, off_k, M, K, stride_am, stride_ak, row_inv, BLOCK_M, BLOCK_K, A_TMA, A_K_MAJOR,
+                              EVEN_K, INDEX_64, A_PRODUCER, QUANT)
+        w = produce_b(b, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K,
+                      INDEX_64, B_PRODUCER)
+        if ACC_INT:
+            acc += tl.dot(x, w.T, out_dtype=tl.int32)
+        elif PROMOTE == PROMOTE_NONE:
+            acc = tl.dot(x, w.T, acc)
+        elif PROMOTE == PROMOTE_TILE:
+            acc += tl.dot(x, w.T)
+        else:
+            tl.static_assert(PROMOTE == PROMOTE_KBLOCK, "unknown promotion")
+            acc += tl.dot(x, w.T) * kblock_scales(a_scale, b_scale, a_rows, off_m, off_n, off_k, M, N, stride_asm,
+                                                  stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, A_SCALE,
+                                                  B_SCALE, GROUP_K, GROUP_N)
+    if A_PRODUCER == A_QUANT_ROW:
+        acc = acc.to(tl.float32) * row_scale[:, None]
+    return acc

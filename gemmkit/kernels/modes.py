@@ -1,0 +1,32 @@
+"""The enums that select the shared kernel's pieces, defined once for kernels and host alike.
+
+Kernels compare their `tl.constexpr` parameters with these; host code passes `.value` (a plain
+int) as the kernel argument and names the same constants (gemmkit.core.formats maps operand
+formats onto them).
+"""
+
+import triton.language as tl
+
+# Scale kinds of an operand (A_SCALE / B_SCALE): none, one scalar, one value per row of the
+# operand (per token for A, per output channel for B: applied in the epilogue), or per row and
+# K group (A: 1 x GROUP_K; B: GROUP_N x GROUP_K blocks: applied in the K loop).
+SCALE_NONE = tl.constexpr(0)
+SCALE_TENSOR = tl.constexpr(1)
+SCALE_ROW = tl.constexpr(2)
+SCALE_KBLOCK = tl.constexpr(3)
+
+# A producers (A_PRODUCER): how the K loop gets its A tile.
+A_DENSE = tl.constexpr(0)  # loaded as stored (TMA or pointers)
+A_QUANT_ROW = tl.constexpr(1)  # 16-bit, quantized per row over the tile's K range (absmax prologue)
+A_QUANT_GROUP = tl.constexpr(2)  # 16-bit, quantized per row and BLOCK_K-wide K group (no prologue)
+
+# B producers (B_PRODUCER): how the K loop gets its B tile.
+B_DENSE = tl.constexpr(0)
+
+# Accumulation (PROMOTE): how each K tile's product joins the accumulator.
+PROMOTE_NONE = tl.constexpr(0)  # acc = dot(a, b, acc): the tensor cores' own accumulation
+PROMOTE_TILE = tl.constexpr(1)  # acc += dot(a, b): each K tile's partial sum promoted to fp32
+PROMOTE_KBLOCK = tl.constexpr(2)  # acc += dot(a, b) * a_scale[:, k] * b_scale[n, k] (block scales)
+
+# Tile maps (TILE_MAP): which output tile a work item is.
+MAP_DENSE = tl.constexpr(0)  # one (M, N) grid in grouped (L2-friendly) order

@@ -1,0 +1,28 @@
+"""The one list of gemmkit's public ops: where each lives and which config tables it reads.
+
+`gemmkit.<name>` (lazy exports), the config tables (`gemmkit.core.config.TABLES`) and the tools
+(bench, tune) all read this; adding an op means adding one entry here (and its ToolOp in
+gemmkit.tools.registry for bench and tune).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OpEntry:
+    module: str  # the module defining the public function of the same name
+    tables: tuple = ()  # config tables (gemmkit/configs/<DEVICE>/<table>.json) it reads
+
+
+OPS = {
+    "gemm_a16w16": OpEntry("gemmkit.ops.a16w16", ("a16w16",)),
+    "gemm_a8w8": OpEntry("gemmkit.ops.a8w8", ("a8w8_fp8", "a8w8_int8", "a8w8_fp8_dynamic")),
+    "gemm_a8w8_blockscale": OpEntry("gemmkit.ops.a8w8_blockscale", ("a8w8_blockscale",)),
+    "quantize_fp8": OpEntry("gemmkit.quant"),
+    "quantize_int8": OpEntry("gemmkit.quant"),
+    "dequantize": OpEntry("gemmkit.quant"),
+}
+
+TABLES = tuple(dict.fromkeys(t for entry in OPS.values() for t in entry.tables))
