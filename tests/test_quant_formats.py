@@ -179,3 +179,190 @@ def test_blockwise_empty():
 def test_blockwise_bad_input(call, exc, word):
     with pytest.raises(exc, match=word):
         call(randn(4, 300, dtype=torch.float32))
+
+
+# ---------------------------------------------------------------------------------------------
+# INT4 weight-only
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("group_size", [32, 128, None])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_int4_round_trip(dtype, group_size, symmetric):
+    N, K = sizes((10, 256), (4096, 4096))
+    w = randn(N, K, dtype=dtype, scale=0.05)
+    gs = K if group_size is None else group_size
+    w[0, :gs] = 0  # a zero group
+    w[1, :gs] = w[1, :gs].abs()  # a group of positive values (its range still starts at 0)
+    w_q, s, z = quant.quantize_int4(w, group_size, symmetric)
+    G = K // gs
+    assert w_q.dtype == torch.uint8 and w_q.shape == (N, K // 2)
+    assert s.dtype == dtype and s.shape == (N, G)
+    assert (z is None) if symmetric else (z.dtype == torch.uint8 and z.shape == (N, G) and int(z.max()) <= 15)
+    q = torch.stack((w_q & 15, w_q >> 4), dim=-1).reshape(N, K).float().reshape(N, G, gs)  # low nibble first
+    wg = w.float().reshape(N, G, gs)
+    if symmetric:
+        s_true = wg.abs().amax(-1) / 7
+        zf = torch.full((N, G, 1), 8.0)
+    else:
+        lo, hi = wg.amin(-1).clamp(max=0), wg.amax(-1).clamp(min=0)
+        s_true = (hi - lo) / 15
+    assert torch.equal(s, s_true.to(dtype))
+    sf = s.float()[..., None]
+    if not symmetric:
+        zf = torch.where(sf > 0, -lo[..., None] / sf, 0.0).round().clamp(0, 15)
+        assert torch.equal(z.float(), zf[..., 0])
+    lo_q, hi_q = (-8, 7) if symmetric else (0 - zf, 15 - zf)
+    q_ref = torch.where(sf > 0, wg / sf, 0.0).round().clamp(lo_q, hi_q) + zf
+    assert torch.equal(q, q_ref)
+    d = quant.dequantize_int4(w_q, s, z, group_size)
+    assert d.shape == (N, K) and torch.equal(d, ((q - zf) * sf).reshape(N, K))
+    assert (d[0, :gs] == 0).all()
+    # within half a step of the stored scale, plus what rounding the scale to dtype moved the ends
+    span = 7 if symmetric else 15
+    bound = sf * 0.5 + span * (sf - s_true[..., None]).abs()
+    assert ((d.reshape(N, G, gs) - wg).abs() <= bound * (1 + 1e-5) + 1e-12).all()
+
+
+def test_int4_packing_layout():
+    q = torch.tensor([[1, 2, 3, 4, 15, 0], [0, 15, 7, 8, 9, 10]], dtype=torch.uint8, device=DEVICE)
+    packed = quant.pack_int4(q)
+    assert packed.tolist() == [[0x21, 0x43, 0x0F], [0xF0, 0x87, 0xA9]]
+    assert torch.equal(quant.unpack_int4(packed), q)
+    # lo -1, hi 3: s = fl32(4 / 15) = 0.26666668, z = round(3.75) = 4; 2 / s = 7.4999998 rounds to 7
+    w = torch.tensor([[-1.0, 0.0, 2.0, 3.0] * 8], device=DEVICE)
+    w_q, s, z = quant.quantize_int4(w, 32)
+    assert z.item() == 4 and quant.unpack_int4(w_q)[0, :4].tolist() == [0, 4, 11, 15]
+
+
+@pytest.mark.parametrize("call,exc,word", [
+    (lambda w: quant.quantize_int4(w.to(torch.int32)), TypeError, "w"),
+    (lambda w: quant.quantize_int4(w[0]), ValueError, "2-D"),
+    (lambda w: quant.quantize_int4(w[:, :96]), ValueError, "divide"),
+    (lambda w: quant.quantize_int4(w, 48), ValueError, "group_size"),
+    (lambda w: quant.quantize_int4(w, True), ValueError, "group_size"),
+    (lambda w: quant.quantize_int4(w[:, :7], None), ValueError, "even"),
+    (lambda w: quant.quantize_int4(w.index_fill(1, torch.tensor([3], device=DEVICE), float("nan"))), ValueError, "NaN"),
+    (lambda w: quant.dequantize_int4(*quant.quantize_int4(w, 64)), ValueError, "w_scale"),
+    (lambda w: quant.dequantize_int4(quant.quantize_int4(w)[0], quant.quantize_int4(w)[1],
+                                     torch.zeros(4, 3, dtype=torch.uint8, device=DEVICE)), ValueError, "w_zero"),
+    (lambda w: quant.dequantize_int4(quant.quantize_int4(w)[0].int(), quant.quantize_int4(w)[1]), TypeError, "w_q"),
+])
+def test_int4_bad_input(call, exc, word):
+    with pytest.raises(exc, match=word):
+        call(randn(4, 256, dtype=torch.float16))
+
+
+# ---------------------------------------------------------------------------------------------
+# GPTQ / AWQ import: packers written from the formats' documentation, independent of gemmkit
+
+GPTQ_ORDER = list(range(8))
+AWQ_PACK_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ's WQLinear_GEMM.from_linear order_map
+
+
+def to_int32(acc):
+    """Unsigned 32-bit patterns (int64) as the int32 tensors checkpoints hold."""
+    return torch.where(acc >= 2**31, acc - 2**32, acc).to(torch.int32)
+
+
+def pack_rows(v):
+    """int (R, C) -> int32 (R // 8, C): rows 8r..8r+7 in nibbles 0..7 (GPTQ qweight)."""
+    acc = torch.zeros(v.shape[0] // 8, v.shape[1], dtype=torch.int64, device=v.device)
+    for i in range(8):
+        acc |= v[i::8].to(torch.int64) << (4 * i)
+    return to_int32(acc)
+
+
+def pack_cols(v, order):
+    """int (R, C) -> int32 (R, C // 8): nibble i of column c holds column 8c + order[i]."""
+    acc = torch.zeros(v.shape[0], v.shape[1] // 8, dtype=torch.int64, device=v.device)
+    for i in range(8):
+        acc |= v[:, order[i]::8].to(torch.int64) << (4 * i)
+    return to_int32(acc)
+
+
+def known_layer(K, N, gs):
+    q = torch.randint(0, 16, (K, N), device=DEVICE)
+    z = torch.randint(1, 16, (K // gs, N), device=DEVICE)  # GPTQ v1 cannot store a zero of 0
+    s = (torch.rand(K // gs, N, device=DEVICE) * 0.02 + 0.001).half()
+    return q, z, s
+
+
+@pytest.mark.parametrize("gs", [32, 128])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_from_gptq(gs, act_order):
+    K, N = sizes((256, 64), (4096, 1024))
+    q, z, s = known_layer(K, N, gs)
+    g_idx = torch.arange(K, device=DEVICE) // gs
+    if act_order:
+        g_idx = g_idx[torch.randperm(K, device=DEVICE)]
+    # logical dequantized weight (N, K): channel k belongs to group g_idx[k]
+    ref = ((q - z[g_idx]).double() * s[g_idx].double()).t()
+    qweight, qzeros = pack_rows(q), pack_cols(z - 1, GPTQ_ORDER)  # v1: zero stored minus one
+    w_q, w_s, w_z, group, perm = quant.from_gptq(qweight, qzeros, s, g_idx.to(torch.int32))
+    assert group == gs and w_s.dtype == torch.float16 and w_s.shape == (N, K // gs) and w_z.shape == (N, K // gs)
+    d = quant.dequantize_int4(w_q, w_s, w_z, group).double()
+    if act_order:
+        assert perm.dtype == torch.int64 and perm.shape == (K,)
+        assert (g_idx[perm].diff() >= 0).all(), "groups contiguous after the permutation"
+        assert torch.equal(d, ref[:, perm])
+        x = randn(3, K, dtype=torch.float64)
+        torch.testing.assert_close(x[:, perm] @ d.t(), x @ ref.t())
+    else:
+        assert perm is None and torch.equal(d, ref)
+    assert quant.from_gptq(qweight, qzeros, s)[4] is None  # no g_idx: trivial order
+
+
+def test_gptq_known_bits():
+    qweight = torch.full((1, 8), 0x76543210, dtype=torch.int32, device=DEVICE)  # column n: k = i holds i
+    qzeros = torch.tensor([[0x7654321F]], dtype=torch.int32, device=DEVICE)  # nibbles 15, 1, ..., 7
+    scales = torch.ones(1, 8, dtype=torch.float16, device=DEVICE)
+    w_q, _, w_z, group, _ = quant.from_gptq(qweight, qzeros, scales)
+    assert group == 8 and quant.unpack_int4(w_q).tolist() == [list(range(8))] * 8
+    assert w_z[:, 0].tolist() == [16, 2, 3, 4, 5, 6, 7, 8]  # stored + 1 (a stored 15 reads as 16)
+
+
+@pytest.mark.parametrize("gs", [64, 128])
+def test_from_awq(gs):
+    K, N = sizes((256, 64), (4096, 1024))
+    q, z, s = known_layer(K, N, gs)
+    z[0, :5] = 0  # AWQ stores zero points as they are: 0 is fine
+    g = torch.arange(K, device=DEVICE) // gs
+    ref = ((q - z[g]).double() * s[g].double()).t()
+    w_q, w_s, w_z, group, perm = quant.from_awq(pack_cols(q, AWQ_PACK_ORDER), pack_cols(z, AWQ_PACK_ORDER), s)
+    assert group == gs and perm is None
+    assert torch.equal(quant.dequantize_int4(w_q, w_s, w_z, group).double(), ref)
+
+
+def test_awq_known_bits():
+    qweight = torch.full((2, 1), 0x76543210, dtype=torch.int32, device=DEVICE)  # nibble i holds i
+    qzeros = torch.tensor([[0x76543210]], dtype=torch.int32, device=DEVICE)
+    w_q, _, w_z, group, _ = quant.from_awq(qweight, qzeros, torch.ones(1, 8, dtype=torch.float16, device=DEVICE))
+    # logical column 8c + AWQ_PACK_ORDER[i] holds nibble i, so column j holds the inverse order
+    assert group == 2 and quant.unpack_int4(w_q)[:, 0].tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert w_z[:, 0].tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+
+
+def _gptq_args():
+    K, N, G = 64, 16, 2
+    return (torch.zeros(K // 8, N, dtype=torch.int32, device=DEVICE), torch.zeros(G, N // 8, dtype=torch.int32, device=DEVICE),
+            torch.ones(G, N, dtype=torch.float16, device=DEVICE))
+
+
+@pytest.mark.parametrize("call,exc,word", [
+    (lambda a, b, c: quant.from_gptq(a.long(), b, c), TypeError, "qweight"),
+    (lambda a, b, c: quant.from_gptq(a, b[:, :1], c), ValueError, "qzeros"),
+    (lambda a, b, c: quant.from_gptq(a, b, c[:, :8]), ValueError, "scales"),
+    (lambda a, b, c: quant.from_gptq(a[:, :12], b, c[:, :12]), ValueError, "multiple of 8"),
+    (lambda a, b, c: quant.from_gptq(a, b[:1].repeat(3, 1), c[:1].repeat(3, 1)), ValueError, "divide"),
+    (lambda a, b, c: quant.from_gptq(a, b, c, bits=8), ValueError, "bits"),
+    (lambda a, b, c: quant.from_gptq(a, b, c, torch.zeros(63, dtype=torch.int32, device=DEVICE)), ValueError, "g_idx"),
+    (lambda a, b, c: quant.from_gptq(a, b, c, torch.full((64,), 2, dtype=torch.int32, device=DEVICE)), ValueError, "g_idx"),
+    (lambda a, b, c: quant.from_gptq(a, b, c, torch.arange(64, device=DEVICE) % 2 * (torch.arange(64, device=DEVICE) < 40)),
+     ValueError, "g_idx"),
+    (lambda a, b, c: quant.from_awq(a.t().contiguous()[:, :1], b, c), ValueError, "scales"),
+    (lambda a, b, c: quant.from_awq(a.t().contiguous()[:, :2], b[:, :1], c), ValueError, "qzeros"),
+    (lambda a, b, c: quant.from_awq(a.t().contiguous(), b, c.float().int()), TypeError, "scales"),
+])
+def test_import_bad_input(call, exc, word):
+    with pytest.raises(exc, match=word):
+        call(*_gptq_args())
