@@ -366,3 +366,88 @@ def _gptq_args():
 def test_import_bad_input(call, exc, word):
     with pytest.raises(exc, match=word):
         call(*_gptq_args())
+
+
+# ---------------------------------------------------------------------------------------------
+# MXFP4
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
+
+
+def mxfp4_reference(t):
+    """(codes (*, K) int64, scale exponents (*, K // 32)) by the OCP rule, nearest value by search."""
+    x = t.double().reshape(*t.shape[:-1], -1, 32)
+    amax = x.abs().amax(-1)
+    e = torch.where(amax > 0, torch.floor(torch.log2(amax)) - 2, torch.full_like(amax, -127)).clamp(-127, 127)
+    v = x / torch.pow(2.0, e)[..., None]
+    dist = (v.abs()[..., None] - E2M1.to(v.device)).abs()
+    tie = dist == dist.amin(-1, keepdim=True)
+    even = torch.arange(8, device=v.device) % 2 == 0
+    pick = tie & (even | ~(tie & even).any(-1, keepdim=True))  # among ties the even code
+    mag = pick.to(torch.int64).argmax(-1)
+    code = torch.where((v < 0) & (mag > 0), mag + 8, mag)
+    return code.reshape(t.shape), e.to(torch.int64)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", sizes([(5, 256), (2, 3, 64)], [(4096, 7168), (2, 3, 2880)]))
+def test_mxfp4(dtype, shape):
+    t = randn(*shape, dtype=torch.float32)
+    block_scale = torch.exp2(torch.randint(-20, 20, (*shape[:-1], shape[-1] // 32), device=DEVICE).float())
+    t = t * block_scale.repeat_interleave(32, -1)  # blocks of very different magnitudes
+    rows = t.view(-1, shape[-1])
+    rows[0, :32] = 0  # a zero block
+    rows[0, 32:64] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 7.0] * 4) * torch.tensor([1.0, -1.0]).repeat(16)
+    t = t.to(dtype)
+    q, s = quant.quantize_mxfp4(t)
+    assert q.dtype == torch.uint8 and q.shape == (*shape[:-1], shape[-1] // 2)
+    assert s.dtype == torch.uint8 and s.shape == (*shape[:-1], shape[-1] // 32)
+    codes = torch.stack((q & 15, q >> 4), -1).reshape(t.shape).to(torch.int64)
+    code_ref, e_ref = mxfp4_reference(t)
+    assert torch.equal(s.to(torch.int64), e_ref + 127)
+    assert torch.equal(codes, code_ref)
+    # ties to even and saturation, read from the spec: amax 7 -> exponent 0
+    assert codes.view(-1, shape[-1])[0, 32:48].tolist() == [0, 10, 2, 12, 4, 14, 6, 15] * 2
+    assert s.view(-1, shape[-1] // 32)[0, :2].tolist() == [0, 127]
+    d = quant.dequantize_mxfp4(q, s).double()
+    scale = torch.pow(2.0, e_ref.double()).repeat_interleave(32, -1)
+    v = (t.double() / scale).abs()
+    half_step = torch.where(v < 2, 0.25, torch.where(v < 4, 0.5, 1.0))
+    bound = torch.maximum(half_step, v - 6) * scale  # within half a step, or saturated to 6
+    assert ((d - t.double()).abs() <= bound).all()
+    assert (d.view(-1, shape[-1])[0, :32] == 0).all()
+
+
+def test_mxfp4_nonfinite_and_tiny():
+    t = randn(3, 64, dtype=torch.float32)
+    t[0, 3] = float("nan")
+    t[1, 40] = float("-inf")
+    t[2, :32] = torch.linspace(-1e-40, 1e-40, 32)  # subnormal absmax: exponent clamped to -127
+    q, s = quant.quantize_mxfp4(t)
+    assert s[0, 0].item() == 255 and s[1, 1].item() == 255 and s[2, 0].item() == 0
+    d = quant.dequantize_mxfp4(q, s)
+    assert torch.isnan(d[0, :32]).all() and torch.isnan(d[1, 32:]).all()
+    assert not torch.isnan(d[0, 32:]).any() and not torch.isnan(d[1, :32]).any()
+    code_ref, _ = mxfp4_reference(t[2:])
+    assert torch.equal(torch.stack((q[2:] & 15, q[2:] >> 4), -1).reshape(1, 64).to(torch.int64), code_ref)
+    assert quant.e8m0_to_float(torch.tensor([0, 1, 127, 254, 255], dtype=torch.uint8)).tolist()[:4] == \
+        [2.0**-127, 2.0**-126, 1.0, 2.0**127]
+    assert quant.e2m1_values().tolist() == E2M1.tolist() + (-E2M1).tolist()
+
+
+def test_mxfp4_packing_layout():
+    t = torch.tensor([[0.5, 1.0, -6.0, 3.0] + [0.0] * 28], device=DEVICE)  # amax 6: exponent 0
+    q, s = quant.quantize_mxfp4(t)
+    assert s.tolist() == [[127]] and q[0, :2].tolist() == [0x21, 0x5F]
+
+
+@pytest.mark.parametrize("call,exc,word", [
+    (lambda t: quant.quantize_mxfp4(t.to(torch.int32)), TypeError, "t"),
+    (lambda t: quant.quantize_mxfp4(t[:, :48]), ValueError, "multiple of 32"),
+    (lambda t: quant.quantize_mxfp4(t[0, 0]), ValueError, "0-d"),
+    (lambda t: quant.dequantize_mxfp4(quant.quantize_mxfp4(t)[0], quant.quantize_mxfp4(t)[1][:, :1]), ValueError, "scale"),
+    (lambda t: quant.dequantize_mxfp4(quant.quantize_mxfp4(t)[0].int(), quant.quantize_mxfp4(t)[1]), TypeError, "q"),
+])
+def test_mxfp4_bad_input(call, exc, word):
+    with pytest.raises(exc, match=word):
+        call(randn(4, 64, dtype=torch.bfloat16))
