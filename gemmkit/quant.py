@@ -74,6 +74,12 @@ def _make_plan(t, granularity, qdtype, quant, scale):
     return QuantizePlan(t, granularity, qdtype, quant, scale is not None, device)
 
 
+def _row_strides(t, R: int, C: int):
+    """(row stride, column stride, 64-bit indexing needed) of a non-empty t viewed as (R, C)."""
+    s_r, s_c = t.reshape(R, C).stride()
+    return s_r, s_c, (R - 1) * abs(s_r) + (C - 1) * abs(s_c) > _INT32_MAX or R * C > _INT32_MAX
+
+
 class QuantizePlan:
     """Quantization of tensors with fixed facts (see gemmkit.core.dense.plan_key)."""
 
@@ -90,9 +96,7 @@ class QuantizePlan:
         self.empty = R == 0 or C == 0
         if self.empty:
             return
-        t2 = t.reshape(R, C)
-        s_r, s_c = t2.stride()
-        index_64 = (R - 1) * abs(s_r) + (C - 1) * abs(s_c) > _INT32_MAX or R * C > _INT32_MAX
+        s_r, s_c, index_64 = _row_strides(t, R, C)
         di = device.index or 0
         if granularity == "row":
             one_pass = next_pow2(C) <= _ONE_PASS_ELEMENTS
@@ -213,9 +217,7 @@ class BlockQuantizePlan:
         self.empty = R == 0 or C == 0
         if self.empty:
             return
-        t2 = t.reshape(R, C)
-        s_r, s_c = t2.stride()
-        index_64 = (R - 1) * abs(s_r) + (C - 1) * abs(s_c) > _INT32_MAX or R * C > _INT32_MAX
+        s_r, s_c, index_64 = _row_strides(t, R, C)
         block_r = min(32, next_pow2(R)) if row_scales else block[0]
         warps = 8 if block_r * group >= 8192 else 4
         grid = (-(-R // block_r), G)
