@@ -136,3 +136,55 @@ def quantize_tensor_kernel(
         cols = ci * BLOCK_C + tl.arange(0, BLOCK_C)
         tl.store(q + rows[:, None] * stride_qr + cols[None, :], quantize_values(t, inv, QUANT),
                  mask=row_ok[:, None] & (cols[None, :] < C))
+
+
+@triton.jit
+def pow2_scales(s):
+    """(scale, 1 / scale) with a positive scale s rounded up to a power of two (UE8M0 scales):
+    adding the mantissa mask carries any nonzero mantissa into the exponent, then the mantissa is
+    cleared. s = 0 (an all-zero block) becomes 2^-126, the floor `scales_from_absmax` gives tiny
+    nonzero blocks; inf stays inf (1 / scale = 0). For s = fl(absmax / qmax) the result is never
+    below the exact quotient: fl() rounds down onto a power of two 2^e only when
+    absmax <= qmax * 2^e (qmax = 1.75 * 2^m, so the next float above qmax * 2^e is more than
+    half an ulp of 2^e above it), hence |v| / scale <= qmax and nothing saturates."""
+    bits = s.to(tl.int32, bitcast=True)
+    p = ((bits + 0x7FFFFF) & 0x7F800000).to(tl.float32, bitcast=True)
+    p = tl.where(s > 0, p, 1.1754943508222875e-38)
+    return p, tl.div_rn(1.0, p)
+
+
+@triton.jit
+def quantize_blocks_kernel(
+    x, q, scale, R, C, stride_xr, stride_xc, stride_qr, stride_sr, stride_sg,
+    QUANT: tl.constexpr, BLOCK_R: tl.constexpr, GROUP: tl.constexpr, ROW_SCALES: tl.constexpr,
+    UE8M0: tl.constexpr, EVEN_C: tl.constexpr, INDEX_64: tl.constexpr,
+):
+    """Block-wise quantization of x (R, C) to q (R, C) row-major; program (i, g) reads the
+    (BLOCK_R, GROUP) block at (i * BLOCK_R, g * GROUP) once: absmax, scale, saturating convert.
+    ROW_SCALES: one scale per row and group, scale[r, g] (1 x GROUP blocks, activations);
+    else one per block, scale[i, g] (BLOCK_R x GROUP blocks, weights). Scales may have any
+    strides (row- or column-major). UE8M0: scales rounded up to powers of two."""
+    pid_r = tl.program_id(0)
+    g = tl.program_id(1)
+    off_r = pid_r * BLOCK_R
+    off_c = g * GROUP
+    t = load_k_tile(x, off_r, off_c, R, C, stride_xr, stride_xc, BLOCK_R, GROUP, False, True, EVEN_C, INDEX_64)
+    amax = tl.max(tl.abs(t.to(tl.float32)), axis=1)
+    rows = off_r + tl.arange(0, BLOCK_R)
+    row_ok = rows < R
+    if INDEX_64:
+        rows = rows.to(tl.int64)
+    cols = off_c + tl.arange(0, GROUP)
+    mask = row_ok[:, None] & (cols[None, :] < C)
+    if ROW_SCALES:
+        s, inv = scales_from_absmax(amax, QUANT)
+        if UE8M0:
+            s, inv = pow2_scales(s)
+        tl.store(q + rows[:, None] * stride_qr + cols[None, :], quantize_values(t, inv[:, None], QUANT), mask=mask)
+        tl.store(scale + rows * stride_sr + g * stride_sg, s, mask=row_ok)
+    else:
+        s, inv = scales_from_absmax(tl.max(amax, axis=0), QUANT)
+        if UE8M0:
+            s, inv = pow2_scales(s)
+        tl.store(q + rows[:, None] * stride_qr + cols[None, :], quantize_values(t, inv, QUANT), mask=mask)
+        tl.store(scale + pid_r * stride_sr + g * stride_sg, s)
