@@ -274,6 +274,7 @@ def tune(op_name, problems, dtype, out_path: Path, cache_path: Path, workers: in
 
 
 FINALISTS = 4
+REP_MS = 8  # graph replay time per measurement (ms)
 
 
 def verify_finalists(op, problems, dtype, dev, cache: dict, log, deadline: float | None,
@@ -427,7 +428,7 @@ def main(argv=None):
                    help="JSONL of measurements, for resuming (default: beside the user table)")
     p.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)),
                    help="compile processes (0: compile in this process)")
-    p.add_argument("--rep-ms", type=int, default=8, help="graph replay time per measurement")
+    p.add_argument("--rep-ms", type=int, default=REP_MS, help="graph replay time per measurement")
     p.add_argument("--time-budget-s", type=float, default=None, help="stop measuring after this long")
     args = p.parse_args(argv)
     op = get_op(args.op)
