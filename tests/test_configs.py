@@ -274,6 +274,7 @@ def test_autotune_tunes_an_untuned_problem_once(autotuning, capsys):
     assert (op, problems, dtype) == ("a8w8", [(100, 123, 456)], "e4m3")
     assert out == user_config_dir() / H100.name / "a8w8_fp8.json"
     assert kw["workers"] == 0 and kw["buckets"] is False and kw["verbose"] is False
+    assert not autotune._tuning
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "autotuned a8w8_fp8 M=100 (bucket <= 128) N=123 K=456 (e4m3)" in err[0]
     assert str(out) in err[0]
@@ -284,10 +285,17 @@ def test_autotune_tunes_an_untuned_problem_once(autotuning, capsys):
 
 def test_autotune_refuses(autotuning, monkeypatch, capsys):
     assert not autotune.maybe_autotune("a16w16", 16, 4096, 4096, H100)  # has a shape entry
+    assert not autotune.maybe_autotune("a16w16", 0, 4096, 4096, H100)  # nothing to tune
+    monkeypatch.setattr(autotune, "_tuning", True)
+    assert not autotune.maybe_autotune("a16w16", 16, 1, 1, H100)  # called from the tuner's own GEMMs
+    monkeypatch.setattr(autotune, "_tuning", False)
     assert not autotune.maybe_autotune("a16w16", 16, 1, 1, INTERPRETER_DEVICE)  # not CUDA
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert not autotune.maybe_autotune("a16w16", 16, 1, 1, H100)  # capturing a graph
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not autotune.maybe_autotune("a16w16", 16, 1, 1, H100)  # tracing for torch.compile
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert not autotune.maybe_autotune("a16w16", 16, 1, 1, H100)  # no CUDA
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -301,6 +309,6 @@ def test_autotune_refuses(autotuning, monkeypatch, capsys):
         raise RuntimeError("out of memory")
 
     monkeypatch.setattr(tune, "tune", failing)
-    assert not autotune.maybe_autotune("a16w16", 16, 1, 1, H100)
+    assert not autotune.maybe_autotune("a16w16", 16, 1, 1, H100) and not autotune._tuning
     assert "autotuning a16w16 M=16 (bucket <= 16) N=1 K=1 failed" in capsys.readouterr().err
     assert not autotune.maybe_autotune("a16w16", 16, 1, 1, H100, "fp32")  # tried once per process

@@ -1,7 +1,7 @@
 """`GEMMKIT_AUTOTUNE=1`: tune a problem the first time it is met without a tuned entry.
 
 The config resolution calls `maybe_autotune` before it looks a config up; when the switch is on,
-the device is a CUDA GPU, no CUDA graph is being captured, and the merged tables (yours over the
+the device is a CUDA GPU, no CUDA graph is being captured (nor torch.compile tracing), and the merged tables (yours over the
 shipped ones) have no shape entry for the problem's (N, K) and M bucket, the tuner measures that
 one problem in this process (no compile workers), writes the result to your user table (shape
 entries only: the generic buckets that serve every other shape stay as they are), forgets the
@@ -23,6 +23,7 @@ from ..core.device import DeviceInfo
 ENV = "GEMMKIT_AUTOTUNE"
 
 _tried: set = set()
+_tuning = False  # the tuner's own GEMM calls must not start another tuning
 
 
 def autotune_enabled() -> bool:
@@ -40,9 +41,11 @@ def maybe_autotune(table: str, M: int, N: int, K: int, dev: DeviceInfo, dtype=No
     entry (see the module's doc); True when a table was written (the caches are then cleared:
     look the config up again). dtype: the operand dtype (a torch dtype or the tools' name; default
     the table's op's first)."""
-    if not autotune_enabled() or dev.interpreter or not torch.cuda.is_available():
+    global _tuning
+    if _tuning or not autotune_enabled() or dev.interpreter or not torch.cuda.is_available() or min(M, N, K) < 1:
         return False
-    if torch.cuda.is_current_stream_capturing():  # tuning launches and synchronizes: not in a capture
+    # tuning launches and synchronizes: not inside a CUDA-graph capture or a torch.compile trace
+    if torch.cuda.is_current_stream_capturing() or torch.compiler.is_compiling():
         return False
     key = (dev.name, table, m_bucket(M), N, K)
     if key in _tried or has_shape_entry(table, M, N, K, dev):
@@ -56,6 +59,7 @@ def maybe_autotune(table: str, M: int, N: int, K: int, dev: DeviceInfo, dtype=No
     bound = bucket_bound(m_bucket(M))
     where = f"{table} M={M} (bucket {'<= ' + str(bound) if bound else 'any'}) N={N} K={K}"
     t0 = time.time()
+    _tuning = True
     try:
         op = table_op(table)
         dtype = op_dtype(op, DTYPE_NAMES.get(dtype, dtype))
@@ -65,6 +69,8 @@ def maybe_autotune(table: str, M: int, N: int, K: int, dev: DeviceInfo, dtype=No
         print(f"gemmkit: autotuning {where} failed after {format_seconds(time.time() - t0)}: "
               f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return False
+    finally:
+        _tuning = False
     print(f"gemmkit: autotuned {where} ({dtype}) in {format_seconds(time.time() - t0)}; stored in {out}",
           file=sys.stderr, flush=True)
     return True
