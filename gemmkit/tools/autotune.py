@@ -1,12 +1,13 @@
 """`GEMMKIT_AUTOTUNE=1`: tune a problem the first time it is met without a tuned entry.
 
 The config resolution calls `maybe_autotune` before it looks a config up; when the switch is on,
-the device is a CUDA GPU, no CUDA graph is being captured (nor torch.compile tracing), and the merged tables (yours over the
-shipped ones) have no shape entry for the problem's (N, K) and M bucket, the tuner measures that
-one problem in this process (no compile workers), writes the result to your user table (shape
-entries only: the generic buckets that serve every other shape stay as they are), forgets the
-cached configs and prints one line to stderr. Each problem is tried once per process, also when
-tuning fails (a warning line, and the call goes on with the config it would have had).
+the device is a CUDA GPU, no CUDA graph is being captured (nor a torch.compile trace), and the
+merged tables (yours over the shipped ones) have no shape entry for the problem's (N, K) and M
+bucket, the tuner measures that one problem in this process (no compile workers), writes the
+result to your user table (shape entries only: the generic buckets that serve every other shape
+stay as they are), forgets the cached configs and prints one line to stderr. Each problem is
+tried once per process, also when tuning fails (a warning line, and the call goes on with the
+config it would have had).
 """
 
 from __future__ import annotations
