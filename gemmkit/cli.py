@@ -1,4 +1,4 @@
-"""The `gemmkit` command: bench, tune, demo."""
+"""The `gemmkit` command: bench, tune, configs, demo."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ USAGE = """usage: gemmkit <command> [options]
 commands:
   bench   time gemmkit against the torch baseline on model shapes (on a machine without a GPU:
           a CPU demo under the Triton interpreter instead)
-  tune    measure candidate configs on the GPU and write the op's JSON config table
+  tune    measure candidate configs on the GPU and write the op's JSON config table (yours, by default)
+  configs show: which config a call would use and where it came from (your table, the shipped
+          one, or derived from the device); no GPU needed
   demo    run the kernels on the CPU through the Triton interpreter, checked against torch
 
 `gemmkit <command> --help` for the options of each."""
@@ -25,6 +27,8 @@ def main(argv=None) -> int:
         from .tools.bench import main as run
     elif cmd == "tune":
         from .tools.tune import main as run
+    elif cmd == "configs":
+        from .tools.configs import main as run
     elif cmd == "demo":
         from .tools.demo import main as run
     else:

@@ -2,7 +2,10 @@
 interpreter on CPU tensors (small sizes). The interpreter must be chosen before gemmkit defines
 its kernels, hence here, before any test module imports them."""
 
+import atexit
 import os
+import shutil
+import tempfile
 import zlib
 
 import pytest
@@ -11,6 +14,12 @@ import torch
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
+
+# The tests read the shipped config tables only, never the tables you tuned (the user config
+# directory), and never tune on their own.
+os.environ["GEMMKIT_CONFIG_DIR"] = tempfile.mkdtemp(prefix="gemmkit-test-configs-")
+atexit.register(shutil.rmtree, os.environ["GEMMKIT_CONFIG_DIR"], True)
+os.environ.pop("GEMMKIT_AUTOTUNE", None)
 
 DEVICE = "cuda" if ON_GPU else "cpu"
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}

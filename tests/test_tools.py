@@ -8,12 +8,12 @@ import torch
 import gemmkit
 from gemmkit.core import config as cfgmod
 from gemmkit.core.config import GemmConfig, derive_config, m_bucket, select_config
-from gemmkit.core.device import DeviceInfo
+from gemmkit.core.device import DeviceInfo, known_device
 from gemmkit.core.formats import Scale, dense
 from gemmkit.tools import bench, registry, tune
 from conftest import DEVICE
 
-H100 = DeviceInfo("NVIDIA_H100_80GB_HBM3", (9, 0), 132, 232448, 50 << 20)
+H100 = known_device("NVIDIA_H100_80GB_HBM3")
 A100 = DeviceInfo("NVIDIA_A100_SXM4_80GB", (8, 0), 108, 166912, 40 << 20)
 BF16 = dense(torch.bfloat16)
 FP8 = dense(torch.float8_e4m3fn, Scale.ROW)

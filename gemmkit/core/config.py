@@ -1,6 +1,7 @@
 """GEMM configs: the type, the tuned JSON tables, and configs derived from a device's limits.
 
-Tables live in ``gemmkit/configs/<DEVICE>/<op>.json`` (DEVICE as in ``DeviceInfo.name``)::
+Tables live in ``gemmkit/configs/<DEVICE>/<op>.json`` (DEVICE as in ``DeviceInfo.name``), and
+yours, merged over them, in ``user_config_dir()/<DEVICE>/<op>.json``::
 
     {"buckets": {"M_LEQ_16": {...}, ..., "any": {...}},
      "shapes":  {"4096,14336": {"M_LEQ_16": {...}, ...}}}
@@ -197,30 +198,93 @@ def fit_to_smem(cfg: GemmConfig, dev: DeviceInfo, a: OperandFormat, b: OperandFo
     return cfg
 
 
+def user_config_dir() -> Path:
+    """Where `gemmkit tune` writes and lookups read your own tables: $GEMMKIT_CONFIG_DIR, else
+    $XDG_CACHE_HOME/gemmkit/configs, else ~/.cache/gemmkit/configs (same <DEVICE>/<op>.json layout
+    as the package's configs/)."""
+    root = os.environ.get("GEMMKIT_CONFIG_DIR")
+    if root:
+        return Path(root).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "gemmkit" / "configs"
+
+
+# Layers of a table, in order of precedence: "user" (user_config_dir()) over "shipped" (CONFIG_DIR).
+TABLE_LAYERS = ("user", "shipped")
+
+
+def table_path(device_name: str, op: str, layer: str) -> Path:
+    if layer not in TABLE_LAYERS:
+        raise ValueError(f"table_path: layer must be one of {TABLE_LAYERS}, got {layer!r}")
+    return (user_config_dir() if layer == "user" else CONFIG_DIR) / device_name / f"{op}.json"
+
+
 @functools.lru_cache(maxsize=None)
-def load_table(device_name: str, op: str) -> dict | None:
-    """The tuned table of `op` for this device: $GEMMKIT_CONFIG_DIR first (tables you tuned
-    yourself with `gemmkit tune --out`), then the package's."""
-    for root in (os.environ.get("GEMMKIT_CONFIG_DIR"), CONFIG_DIR):
-        if root:
-            path = Path(root) / device_name / f"{op}.json"
-            if path.is_file():
-                with open(path) as f:
-                    return json.load(f)
-    return None
+def load_table(device_name: str, op: str, layer: str | None = None) -> dict | None:
+    """The tuned table of `op` for this device: the user table (user_config_dir(), what
+    `gemmkit tune` writes) merged over the package's, or one `layer` of the two alone. None
+    where there is none. Merge: a user "shapes" entry overrides or extends the shipped one per
+    (N, K) and per M bucket; user "buckets" override per bucket."""
+    if layer is not None:
+        path = table_path(device_name, op, layer)
+        if not path.is_file():
+            return None
+        with open(path) as f:
+            return json.load(f)
+    user, shipped = (load_table(device_name, op, name) for name in TABLE_LAYERS)
+    if user is None or shipped is None:
+        return user or shipped
+    shapes = {nk: dict(entries) for nk, entries in shipped.get("shapes", {}).items()}
+    for nk, entries in user.get("shapes", {}).items():
+        shapes.setdefault(nk, {}).update(entries)
+    return {"buckets": {**shipped.get("buckets", {}), **user.get("buckets", {})}, "shapes": shapes}
 
 
-def _pick_bucket(entries: dict | None, M: int) -> dict | None:
+def _bucket_key(entries: dict | None, M: int) -> str | None:
+    """The smallest M_LEQ_x key of `entries` with M <= x, else "any" if present."""
     if not entries:
         return None
     best = None
-    for key, cfg in entries.items():
+    for key in entries:
         bound = bucket_bound(key)
         if bound is not None and M <= bound and (best is None or bound < best[0]):
-            best = (bound, cfg)
+            best = (bound, key)
     if best is not None:
         return best[1]
-    return entries.get("any")
+    return "any" if "any" in entries else None
+
+
+DERIVED = "derived from the device"
+
+
+def lookup_entry(device_name: str, op: str, M: int, N: int, K: int) -> tuple[dict | None, str]:
+    """(table entry, where it came from) for this problem: the merged tables' exact "N,K" entry
+    if it has a bucket for M, else their generic buckets; the source names the layer and section
+    ("user table shape entry", "shipped table generic bucket", ...), or (None, DERIVED)."""
+    merged = load_table(device_name, op)
+    if merged is None:
+        return None, DERIVED
+    user = load_table(device_name, op, "user") or {}
+    nk = f"{N},{K}"
+    for section, entries, user_entries in (
+            ("shape entry", merged.get("shapes", {}).get(nk), user.get("shapes", {}).get(nk)),
+            ("generic bucket", merged.get("buckets"), user.get("buckets"))):
+        key = _bucket_key(entries, M)
+        if key is not None:
+            return entries[key], f"{'user' if key in (user_entries or {}) else 'shipped'} table {section}"
+    return None, DERIVED
+
+
+def _lookup_m(bucket: str, below_tma: bool) -> int:
+    """The M a selection for a bucket looks up and derives with (selections are cached per
+    bucket): its bound (twice the largest for "any"), below TMA_MIN_M where M is."""
+    M = bucket_bound(bucket) or 2 * M_BUCKETS[-1]
+    return min(M, TMA_MIN_M - 1) if below_tma else M
+
+
+def config_source(op: str, M: int, N: int, K: int, dev: DeviceInfo) -> tuple[dict | None, str]:
+    """lookup_entry as select_config does it for this M: which entry it starts from, and where
+    that came from (DERIVED: no entry; the config is derived from the device)."""
+    return lookup_entry(dev.name, op, _lookup_m(m_bucket(M), M < TMA_MIN_M), N, K)
 
 
 def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,
@@ -264,15 +328,10 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
 @functools.lru_cache(maxsize=8192)
 def _select(op: str, bucket: str, below_tma: bool, N: int, K: int, dev: DeviceInfo, a: OperandFormat,
             b: OperandFormat, out_bytes: int) -> GemmConfig:
-    table = load_table(dev.name, op)
-    M = bucket_bound(bucket) or 2 * M_BUCKETS[-1]
-    if below_tma:  # the bucket straddles TMA_MIN_M: derive for an M below it
-        M = min(M, TMA_MIN_M - 1)
-    if table is not None:
-        for entries in (table.get("shapes", {}).get(f"{N},{K}"), table.get("buckets")):
-            cfg = _pick_bucket(entries, M)
-            if cfg is not None:
-                return fit_to_smem(GemmConfig.from_dict(cfg), dev, a, b, out_bytes)
+    M = _lookup_m(bucket, below_tma)  # a bucket straddling TMA_MIN_M derives for an M below it
+    cfg, _ = lookup_entry(dev.name, op, M, N, K)
+    if cfg is not None:
+        return fit_to_smem(GemmConfig.from_dict(cfg), dev, a, b, out_bytes)
     return derive_config(M, N, K, dev, a, b, out_bytes)
 
 
@@ -284,6 +343,9 @@ def select_config(op: str, M: int, N: int, K: int, dev: DeviceInfo, a: OperandFo
         raise ValueError(f"select_config: unknown table {op!r}; one of {TABLES}")
     if M < 0 or N < 0 or K < 0:
         raise ValueError(f"select_config: M, N, K must be >= 0, got {(M, N, K)}")
+    from ..tools.autotune import maybe_autotune  # returns at once unless GEMMKIT_AUTOTUNE is set
+
+    maybe_autotune(op, M, N, K, dev, a.stored or a.dtype)  # (clears the caches when it wrote an entry)
     return _select(op, m_bucket(M), M < TMA_MIN_M, N, K, dev, a, b, out_bytes)
 
 
@@ -311,7 +373,7 @@ def register_plan_cache(cache) -> None:
 
 def clear_caches() -> None:
     """Forget loaded tables, selections and the ops' plans (after the tuner rewrote a table, or
-    GEMMKIT_CONFIG_DIR changed)."""
+    the user config directory changed)."""
     load_table.cache_clear()
     _select.cache_clear()
     for cache in _plan_caches:

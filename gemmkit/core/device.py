@@ -76,6 +76,25 @@ INTERPRETER_DEVICE = DeviceInfo(
 )
 
 
+# Profiles of known GPUs, for looking at their configs from another machine (`gemmkit configs show
+# --device-name`, gemmkit.tools.codegen): what _cuda_device_info reads on them.
+KNOWN_DEVICES = {d.name: d for d in (
+    DeviceInfo("NVIDIA_H100_80GB_HBM3", (9, 0), 132, 232448, 50 << 20),  # H100 SXM
+    DeviceInfo("NVIDIA_H200", (9, 0), 132, 232448, 60 << 20),
+)}
+
+
+def known_device(name: str) -> DeviceInfo:
+    """The profile of a known GPU by (normalized or torch's) device name; the interpreter's for
+    "TRITON_INTERPRETER"."""
+    key = normalize_device_name(name)
+    if key == INTERPRETER_DEVICE.name:
+        return INTERPRETER_DEVICE
+    if key not in KNOWN_DEVICES:
+        raise ValueError(f"unknown device {name!r}; known: {', '.join([*KNOWN_DEVICES, INTERPRETER_DEVICE.name])}")
+    return KNOWN_DEVICES[key]
+
+
 @functools.lru_cache(maxsize=None)
 def _cuda_device_info(index: int) -> DeviceInfo:
     props = torch.cuda.get_device_properties(index)

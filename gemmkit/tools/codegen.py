@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from ..core.config import SMEM_SLACK, GemmConfig
-from ..core.device import DeviceInfo
+from ..core.device import DeviceInfo, known_device
 
-H100 = DeviceInfo("NVIDIA_H100_80GB_HBM3", (9, 0), 132, 232448, 50 << 20)
+H100 = known_device("NVIDIA_H100_80GB_HBM3")
 _TT_TYPES = {torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5", torch.bfloat16: "bf16",
              torch.float16: "fp16", torch.float32: "fp32", torch.int8: "i8", torch.int32: "i32"}
 

@@ -15,7 +15,10 @@ from ..core.config import GemmConfig, TMA_MIN_M
 from ..core.device import DeviceInfo
 from ..core.formats import OperandFormat, Scale, dense, quantized_in_kernel
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# --dtype names of the tools, by torch dtype
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+               torch.float8_e4m3fn: "e4m3", torch.int8: "int8"}
+DTYPES = {name: dt for dt, name in DTYPE_NAMES.items()}
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,7 @@ def _rand(shape, device, scale=1.0):
 # a16w16 --------------------------------------------------------------------------------------
 
 def _a16w16_inputs(M, N, K, dtype, device):
-    dt = _DTYPES[dtype]
+    dt = DTYPES[dtype]
     return {"x": _rand((M, K), device).to(dt), "w": (_rand((N, K), device) / K**0.5).to(dt)}
 
 
@@ -208,6 +211,15 @@ def get_op(name: str) -> ToolOp:
     return OPS[name]
 
 
+def table_op(table: str) -> ToolOp:
+    """The op that tunes a config table: the first in OPS that reads it (a8w8_fp8: a8w8)."""
+    for op in OPS.values():
+        if op.table == table:
+            return op
+    raise ValueError(f"no tool op reads the config table {table!r}; tables: "
+                     f"{', '.join(dict.fromkeys(op.table for op in OPS.values() if op.table))}")
+
+
 # ---------------------------------------------------------------------------------------------
 # model shapes
 
@@ -231,6 +243,47 @@ def model_shapes(names) -> list[tuple[str, int, int]]:
                 seen.add((N, K))
                 out.append((f"{name}.{layer}", N, K))
     return out
+
+
+def linear_shapes(model: torch.nn.Module, label: str = "model") -> list[tuple[str, int, int]]:
+    """[(label.layer, N, K)]: the (out_features, in_features) of the model's nn.Linear layers, in
+    module order, without repeating an (N, K)."""
+    out, seen = [], set()
+    for name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and (mod.out_features, mod.in_features) not in seen:
+            seen.add((mod.out_features, mod.in_features))
+            out.append((f"{label}.{name}", mod.out_features, mod.in_features))
+    return out
+
+
+def import_model_shapes(spec: str) -> list[tuple[str, int, int]]:
+    """linear_shapes of "MODULE:ATTR": an nn.Module, or a zero-argument callable (a class, a
+    factory) returning one, which is called on the meta device (no weights are allocated)."""
+    import importlib
+
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise SystemExit(f"--from-model takes MODULE:ATTR (e.g. mypkg.models:build), got {spec!r}")
+    try:
+        obj = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as e:
+        raise SystemExit(f"--from-model {spec}: {type(e).__name__}: {e}") from None
+    if not isinstance(obj, torch.nn.Module):
+        if not callable(obj):
+            raise SystemExit(f"--from-model {spec}: a {type(obj).__name__}, not an nn.Module or a callable")
+        try:
+            with torch.device("meta"):
+                obj = obj()
+        except Exception as e:  # noqa: BLE001 - the user's factory
+            raise SystemExit(f"--from-model {spec}: calling it failed: {type(e).__name__}: {e}") from None
+        if not isinstance(obj, torch.nn.Module):
+            raise SystemExit(f"--from-model {spec}: returned a {type(obj).__name__}, not an nn.Module")
+    shapes = linear_shapes(obj, spec)
+    if not shapes:
+        raise SystemExit(f"--from-model {spec}: the model has no nn.Linear layers")
+    return shapes
 
 
 # ---------------------------------------------------------------------------------------------

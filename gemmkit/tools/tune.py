@@ -1,4 +1,5 @@
-"""`gemmkit tune`: measure candidate configs on the GPU and write the op's JSON config table.
+"""`gemmkit tune`: measure candidate configs on the GPU and write the op's JSON config table (yours,
+in the user config directory, unless --package or --out).
 
 Per problem (M, N, K): candidates from the op's pruned search space are compiled in parallel
 worker processes (filling Triton's on-disk cache), then timed one by one in this process under
@@ -25,13 +26,17 @@ from pathlib import Path
 
 import torch
 
-from ..core.config import CONFIG_DIR, GemmConfig, clear_caches, m_bucket
+from ..core.config import GemmConfig, clear_caches, m_bucket, table_path, user_config_dir
 from ..core.device import device_info
-from .registry import get_op, model_shapes, op_dtype, search_space
+from .registry import get_op, import_model_shapes, model_shapes, op_dtype, search_space
 from .timing import rotation_count, time_graph_us, time_graphs_us
 
 
-def _progress(total: int, desc: str):
+def _progress(total: int, desc: str, verbose: bool = True):
+    """A progress bar with the time left: tqdm's if it is installed (`pip install gemmkit[tune]`),
+    else a line every 5%; nothing when not verbose."""
+    if not verbose:
+        return _PlainProgress(total, desc, out=None)
     try:
         from tqdm import tqdm
 
@@ -40,14 +45,28 @@ def _progress(total: int, desc: str):
         return _PlainProgress(total, desc)
 
 
+def format_seconds(s: float) -> str:
+    s = max(0, round(s))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
 class _PlainProgress:
-    def __init__(self, total, desc):
-        self.total, self.desc, self.n, self.t0 = total, desc, 0, time.time()
+    """Prints `desc: n/total (elapsed, ETA left)` every 5% of the total; out=None: silent."""
+
+    def __init__(self, total, desc, out=sys.stdout, clock=time.monotonic):
+        self.total, self.desc, self.n, self.out, self.clock = total, desc, 0, out, clock
+        self.t0 = clock()
 
     def update(self, k=1):
         self.n += k
-        if self.n == self.total or self.n % max(1, self.total // 20) == 0:
-            print(f"{self.desc}: {self.n}/{self.total} ({time.time() - self.t0:.0f} s)", flush=True)
+        if self.out is not None and (self.n == self.total or self.n % max(1, self.total // 20) == 0):
+            elapsed = self.clock() - self.t0
+            eta = "" if self.n >= self.total else f", ETA {format_seconds(elapsed / self.n * (self.total - self.n))}"
+            print(f"{self.desc}: {self.n}/{self.total} ({format_seconds(elapsed)}{eta})", file=self.out, flush=True)
 
     def close(self):
         pass
@@ -145,15 +164,22 @@ def worker_count(op, jobs, workers: int, device_bytes: int) -> int:
     return max(1, min(workers, int(0.6 * device_bytes // (largest + (1 << 30)))))
 
 
-def precompile(op_name, jobs, workers: int) -> dict:
-    """jobs: [(M, N, K, dtype, cfg)] -> {(M, N, K, cfg_key): (error or None, signature or None)}."""
+def precompile(op_name, jobs, workers: int, verbose: bool = True) -> dict:
+    """jobs: [(M, N, K, dtype, cfg)] -> {(M, N, K, cfg_key): (error or None, signature or None)}.
+    workers=0: compile one by one in this process (no process pool)."""
     results = {}
     if not jobs:
+        return results
+    bar = _progress(len(jobs), "compile", verbose)
+    if workers == 0:
+        for M, N, K, dt, cfg in jobs:
+            results[(M, N, K, cfg_key(cfg))] = _compile_worker(op_name, M, N, K, dt, cfg.to_dict())
+            bar.update(1)
+        bar.close()
         return results
     import multiprocessing as mp
 
     workers = worker_count(get_op(op_name), jobs, workers, torch.cuda.get_device_properties(0).total_memory)
-    bar = _progress(len(jobs), "compile")
     with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn")) as pool:
         futures = {pool.submit(_compile_worker, op_name, M, N, K, dt, cfg.to_dict()): (M, N, K, cfg_key(cfg))
                    for M, N, K, dt, cfg in jobs}
@@ -186,28 +212,32 @@ def load_cache(path: Path) -> dict:
     return cache
 
 
-def tune(op_name, shapes, ms, dtype, out_path: Path, cache_path: Path, workers: int, rep_ms: int,
-         command: str, time_budget_s: float | None = None) -> dict:
+def tune(op_name, problems, dtype, out_path: Path, cache_path: Path, workers: int, rep_ms: int,
+         command: str, time_budget_s: float | None = None, buckets: bool = True, verbose: bool = True) -> dict:
+    """Measure the candidates of each (M, N, K) in `problems` (workers: compile processes, 0: in
+    this one) and write the table at out_path (buckets: also its generic buckets); verbose:
+    progress on stdout."""
     op = get_op(op_name)
     dev = device_info()
     cache = load_cache(cache_path)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
+    say = print if verbose else (lambda *a, **k: None)
 
-    problems = list(dict.fromkeys((M, N, K) for _, N, K in shapes for M in ms))  # each once
+    problems = list(dict.fromkeys(problems))  # each once
     todo = {p: [c for c in search_space(op, *p, dev) if (*p, dtype, cfg_key(c)) not in cache] for p in problems}
     jobs = [(M, N, K, dtype, c) for (M, N, K), cands in todo.items() for c in cands]
-    print(f"tuning {op_name} ({dtype}) on {dev.name}: {len(problems)} problems, {len(jobs)} candidates to measure "
-          f"({sum(1 for k in cache if k[3] == dtype)} cached)", flush=True)
-    compiled = precompile(op_name, jobs, workers)
+    say(f"tuning {op_name} ({dtype}) on {dev.name}: {len(problems)} problems, {len(jobs)} candidates to measure "
+        f"({sum(1 for k in cache if k[3] == dtype)} cached)", flush=True)
+    compiled = precompile(op_name, jobs, workers, verbose)
 
-    bar = _progress(len(jobs), "measure")
+    bar = _progress(len(jobs), "measure", verbose)
     with open(cache_path, "a") as log:
         for (M, N, K), cands in todo.items():
             if not cands:
                 continue
             if time_budget_s is not None and time.time() - t_start > time_budget_s:
-                print("time budget spent; rerun to resume", flush=True)
+                say("time budget spent; rerun to resume", flush=True)
                 break
             sets = input_sets(op, M, N, K, dtype, dev)
             ref = op.reference(sets[0])
@@ -237,16 +267,18 @@ def tune(op_name, shapes, ms, dtype, out_path: Path, cache_path: Path, workers: 
             torch.cuda.empty_cache()
         bar.close()
         deadline = None if time_budget_s is None else t_start + time_budget_s
-        verify_finalists(op, problems, dtype, dev, cache, log, deadline)
-    table = write_table(op_name, dtype, cache, out_path, command, dev.name)
-    print(f"wrote {out_path} ({time.time() - t_start:.0f} s)", flush=True)
+        verify_finalists(op, problems, dtype, dev, cache, log, deadline, verbose)
+    table = write_table(op_name, dtype, cache, out_path, command, dev.name, buckets)
+    say(f"wrote {out_path} ({format_seconds(time.time() - t_start)})", flush=True)
     return table
 
 
 FINALISTS = 4
+REP_MS = 8  # graph replay time per measurement (ms)
 
 
-def verify_finalists(op, problems, dtype, dev, cache: dict, log, deadline: float | None) -> None:
+def verify_finalists(op, problems, dtype, dev, cache: dict, log, deadline: float | None,
+                     verbose: bool = True) -> None:
     """Re-time the fastest FINALISTS candidates of each problem together, their graph replays
     interleaved for a second or more of sustained load, as `gemmkit bench` times them; record
     the result as "us_sustained". The first ranking times each candidate alone in a short burst,
@@ -266,10 +298,11 @@ def verify_finalists(op, problems, dtype, dev, cache: dict, log, deadline: float
         return len({r.get("verified") for r in recs}) == 1 and "verified" in recs[0]
 
     todo = [p for p in problems if len(by_problem.get(p, ())) > 1 and not verified_together(finalists(p))]
-    bar = _progress(len(todo), "verify")
+    bar = _progress(len(todo), "verify", verbose)
     for M, N, K in todo:
         if deadline is not None and time.time() > deadline:
-            print("time budget spent; rerun to resume", flush=True)
+            if verbose:
+                print("time budget spent; rerun to resume", flush=True)
             break
         recs = finalists((M, N, K))
         sets = input_sets(op, M, N, K, dtype, dev)
@@ -290,7 +323,7 @@ def verify_finalists(op, problems, dtype, dev, cache: dict, log, deadline: float
 LARGE_M = 4096
 
 
-def write_table(op_name, dtype, cache, out_path: Path, command: str, device_name: str) -> dict:
+def write_table(op_name, dtype, cache, out_path: Path, command: str, device_name: str, buckets: bool = True) -> dict:
     """Regenerate the tuned entries of the JSON table at out_path from all measurements in
     `cache` for this dtype (entries of the table that the cache does not cover are kept).
 
@@ -299,7 +332,8 @@ def write_table(op_name, dtype, cache, out_path: Path, command: str, device_name
     "any" when it is at least LARGE_M (else larger M falls through to the generic buckets: a
     config tuned for M = 16 is no guess for M = 4096). buckets: per tuned M, the config with the
     least geometric-mean slowdown over every (N, K) measured at that M (among the configs
-    measured on all of them).
+    measured on all of them); not written where `buckets` is false (a table of a few shapes
+    tuned on demand must not set the configs of all others).
     """
     table = json.loads(out_path.read_text()) if out_path.is_file() else {}
     table.setdefault("buckets", {})
@@ -330,7 +364,7 @@ def write_table(op_name, dtype, cache, out_path: Path, command: str, device_name
             entry.pop("any", None)
         for ck, t in times.items():
             slowdowns.setdefault(M, {}).setdefault(ck, []).append(t / fastest)
-    for M, per_cfg in slowdowns.items():
+    for M, per_cfg in (slowdowns.items() if buckets else ()):
         most = max(map(len, per_cfg.values()))
         covered = {ck: v for ck, v in per_cfg.items() if len(v) == most}
         generic = json.loads(min(covered, key=lambda ck: math.fsum(map(math.log, covered[ck]))))
@@ -365,18 +399,36 @@ def _triton_version():
     return triton.__version__
 
 
+def default_cache(device_name: str, op_name: str) -> Path:
+    """The measurements of an op on a device, beside its user table (so a rerun resumes)."""
+    return user_config_dir() / device_name / f"{op_name}.tune.jsonl"
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="gemmkit tune", description=__doc__.split("\n\n")[0])
     p.add_argument("op", help="op to tune, e.g. a16w16")
     p.add_argument("--shapes", type=int, nargs="+", metavar="N K", help="(N, K) weight shapes, pairs of ints")
     p.add_argument("--model", nargs="+", default=[], help="models from gemmkit/tools/models.json")
+    p.add_argument("--from-model", action="append", default=[], metavar="MODULE:ATTR",
+                   help="the nn.Linear shapes of a Python model: an nn.Module or a zero-argument callable "
+                        "returning one (repeatable)")
     p.add_argument("--m", type=int, nargs="+", default=[16, 64, 256, 1024, 4096],
-                   help="M values to tune, one per bucket (the largest, if >= 4096, also fills the shape's 'any')")
+                   help="M values to tune the (N, K) shapes at, one per bucket (the largest, if >= 4096, also "
+                        "fills the shape's 'any')")
+    p.add_argument("--shape", type=int, nargs=3, action="append", default=[], metavar=("M", "N", "K"),
+                   help="tune exactly this problem (M picks the bucket); repeatable")
     p.add_argument("--dtype", default=None, help="operand dtype (default: the op's first)")
-    p.add_argument("--out", type=Path, default=None, help="table to write/merge (default: the package's)")
-    p.add_argument("--cache", type=Path, default=None, help="JSONL of measurements, for resuming")
-    p.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
-    p.add_argument("--rep-ms", type=int, default=8, help="graph replay time per measurement")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path, default=None,
+                       help="table to write/merge (default: your user table, see `gemmkit configs show`)")
+    where.add_argument("--package", action="store_true", help="write the package's shipped table (maintainers)")
+    p.add_argument("--no-buckets", action="store_true",
+                   help="write the tuned shapes' entries only, not the generic buckets that serve all other shapes")
+    p.add_argument("--cache", type=Path, default=None,
+                   help="JSONL of measurements, for resuming (default: beside the user table)")
+    p.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)),
+                   help="compile processes (0: compile in this process)")
+    p.add_argument("--rep-ms", type=int, default=REP_MS, help="graph replay time per measurement")
     p.add_argument("--time-budget-s", type=float, default=None, help="stop measuring after this long")
     args = p.parse_args(argv)
     op = get_op(args.op)
@@ -384,18 +436,24 @@ def main(argv=None):
         raise SystemExit(f"{args.op} has no config table to tune")
     dtype = op_dtype(op, args.dtype)  # the table and the cache records are per dtype
     shapes = model_shapes(args.model) if args.model else []
+    for spec in args.from_model:
+        shapes += import_model_shapes(spec)
     if args.shapes:
         if len(args.shapes) % 2:
             raise SystemExit("--shapes takes pairs: N K [N K ...]")
         shapes += [(f"{n}x{k}", n, k) for n, k in zip(args.shapes[::2], args.shapes[1::2])]
-    if not shapes:
-        raise SystemExit("give --shapes N K ... and/or --model NAME ...")
-    if min(min(n, k) for _, n, k in shapes) < 1 or min(args.m) < 1:
-        raise SystemExit("--shapes and --m take sizes >= 1")
+    if not shapes and not args.shape:
+        raise SystemExit("give --shape M N K, --shapes N K ..., --model NAME ... and/or --from-model MODULE:ATTR")
+    problems = [(M, N, K) for _, N, K in shapes for M in sorted(set(args.m))] + [tuple(s) for s in args.shape]
+    if min(min(p) for p in problems) < 1:
+        raise SystemExit("--shape, --shapes and --m take sizes >= 1")
+    if args.workers < 0:
+        raise SystemExit("--workers takes a count >= 0")
     if not torch.cuda.is_available():
         raise SystemExit("gemmkit tune measures kernels on a CUDA GPU; none is available here")
     dev = device_info()
-    out = args.out or CONFIG_DIR / dev.name / f"{op.table}.json"
-    cache = args.cache or Path.home() / ".cache" / "gemmkit" / f"tune-{dev.name}-{args.op}.jsonl"
+    out = args.out or table_path(dev.name, op.table, "shipped" if args.package else "user")
+    cache = args.cache or default_cache(dev.name, args.op)
     command = "gemmkit tune " + " ".join(argv if argv is not None else sys.argv[1:])
-    tune(args.op, shapes, sorted(set(args.m)), dtype, out, cache, args.workers, args.rep_ms, command, args.time_budget_s)
+    tune(args.op, problems, dtype, out, cache, args.workers, args.rep_ms, command, args.time_budget_s,
+         buckets=not args.no_buckets)

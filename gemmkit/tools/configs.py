@@ -1,0 +1,95 @@
+"""`gemmkit configs show`: which config a call would use, and where it came from.
+
+For each op's config table and each problem (M, N, K): the config select_config picks on this
+device (or on a known GPU's profile, --device-name), and its source: your user table's or the
+shipped table's shape entry or generic bucket, or derived from the device. Needs no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..core.config import GemmConfig, config_source, select_config, table_path, user_config_dir
+from ..core.device import KNOWN_DEVICES, DeviceInfo, device_info, known_device
+from .registry import DTYPES, OPS, get_op, op_dtype, table_op
+
+# Illustrative problems: decode, prefill and square, on Llama-3 8B weights and one untuned shape.
+DEFAULT_SHAPES = [(16, 4096, 4096), (256, 6144, 4096), (4096, 28672, 4096), (8192, 8192, 8192), (64, 3000, 1000)]
+OUT_DTYPES = ("bf16", "fp16", "fp32")
+_FLAGS = ("TMA", "PERSISTENT", "WARP_SPECIALIZE", "EPILOGUE_SUBTILE", "STREAM_K")
+
+
+def describe(cfg: GemmConfig) -> str:
+    """'128x256x64 GROUP_M=8 SPLIT_K=1 warps=8 stages=3 TMA PERSISTENT'"""
+    flags = [f for f in _FLAGS if getattr(cfg, f)]
+    return " ".join([f"{cfg.BLOCK_M}x{cfg.BLOCK_N}x{cfg.BLOCK_K} GROUP_M={cfg.GROUP_M} SPLIT_K={cfg.SPLIT_K} "
+                     f"warps={cfg.num_warps} stages={cfg.num_stages}", *flags])
+
+
+def device_line(dev: DeviceInfo, named: bool) -> str:
+    specs = f"{dev.num_sms} SMs, {dev.smem_per_block} B shared memory per block, {dev.l2_bytes >> 20} MB L2"
+    if named:
+        return f"device: {dev.name} (its known profile: {specs}; not necessarily this machine's)"
+    if dev.interpreter:
+        known = next(iter(KNOWN_DEVICES))
+        return (f"device: {dev.name}, the Triton interpreter's profile ({specs}): no CUDA GPU in use; "
+                f"--device-name {known} shows what that GPU would pick")
+    return f"device: {dev.name} ({specs})"
+
+
+def show_lines(ops, shapes, dev: DeviceInfo, dtype: str | None, out_dtype: str) -> list[str]:
+    out_bytes = DTYPES[out_dtype].itemsize
+    lines = []
+    for op in ops:
+        dt = op_dtype(op, dtype)
+        lines.append(f"\n{op.name}: table {op.table}, {dt} operands, {out_dtype} output")
+        for layer in ("user", "shipped"):
+            path = table_path(dev.name, op.table, layer)
+            lines.append(f"  {layer} table: {path}{'' if path.is_file() else ' (none)'}")
+        for M, N, K in shapes:
+            cfg = select_config(op.table, M, N, K, dev, *op.formats, out_bytes)
+            entry, source = config_source(op.table, M, N, K, dev)
+            fitted = entry is not None and GemmConfig.from_dict(entry) != cfg
+            lines.append(f"  M={M} N={N} K={K}: {describe(cfg)}  [{source}"
+                         f"{', fitted to the shared memory' if fitted else ''}]")
+    return lines
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="gemmkit configs", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("show", help="which config each op's table gives a problem, and where it came from")
+    s.add_argument("--op", nargs="+", default=None,
+                   help="ops (as in gemmkit bench/tune; default: one per config table)")
+    s.add_argument("--shape", type=int, nargs=3, action="append", default=None, metavar=("M", "N", "K"),
+                   help="a problem to look up; repeatable (default: a few illustrative ones)")
+    s.add_argument("--dtype", default=None, help="operand dtype (default: each op's first)")
+    s.add_argument("--out-dtype", default="bf16", choices=OUT_DTYPES)
+    s.add_argument("--device-name", default=None,
+                   help=f"show a known GPU's picks instead of this device's: {', '.join(KNOWN_DEVICES)}")
+    args = p.parse_args(argv)
+    if args.op:
+        ops = [get_op(name) for name in args.op]
+        missing = [op.name for op in ops if op.table is None]
+        if missing:
+            raise SystemExit(f"{', '.join(missing)}: no config table (not a GEMM with tuned configs)")
+    else:
+        ops = [table_op(t) for t in dict.fromkeys(op.table for op in OPS.values() if op.table)]
+        if args.dtype:
+            ops = [op for op in ops if args.dtype in op.dtypes]
+            if not ops:
+                raise SystemExit(f"--dtype {args.dtype}: no op takes it; dtypes: "
+                                 f"{', '.join(dict.fromkeys(d for op in OPS.values() if op.table for d in op.dtypes))}")
+    shapes = [tuple(s) for s in args.shape] if args.shape else DEFAULT_SHAPES
+    if min(min(s) for s in shapes) < 1:
+        raise SystemExit("--shape takes sizes >= 1")
+    if args.device_name:
+        try:
+            dev = known_device(args.device_name)
+        except ValueError as e:
+            raise SystemExit(f"--device-name: {e}") from None
+    else:
+        dev = device_info()
+    print(device_line(dev, named=bool(args.device_name)))
+    print(f"user config dir: {user_config_dir()} (GEMMKIT_CONFIG_DIR, else $XDG_CACHE_HOME/gemmkit/configs)")
+    print("\n".join(show_lines(ops, shapes, dev, args.dtype, args.out_dtype)))

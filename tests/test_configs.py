@@ -1,0 +1,314 @@
+"""User config tables over the shipped ones, `gemmkit configs show`, the tuner's new requests
+(--shape, --from-model, user table by default), GEMMKIT_AUTOTUNE's hook. CPU only, fast."""
+
+import io
+import json
+
+import pytest
+import torch
+
+import gemmkit
+from gemmkit import cli
+from gemmkit.core import config as cfgmod
+from gemmkit.core.config import config_source, load_table, select_config, user_config_dir
+from gemmkit.core.device import INTERPRETER_DEVICE, KNOWN_DEVICES, DeviceInfo, known_device
+from gemmkit.tools import autotune, registry, tune
+
+H100 = known_device("NVIDIA_H100_80GB_HBM3")
+
+
+def entry(bm):
+    return {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 64}
+
+
+@pytest.fixture
+def tables(tmp_path, monkeypatch):
+    """Write tables for H100 into a shipped and a user directory: write(layer, table)."""
+    shipped, user = tmp_path / "shipped", tmp_path / "user"
+    monkeypatch.setattr(cfgmod, "CONFIG_DIR", shipped)
+    monkeypatch.setenv("GEMMKIT_CONFIG_DIR", str(user))
+    cfgmod.clear_caches()
+
+    def write(layer, table, op="a16w16", device=H100.name):
+        path = (user if layer == "user" else shipped) / device / f"{op}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(table))
+        cfgmod.clear_caches()
+        return path
+
+    yield write
+    cfgmod.clear_caches()
+
+
+def test_user_table_merges_over_shipped_per_shape_and_bucket(tables):
+    tables("shipped", {"buckets": {"M_LEQ_16": entry(16), "any": entry(128)},
+                       "shapes": {"4096,4096": {"M_LEQ_16": entry(16), "M_LEQ_64": entry(64)}}})
+    tables("user", {"buckets": {"any": entry(256)},
+                    "shapes": {"4096,4096": {"M_LEQ_64": entry(32)}, "100,200": {"M_LEQ_16": entry(32)}}})
+
+    def pick(M, N, K):
+        src = config_source("a16w16", M, N, K, H100)
+        return select_config("a16w16", M, N, K, H100, 2, 2).BLOCK_M, src[1], src[0]
+
+    assert pick(16, 4096, 4096) == (16, "shipped table shape entry", entry(16))  # the user's entry lacks M_LEQ_16
+    assert pick(64, 4096, 4096) == (32, "user table shape entry", entry(32))  # overridden per bucket
+    assert pick(8, 100, 200) == (32, "user table shape entry", entry(32))  # a shape only the user tuned
+    assert pick(1000, 4096, 4096)[:2] == (256, "user table generic bucket")  # no shape bucket: user "any"
+    assert pick(10, 1, 1)[:2] == (16, "shipped table generic bucket")
+    assert config_source("a16w16", 16, 4096, 4096, INTERPRETER_DEVICE) == (None, "derived from the device")
+    merged = load_table(H100.name, "a16w16")
+    assert merged["shapes"]["4096,4096"] == {"M_LEQ_16": entry(16), "M_LEQ_64": entry(32)}
+    assert merged["buckets"] == {"M_LEQ_16": entry(16), "any": entry(256)}
+    assert load_table(H100.name, "a16w16", "user")["buckets"] == {"any": entry(256)}
+    with pytest.raises(ValueError, match="layer"):
+        load_table(H100.name, "a16w16", "mine")
+
+
+def test_user_table_alone_and_default_directory(tables, tmp_path, monkeypatch):
+    tables("user", {"shapes": {"4096,4096": {"M_LEQ_16": entry(32)}}}, op="a8w8_fp8", device="NEW_GPU")
+    dev = DeviceInfo("NEW_GPU", (9, 0), 132, 232448, 60 << 20)
+    assert config_source("a8w8_fp8", 16, 4096, 4096, dev) == (entry(32), "user table shape entry")
+    assert config_source("a8w8_fp8", 256, 4096, 4096, dev) == (None, "derived from the device")
+    monkeypatch.delenv("GEMMKIT_CONFIG_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert user_config_dir() == tmp_path / "xdg" / "gemmkit" / "configs"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert user_config_dir() == tmp_path / "home" / ".cache" / "gemmkit" / "configs"
+
+
+def test_known_devices():
+    assert known_device("NVIDIA H100 80GB HBM3") is H100 and H100.num_sms == 132
+    h200 = known_device("NVIDIA_H200")
+    assert h200.l2_bytes > H100.l2_bytes and h200.smem_per_block == H100.smem_per_block
+    assert known_device("TRITON_INTERPRETER") is INTERPRETER_DEVICE
+    with pytest.raises(ValueError, match="known: NVIDIA_H100_80GB_HBM3"):
+        known_device("NVIDIA A100")
+    from gemmkit.tools import codegen
+
+    assert codegen.H100 is KNOWN_DEVICES["NVIDIA_H100_80GB_HBM3"]
+
+
+def test_table_op_maps_every_table():
+    for table in cfgmod.TABLES:
+        assert registry.table_op(table).table == table
+    assert registry.table_op("a8w8_fp8").name == "a8w8" and registry.table_op("a8w8_fp8_dynamic").name == "a8w8_dynamic"
+    with pytest.raises(ValueError, match="a16w16"):
+        registry.table_op("nope")
+
+
+def test_configs_show_on_this_device(tables, capsys):
+    assert cli.main(["configs", "show", "--op", "a16w16", "a8w8", "--shape", "16", "4096", "4096"]) == 0
+    out = capsys.readouterr().out
+    dev = gemmkit.device_info()
+    assert f"device: {dev.name}" in out
+    assert "a16w16: table a16w16, bf16 operands, bf16 output" in out and "a8w8: table a8w8_fp8, e4m3" in out
+    assert out.count("M=16 N=4096 K=4096: ") == 2
+    if dev.interpreter:
+        assert "the Triton interpreter's profile" in out and "--device-name NVIDIA_H100_80GB_HBM3" in out
+        assert out.count("[derived from the device]") == 2
+    cli.main(["configs", "show"])  # defaults: one op per table, the illustrative shapes
+    out = capsys.readouterr().out
+    for table in cfgmod.TABLES:
+        assert f"table {table}," in out
+    assert out.count(" N=") == len(cfgmod.TABLES) * 5
+
+
+def test_configs_show_for_a_named_device(tables, capsys):
+    wide = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "TMA": True, "num_warps": 8, "num_stages": 4}
+    tables("shipped", {"buckets": {"any": wide}, "shapes": {"4096,4096": {"M_LEQ_16": entry(16)}}})
+    user = tables("user", {"shapes": {"4096,4096": {"M_LEQ_16": dict(entry(32), SPLIT_K=2)}}})
+    argv = ["configs", "show", "--device-name", "NVIDIA_H100_80GB_HBM3", "--op", "a16w16",
+            "--shape", "16", "4096", "4096", "--shape", "4096", "4096", "4096", "--out-dtype", "fp32"]
+    cli.main(argv)
+    out = capsys.readouterr().out
+    assert "device: NVIDIA_H100_80GB_HBM3 (its known profile: 132 SMs" in out
+    assert f"user table: {user}\n" in out and "fp32 output" in out
+    assert "M=16 N=4096 K=4096: 32x64x64 GROUP_M=8 SPLIT_K=2 warps=4 stages=3  [user table shape entry]" in out
+    # its fp32 output tile does not fit beside four stages: split epilogue, three stages
+    assert ("M=4096 N=4096 K=4096: 128x256x64 GROUP_M=8 SPLIT_K=1 warps=8 stages=3 TMA EPILOGUE_SUBTILE  "
+            "[shipped table generic bucket, fitted to the shared memory]") in out
+    user.unlink()
+    cfgmod.clear_caches()
+    cli.main(argv)
+    out = capsys.readouterr().out
+    assert "(none)" in out and "M=16 N=4096 K=4096: 16x64x64 GROUP_M=8 SPLIT_K=1 warps=4 stages=3  [shipped table shape entry]" in out
+
+
+@pytest.mark.parametrize("argv", [["show", "--device-name", "NVIDIA A100"], ["show", "--op", "quant_fp8_row"],
+                                  ["show", "--op", "nope"], ["show", "--shape", "0", "1", "1"], ["show", "--shape", "1", "2"],
+                                  ["show", "--dtype", "fp64"], ["show", "--op", "a16w16", "--dtype", "e4m3"], []])
+def test_configs_show_argument_errors(argv):
+    from gemmkit.tools import configs
+
+    with pytest.raises(SystemExit) as e:
+        configs.main(argv)
+    assert e.value.code != 0
+
+
+# --from-model ------------------------------------------------------------------------------
+
+
+class TinyModel(torch.nn.Module):
+    built_on = []
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(64, 128)
+        self.block = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(128, 64, bias=False), torch.nn.Linear(64, 128))
+        self.conv = torch.nn.Conv1d(4, 4, 3)
+        TinyModel.built_on.append(self.fc1.weight.device.type)
+
+
+tiny_instance = torch.nn.Sequential(torch.nn.Linear(8, 16))
+not_a_model = 3
+
+
+def no_linear():
+    return torch.nn.ReLU()
+
+
+def broken():
+    raise RuntimeError("needs weights")
+
+
+def test_from_model_collects_linear_layers():
+    assert registry.linear_shapes(TinyModel(), "m") == [("m.fc1", 128, 64), ("m.block.1", 64, 128)]
+    TinyModel.built_on.clear()
+    assert registry.import_model_shapes(f"{__name__}:TinyModel") == [
+        (f"{__name__}:TinyModel.fc1", 128, 64), (f"{__name__}:TinyModel.block.1", 64, 128)]
+    assert TinyModel.built_on == ["meta"]  # no weights allocated
+    assert registry.import_model_shapes(f"{__name__}:tiny_instance")[0][1:] == (16, 8)
+    for spec, why in [("nocolon", "MODULE:ATTR"), ("no_such_module_xyz:m", "ModuleNotFoundError"),
+                      (f"{__name__}:missing", "AttributeError"), (f"{__name__}:not_a_model", "not an nn.Module"),
+                      (f"{__name__}:no_linear", "no nn.Linear"), (f"{__name__}:broken", "needs weights")]:
+        with pytest.raises(SystemExit, match=why):
+            registry.import_model_shapes(spec)
+
+
+# gemmkit tune ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ["a16w16", "--shape", "16", "64"], ["a16w16", "--shape", "0", "64", "64"], ["a16w16", "--shape", "16", "64", "-1"],
+    ["a16w16", "--from-model", "nocolon"], ["a16w16", "--from-model", f"{__name__}:not_a_model"], ["a16w16"],
+    ["a16w16", "--shape", "16", "64", "64", "--out", "t.json", "--package"],
+    ["a16w16", "--shape", "16", "64", "64", "--workers", "-1"], ["quant_fp8_row", "--shape", "16", "64", "64"]])
+def test_tune_argument_errors_come_before_the_gpu_check(argv):
+    with pytest.raises(SystemExit) as e:
+        tune.main(argv)
+    assert e.value.code != 0 and "CUDA" not in str(e.value)
+
+
+def test_tune_requests_and_default_table(tables, monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(tune.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(tune, "device_info", lambda: H100)
+    monkeypatch.setattr(tune, "tune", lambda *a, **k: calls.append((a, k)))
+    tune.main(["a16w16", "--shape", "100", "4096", "4096", "--shape", "8", "1", "2", "--shapes", "64", "128",
+               "--m", "16", "1", "--from-model", f"{__name__}:TinyModel"])
+    (op, problems, dtype, out, cache, workers, *_), kw = calls[-1]
+    assert (op, dtype, kw["buckets"]) == ("a16w16", "bf16", True)
+    # --from-model, then --shapes, at each --m; then each --shape as given (tune() drops repeats)
+    assert problems == [(1, 128, 64), (16, 128, 64), (1, 64, 128), (16, 64, 128), (1, 64, 128), (16, 64, 128),
+                        (100, 4096, 4096), (8, 1, 2)]
+    assert out == user_config_dir() / H100.name / "a16w16.json" and str(out).startswith(str(tmp_path / "user"))
+    assert cache.parent == out.parent and cache.suffix == ".jsonl"
+    tune.main(["a8w8", "--shape", "16", "64", "64", "--package", "--no-buckets", "--workers", "0"])
+    (op, problems, dtype, out, cache, workers, *_), kw = calls[-1]
+    assert out == cfgmod.CONFIG_DIR / H100.name / "a8w8_fp8.json" and workers == 0 and not kw["buckets"]
+    assert problems == [(16, 64, 64)]
+
+
+def test_precompile_without_workers_runs_in_this_process(monkeypatch):
+    seen = []
+    monkeypatch.setattr(tune, "_compile_worker", lambda *a: seen.append(a) or (None, (("h", (1,)),)))
+    cfg = cfgmod.GemmConfig(16, 16, 32)
+    res = tune.precompile("a16w16", [(16, 32, 64, "bf16", cfg), (32, 32, 64, "bf16", cfg)], 0, verbose=False)
+    assert [s[1] for s in seen] == [16, 32]
+    assert res[(16, 32, 64, tune.cfg_key(cfg))] == (None, (("h", (1,)),))
+
+
+def test_write_table_without_buckets(tmp_path):
+    key = tune.cfg_key(cfgmod.GemmConfig(32, 64, 64))
+    out = tmp_path / "t.json"
+    out.write_text(json.dumps({"buckets": {"any": entry(16)}}))
+    table = tune.write_table("a16w16", "bf16", {(16, 100, 200, "bf16", key): {"us": 1.0}}, out, "c", "DEV", buckets=False)
+    assert table["buckets"] == {"any": entry(16)} and table["shapes"]["100,200"]["M_LEQ_16"]["BLOCK_M"] == 32
+
+
+def test_plain_progress_prints_an_eta():
+    ticks = iter([0.0, 20.0, 40.0, 3725.0])
+    buf = io.StringIO()
+    bar = tune._PlainProgress(4, "measure", out=buf, clock=lambda: next(ticks))
+    bar.update()  # t = 20: 1 of 4 took 20 s
+    bar.update()  # t = 40
+    bar.update(2)  # t = 3725: done, no ETA
+    assert buf.getvalue().splitlines() == ["measure: 1/4 (20 s, ETA 1 min 00 s)", "measure: 2/4 (40 s, ETA 40 s)",
+                                           "measure: 4/4 (1 h 02 min)"]
+    silent = tune._PlainProgress(4, "x", out=None)
+    silent.update(4)
+    assert silent.n == 4
+    assert tune.format_seconds(59.6) == "1 min 00 s" and tune.format_seconds(-3) == "0 s"
+
+
+# GEMMKIT_AUTOTUNE ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def autotuning(tables, monkeypatch):
+    """Autotune on, a CUDA device that is not capturing, a fake tuner: returns its calls."""
+    calls = []
+    monkeypatch.setenv("GEMMKIT_AUTOTUNE", "1")
+    monkeypatch.setattr(autotune, "_tried", set())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(tune, "tune", lambda *a, **k: calls.append((a, k)))
+    tables("shipped", {"shapes": {"4096,4096": {"M_LEQ_16": entry(16)}}})
+    return calls
+
+
+def test_autotune_tunes_an_untuned_problem_once(autotuning, capsys):
+    assert autotune.maybe_autotune("a8w8_fp8", 100, 123, 456, H100, torch.float8_e4m3fn)
+    (op, problems, dtype, out, cache), kw = autotuning[0][0][:5], autotuning[0][1]
+    assert (op, problems, dtype) == ("a8w8", [(100, 123, 456)], "e4m3")
+    assert out == user_config_dir() / H100.name / "a8w8_fp8.json"
+    assert kw["workers"] == 0 and kw["buckets"] is False and kw["verbose"] is False
+    assert not autotune._tuning
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "autotuned a8w8_fp8 M=100 (bucket <= 128) N=123 K=456 (e4m3)" in err[0]
+    assert str(out) in err[0]
+    assert not autotune.maybe_autotune("a8w8_fp8", 128, 123, 456, H100)  # same bucket: tried already
+    assert autotune.maybe_autotune("a16w16", 20000, 4096, 4096, H100)  # "any" bucket, no entry
+    assert autotuning[-1][0][2] == "bf16"
+
+
+def test_autotune_refuses(autotuning, monkeypatch, capsys):
+    assert not autotune.maybe_autotune("a16w16", 16, 4096, 4096, H100)  # has a shape entry
+    assert not autotune.maybe_autotune("a16w16", 0, 4096, 4096, H100)  # nothing to tune
+    monkeypatch.setattr(autotune, "_tuning", True)
+    assert not autotune.maybe_autotune("a16w16", 16, 1, 1, H100)  # called from the tuner's own GEMMs
+    monkeypatch.setattr(autotune, "_tuning", False)
+    assert not autotune.maybe_autotune("a16w16", 16, 1, 1, INTERPRETER_DEVICE)  # not CUDA
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert not autotune.maybe_autotune("a16w16", 16, 1, 1, H100)  # capturing a graph
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not autotune.maybe_autotune("a16w16", 16, 1, 1, H100)  # tracing for torch.compile
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert not autotune.maybe_autotune("a16w16", 16, 1, 1, H100)  # no CUDA
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for off in ("0", ""):
+        monkeypatch.setenv("GEMMKIT_AUTOTUNE", off)
+        assert not autotune.maybe_autotune("a16w16", 16, 1, 1, H100)
+    assert autotuning == [] and capsys.readouterr().err == ""
+    monkeypatch.setenv("GEMMKIT_AUTOTUNE", "1")
+
+    def failing(*a, **k):
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(tune, "tune", failing)
+    assert not autotune.maybe_autotune("a16w16", 16, 1, 1, H100) and not autotune._tuning
+    assert "autotuning a16w16 M=16 (bucket <= 16) N=1 K=1 failed" in capsys.readouterr().err
+    assert not autotune.maybe_autotune("a16w16", 16, 1, 1, H100, "fp32")  # tried once per process
