@@ -8,6 +8,7 @@ from ..core import validate as v
 from ..core.config import fit_to_smem, load_table, select_config
 from ..core.dense import DensePlan, PlanCache, capturing, plan_key, resolve_config
 from ..core.device import device_info
+from ..core.tracing import is_compiling as _is_compiling, library as _library
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _QUANT_NAME = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2", torch.int8: "int8"}
@@ -43,6 +44,8 @@ def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=t
     config: None (tuned table, else derived from the device), a dict or a GemmConfig.
     Matches torch._scaled_mm(..., use_fast_accum=True): Triton's sm_90 default for fp8 dots.
     """
+    if _is_compiling():  # torch.compile records torch.ops.gemmkit.gemm_a8w8 (gemmkit.library)
+        return _library().traced_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config)
     cfg_key = None if config is None else v.config_key(config)
     key = plan_key((x, w, x_scale, w_scale, bias, y), (activation, out_dtype, cfg_key))
     try:
