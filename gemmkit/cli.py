@@ -10,6 +10,8 @@ commands:
   bench   time gemmkit against the torch baseline on model shapes (on a machine without a GPU:
           a CPU demo under the Triton interpreter instead)
   tune    measure candidate configs on the GPU and write the op's JSON config table
+  bench-model  a Llama-style model converted by gemmkit.nn per scheme: logit differences,
+          prefill and decode latency (eager, compiled, CUDA graph); without a GPU a CPU smoke run
   demo    run the kernels on the CPU through the Triton interpreter, checked against torch
 
 `gemmkit <command> --help` for the options of each."""
@@ -25,6 +27,8 @@ def main(argv=None) -> int:
         from .tools.bench import main as run
     elif cmd == "tune":
         from .tools.tune import main as run
+    elif cmd == "bench-model":
+        from .tools.bench_model import main as run
     elif cmd == "demo":
         from .tools.demo import main as run
     else:
