@@ -219,7 +219,8 @@ def measure(model, cfg, args, prompt) -> dict:
             row["graph_breaks"] = graph_breaks(model.decode, *decode_fns[args.decode_batch[0]]) + graph_breaks(
                 model.prefill, prompt)
             torch._dynamo.reset()
-            cprefill, cdecode = (torch.compile(f, fullgraph=True) for f in (model.prefill, model.decode))
+            compiled = (torch.compile(f, fullgraph=True, dynamic=False) for f in (model.prefill, model.decode))
+            cprefill, cdecode = compiled
             row["prefill_compiled"] = time_eager_us([lambda: cprefill(prompt)], min_calls=3, min_ms=args.rep_ms,
                                                     repeats=3)
             for b, (tokens, pos, caches) in decode_fns.items():
@@ -324,8 +325,18 @@ def _hf_model(cfg: ModelConfig, dtype):
                                       num_hidden_layers=cfg.layers, vocab_size=cfg.vocab,
                                       max_position_embeddings=cfg.max_positions, rope_theta=cfg.rope_theta,
                                       rms_norm_eps=cfg.eps)).to(dtype=dtype, device="cuda").eval()
-    hf.prefill = lambda tokens: hf(tokens, use_cache=False).logits
-    return hf
+    return _HFPrefill(hf)
+
+
+class _HFPrefill(nn.Module):
+    """A transformers causal LM with the Decoder's prefill(tokens) -> logits (deep-copyable)."""
+
+    def __init__(self, hf):
+        super().__init__()
+        self.hf = hf
+
+    def prefill(self, tokens):
+        return self.hf(tokens, use_cache=False).logits
 
 
 def main(argv=None) -> int:
