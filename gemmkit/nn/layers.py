@@ -103,7 +103,24 @@ class Linear(GemmLayer):
         return gemm_a16w16(x, self.weight, self.bias)
 
 
-class FP8Linear(GemmLayer):
+class _QuantizedLayer(GemmLayer):
+    """An 8-bit weight quantized per output channel: weight (N, K), weight_scale (N,) float32."""
+
+    def __init__(self, in_features, out_features, bias=True, *, dtype=torch.bfloat16, device=None):
+        super().__init__(in_features, out_features, bias, dtype=dtype, device=device)
+        self.register_buffer("weight_scale", torch.ones(out_features, dtype=torch.float32, device=device))
+
+    @classmethod
+    def unsupported(cls, linear):
+        return _unaligned(linear)
+
+    def _set_weight(self, w):
+        wq, ws = self._quantize_weight(w)
+        self.weight.copy_(wq)
+        self.weight_scale.copy_(ws.reshape(-1))
+
+
+class FP8Linear(_QuantizedLayer):
     """FP8 (e4m3) weight quantized per output channel: weight (N, K) float8_e4m3fn,
     weight_scale (N,) float32. Activations: quantized per token inside the op (dynamic, the
     default), or with a static per-tensor scale (act_scale=: a float or a 1-element float32
@@ -113,7 +130,6 @@ class FP8Linear(GemmLayer):
 
     def __init__(self, in_features, out_features, bias=True, *, dtype=torch.bfloat16, device=None, act_scale=None):
         super().__init__(in_features, out_features, bias, dtype=dtype, device=device)
-        self.register_buffer("weight_scale", torch.ones(out_features, dtype=torch.float32, device=device))
         if act_scale is not None:
             s = torch.as_tensor(act_scale, dtype=torch.float32).detach().reshape(-1)
             if s.numel() != 1 or not bool(torch.isfinite(s).all() and (s > 0).all()):
@@ -127,14 +143,9 @@ class FP8Linear(GemmLayer):
         act = "static per-tensor" if self.act_scale is not None else "dynamic per-token"
         return f"fp8 e4m3 (weight per-channel, activations {act})"
 
-    @classmethod
-    def unsupported(cls, linear):
-        return _unaligned(linear)
-
-    def _set_weight(self, w):
-        wq, ws = quant.quantize_fp8(w, "row")
-        self.weight.copy_(wq)
-        self.weight_scale.copy_(ws.reshape(-1))
+    @staticmethod
+    def _quantize_weight(w):
+        return quant.quantize_fp8(w, "row")
 
     def forward(self, x):
         self._check_input(x)
@@ -144,25 +155,16 @@ class FP8Linear(GemmLayer):
         return gemm_a8w8(xq, self.weight, xs, self.weight_scale, self.bias, out_dtype=self.dtype)
 
 
-class Int8Linear(GemmLayer):
+class Int8Linear(_QuantizedLayer):
     """INT8 weight quantized per output channel (weight (N, K) int8, weight_scale (N,) float32),
     activations quantized per token inside the op (dynamic). Output: the layer's dtype."""
 
     scheme = "int8 (weight per-channel, activations dynamic per-token)"
     weight_dtype = torch.int8
 
-    def __init__(self, in_features, out_features, bias=True, *, dtype=torch.bfloat16, device=None):
-        super().__init__(in_features, out_features, bias, dtype=dtype, device=device)
-        self.register_buffer("weight_scale", torch.ones(out_features, dtype=torch.float32, device=device))
-
-    @classmethod
-    def unsupported(cls, linear):
-        return _unaligned(linear)
-
-    def _set_weight(self, w):
-        wq, ws = quant.quantize_int8(w, "row")
-        self.weight.copy_(wq)
-        self.weight_scale.copy_(ws.reshape(-1))
+    @staticmethod
+    def _quantize_weight(w):
+        return quant.quantize_int8(w, "row")
 
     def forward(self, x):
         self._check_input(x)
