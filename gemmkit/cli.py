@@ -1,4 +1,4 @@
-"""The `gemmkit` command: bench, tune, configs, demo."""
+"""The `gemmkit` command: bench, bench-model, tune, configs, demo."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ commands:
   tune    measure candidate configs on the GPU and write the op's JSON config table (yours, by default)
   configs show: which config a call would use and where it came from (your table, the shipped
           one, or derived from the device); no GPU needed
+  bench-model  a Llama-style model converted by gemmkit.nn per scheme: logit differences,
+          prefill and decode latency (eager, compiled, CUDA graph); without a GPU a CPU smoke run
   demo    run the kernels on the CPU through the Triton interpreter, checked against torch
 
 `gemmkit <command> --help` for the options of each."""
@@ -29,6 +31,8 @@ def main(argv=None) -> int:
         from .tools.tune import main as run
     elif cmd == "configs":
         from .tools.configs import main as run
+    elif cmd == "bench-model":
+        from .tools.bench_model import main as run
     elif cmd == "demo":
         from .tools.demo import main as run
     else:

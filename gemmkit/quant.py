@@ -29,6 +29,7 @@ from .core import validate as v
 from .core.config import next_pow2
 from .core.plan import PlanCache, contiguous_strides, plan_key
 from .core.launcher import CachedLaunch
+from .core.tracing import is_compiling as _is_compiling, library as _library
 
 FP8_TARGETS = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 _IN_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -39,6 +40,8 @@ _plans = PlanCache()
 
 def quantize_fp8(t, granularity: str = "row", dtype=torch.float8_e4m3fn, scale=None):
     """Quantize t (*, K) (bf16, fp16 or fp32) to `dtype` (float8_e4m3fn or float8_e5m2)."""
+    if _is_compiling():  # torch.compile records torch.ops.gemmkit.quantize_fp8 (gemmkit.library)
+        return _library().traced_quantize_fp8(t, granularity, dtype, scale)
     if dtype not in FP8_TARGETS:
         raise TypeError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
     return _quantize(t, granularity, dtype, FP8_TARGETS[dtype], scale)
@@ -46,6 +49,8 @@ def quantize_fp8(t, granularity: str = "row", dtype=torch.float8_e4m3fn, scale=N
 
 def quantize_int8(t, granularity: str = "row", scale=None):
     """Quantize t (*, K) (bf16, fp16 or fp32) to int8 (symmetric, round half to even)."""
+    if _is_compiling():  # torch.compile records torch.ops.gemmkit.quantize_int8 (gemmkit.library)
+        return _library().traced_quantize_int8(t, granularity, scale)
     return _quantize(t, granularity, torch.int8, "int8", scale)
 
 

@@ -11,6 +11,7 @@ from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import dense
 from ..core.plan import PlanCache, plan_key
+from ..core.tracing import is_compiling as _is_compiling, library as _library
 
 OP = "a16w16"
 _IN_DTYPES = (torch.bfloat16, torch.float16)
@@ -29,6 +30,8 @@ def gemm_a16w16(x, w, bias=None, *, activation=None, out_dtype=None, y=None, con
     Each operand needs one unit-stride dimension (row- or column-major, any other stride).
     Accumulation is fp32; the result is rounded once to out_dtype. No autograd.
     """
+    if _is_compiling():  # torch.compile records torch.ops.gemmkit.gemm_a16w16 (gemmkit.library)
+        return _library().traced_gemm_a16w16(x, w, bias, activation, out_dtype, y, config)
     key = plan_key((x, w, bias, y), (activation, out_dtype, None if config is None else v.config_key(config)))
     try:
         plan = _plans.lookup(key)

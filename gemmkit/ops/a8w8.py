@@ -11,6 +11,7 @@ from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense, quantized_in_kernel
 from ..core.plan import PlanCache, capturing, plan_key
+from ..core.tracing import is_compiling as _is_compiling, library as _library
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _X_DTYPES = FP8 + (torch.int8, torch.bfloat16, torch.float16)
@@ -49,6 +50,8 @@ def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=t
     promoted to fp32 (every BLOCK_K, at most 128, elements of K), like _scaled_mm's default
     accumulation. INT8 accumulation is exact either way.
     """
+    if _is_compiling():  # torch.compile records torch.ops.gemmkit.gemm_a8w8 (gemmkit.library)
+        return _library().traced_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config)
     cfg_key = None if config is None else v.config_key(config)
     key = plan_key((x, w, x_scale, w_scale, bias, y), (activation, out_dtype, cfg_key, fast_accum))
     try:

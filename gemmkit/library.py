@@ -1,0 +1,181 @@
+"""gemmkit's public ops as torch.library custom ops: ``torch.ops.gemmkit.<name>``.
+
+Importing this module registers them (once). Under torch.compile the public functions
+(gemmkit.gemm_a16w16, gemm_a8w8, quant.quantize_fp8, quant.quantize_int8) route here, so
+Dynamo records one opaque op per call instead of tracing into the Triton launch; eagerly they
+stay plain Python functions (no dispatcher cost).
+
+Ops (outputs contiguous; the fake implementations take shapes and dtypes from
+gemmkit.core.outputs):
+  gemm_a16w16(x, w, bias, activation, out_dtype) -> y           and gemm_a16w16_out(..., y) -> ()
+  gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype) -> y   and gemm_a8w8_out(..., y) -> ()
+  quantize_fp8(t, granularity, dtype, scale) -> (q, scale)
+  quantize_int8(t, granularity, scale) -> (q, scale)
+A custom op may not return an alias of an input, so a preallocated y goes through the `_out`
+variant (which mutates y and returns nothing), and a static quantization scale is returned as
+a copy. `config=` is refused while tracing (pass it to eager calls or tune the table instead).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import quant
+from .core import validate as v
+from .core.outputs import gemm_output, quantize_output
+from .ops import a8w8, a16w16
+
+LIB = "gemmkit"
+
+
+def _check_no_config(config) -> None:
+    if config is not None:
+        raise ValueError("config= is not supported under torch.compile: gemmkit's custom ops take the "
+                         "tuned (or derived) config; pass config= to eager calls only")
+
+
+# ---------------------------------------------------------------------------------------------
+# gemm_a16w16
+
+
+@torch.library.custom_op(f"{LIB}::gemm_a16w16", mutates_args=())
+def _a16w16(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], activation: Optional[str],
+            out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return a16w16.gemm_a16w16(x, w, bias, activation=activation, out_dtype=out_dtype)
+
+
+@torch.library.custom_op(f"{LIB}::gemm_a16w16_out", mutates_args=("y",))
+def _a16w16_out(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], activation: Optional[str],
+                out_dtype: Optional[torch.dtype], y: torch.Tensor) -> None:
+    a16w16.gemm_a16w16(x, w, bias, activation=activation, out_dtype=out_dtype, y=y)
+
+
+def _a16w16_output(x, w, out_dtype):
+    v.check_tensor("x", x, a16w16._IN_DTYPES)
+    v.check_tensor("w", w, a16w16._IN_DTYPES)
+    return gemm_output(x.shape, w.shape, v.check_out_dtype(out_dtype, None, x.dtype), x.dtype)
+
+
+def _a8w8_output(x, w, out_dtype):
+    v.check_tensor("x", x, a8w8._X_DTYPES)
+    v.check_tensor("w", w, a8w8._W_DTYPES)
+    return gemm_output(x.shape, w.shape, v.check_out_dtype(out_dtype, None, torch.bfloat16), torch.bfloat16)
+
+
+def _fake_output(shape_dtype, like):
+    shape, dtype = shape_dtype
+    return like.new_empty(shape, dtype=dtype)
+
+
+def _check_fake_out(y, shape_dtype) -> None:
+    shape, dtype = shape_dtype
+    if tuple(y.shape) != tuple(shape) or y.dtype != dtype:
+        raise ValueError(f"y must have shape {tuple(shape)} and dtype {dtype}, got {tuple(y.shape)}, {y.dtype}")
+
+
+@_a16w16.register_fake
+def _(x, w, bias, activation, out_dtype):
+    return _fake_output(_a16w16_output(x, w, out_dtype), x)
+
+
+@_a16w16_out.register_fake
+def _(x, w, bias, activation, out_dtype, y):
+    _check_fake_out(y, _a16w16_output(x, w, out_dtype))
+
+
+def traced_gemm_a16w16(x, w, bias, activation, out_dtype, y, config):
+    """gemm_a16w16 through torch.ops.gemmkit (what the public op calls while being traced)."""
+    _check_no_config(config)
+    if y is None:
+        return torch.ops.gemmkit.gemm_a16w16(x, w, bias, activation, out_dtype)
+    torch.ops.gemmkit.gemm_a16w16_out(x, w, bias, activation, y.dtype if out_dtype is None else out_dtype, y)
+    return y
+
+
+# ---------------------------------------------------------------------------------------------
+# gemm_a8w8
+
+
+@torch.library.custom_op(f"{LIB}::gemm_a8w8", mutates_args=())
+def _a8w8(x: torch.Tensor, w: torch.Tensor, x_scale: Optional[torch.Tensor], w_scale: torch.Tensor,
+          bias: Optional[torch.Tensor], activation: Optional[str], out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return a8w8.gemm_a8w8(x, w, x_scale, w_scale, bias, activation=activation, out_dtype=out_dtype)
+
+
+@torch.library.custom_op(f"{LIB}::gemm_a8w8_out", mutates_args=("y",))
+def _a8w8_out(x: torch.Tensor, w: torch.Tensor, x_scale: Optional[torch.Tensor], w_scale: torch.Tensor,
+              bias: Optional[torch.Tensor], activation: Optional[str], out_dtype: Optional[torch.dtype],
+              y: torch.Tensor) -> None:
+    a8w8.gemm_a8w8(x, w, x_scale, w_scale, bias, activation=activation, out_dtype=out_dtype, y=y)
+
+
+@_a8w8.register_fake
+def _(x, w, x_scale, w_scale, bias, activation, out_dtype):
+    return _fake_output(_a8w8_output(x, w, out_dtype), x)
+
+
+@_a8w8_out.register_fake
+def _(x, w, x_scale, w_scale, bias, activation, out_dtype, y):
+    _check_fake_out(y, _a8w8_output(x, w, out_dtype))
+
+
+def traced_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config):
+    """gemm_a8w8 through torch.ops.gemmkit (what the public op calls while being traced)."""
+    _check_no_config(config)
+    if y is None:
+        return torch.ops.gemmkit.gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype)
+    torch.ops.gemmkit.gemm_a8w8_out(x, w, x_scale, w_scale, bias, activation,
+                                    y.dtype if out_dtype is None else out_dtype, y)
+    return y
+
+
+# ---------------------------------------------------------------------------------------------
+# quantizers
+
+
+def _unaliased(q_scale, scale):
+    """A static quantization returns the given scale (reshaped): a custom op must return a copy."""
+    q, s = q_scale
+    return q, (s.clone() if scale is not None else s)
+
+
+@torch.library.custom_op(f"{LIB}::quantize_fp8", mutates_args=())
+def _quantize_fp8(t: torch.Tensor, granularity: str, dtype: torch.dtype,
+                  scale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return _unaliased(quant.quantize_fp8(t, granularity, dtype, scale), scale)
+
+
+@torch.library.custom_op(f"{LIB}::quantize_int8", mutates_args=())
+def _quantize_int8(t: torch.Tensor, granularity: str,
+                   scale: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return _unaliased(quant.quantize_int8(t, granularity, scale), scale)
+
+
+def _fake_quantized(t, granularity, qdtype):
+    v.check_tensor("t", t, quant._IN_DTYPES)
+    q, s = quantize_output(t.shape, granularity, qdtype)
+    return _fake_output(q, t), _fake_output(s, t)
+
+
+@_quantize_fp8.register_fake
+def _(t, granularity, dtype, scale):
+    if dtype not in quant.FP8_TARGETS:
+        raise TypeError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
+    return _fake_quantized(t, granularity, dtype)
+
+
+@_quantize_int8.register_fake
+def _(t, granularity, scale):
+    return _fake_quantized(t, granularity, torch.int8)
+
+
+def traced_quantize_fp8(t, granularity, dtype, scale):
+    """quant.quantize_fp8 through torch.ops.gemmkit."""
+    return torch.ops.gemmkit.quantize_fp8(t, granularity, dtype, scale)
+
+
+def traced_quantize_int8(t, granularity, scale):
+    """quant.quantize_int8 through torch.ops.gemmkit."""
+    return torch.ops.gemmkit.quantize_int8(t, granularity, scale)

@@ -1,0 +1,89 @@
+"""`convert(model, scheme)`: replace a model's nn.Linear modules by gemmkit layers, in place."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import warnings
+
+from torch import nn
+
+from .layers import FP8Linear, Int8Linear, Linear
+
+# scheme name -> layer class (with from_linear(linear, **options) and unsupported(linear));
+# a new scheme ("fp8_block", "int4", ...) is one entry here.
+SCHEMES = {
+    "bf16": Linear,
+    "fp8": FP8Linear,
+    "int8": Int8Linear,
+}
+
+
+@dataclasses.dataclass
+class ConversionReport:
+    """What convert() did, by qualified module name."""
+
+    scheme: str
+    converted: list = dataclasses.field(default_factory=list)
+    skipped: list = dataclasses.field(default_factory=list)  # by the caller's skip=
+    unsupported: dict = dataclasses.field(default_factory=dict)  # name -> why it was left alone
+
+    def __str__(self) -> str:
+        lines = [f"gemmkit.nn.convert(scheme={self.scheme!r}): {len(self.converted)} converted, "
+                 f"{len(self.skipped)} skipped, {len(self.unsupported)} left alone (unsupported)"]
+        for title, names in (("converted", self.converted), ("skipped", self.skipped)):
+            if names:
+                lines.append(f"  {title}: {', '.join(names)}")
+        lines += [f"  left alone: {name} ({why})" for name, why in self.unsupported.items()]
+        return "\n".join(lines)
+
+
+def _skip_predicate(skip):
+    if skip is None:
+        return lambda name, module: False
+    if callable(skip):
+        return skip
+    if isinstance(skip, str):
+        skip = [skip]
+    patterns = list(skip)
+    if not all(isinstance(p, str) for p in patterns):
+        raise TypeError("skip must be None, a list of fnmatch patterns or a predicate (name, module) -> bool")
+    return lambda name, module: any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def convert(model: nn.Module, scheme: str = "fp8", skip=None, **options) -> ConversionReport:
+    """Replace every nn.Linear in `model` (exactly nn.Linear, not subclasses, which may be used
+    by their parent in other ways) by the scheme's gemmkit layer, in place.
+
+    scheme: a key of SCHEMES ("bf16", "fp8", "int8"). skip: fnmatch patterns on qualified module
+    names (e.g. ["lm_head", "*.gate"]) or a predicate (name, module) -> bool; those stay
+    nn.Linear. Layers the scheme cannot take (e.g. 8-bit with in/out features not multiples of
+    16) stay too, with one warning naming them. options: passed to the layer's from_linear
+    (e.g. dtype=). Returns a ConversionReport."""
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme={scheme!r} is not one of {sorted(SCHEMES)}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if type(model) is nn.Linear:
+        raise TypeError("model is itself an nn.Linear, which cannot be replaced in place: use "
+                        f"gemmkit.nn.SCHEMES[{scheme!r}].from_linear(linear)")
+    layer_cls, skipped = SCHEMES[scheme], _skip_predicate(skip)
+    report = ConversionReport(scheme)
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, nn.Linear):
+            continue
+        if skipped(name, module):
+            report.skipped.append(name)
+        elif type(module) is not nn.Linear:
+            report.unsupported[name] = f"{type(module).__name__} is a subclass of nn.Linear"
+        elif why := layer_cls.unsupported(module):
+            report.unsupported[name] = why
+        else:
+            parent_name, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), attr, layer_cls.from_linear(module, **options))
+            report.converted.append(name)
+    if report.unsupported:
+        warnings.warn(f"gemmkit.nn.convert(scheme={scheme!r}) left {len(report.unsupported)} layer(s) as "
+                      "nn.Linear: " + "; ".join(f"{n} ({why})" for n, why in report.unsupported.items()),
+                      stacklevel=2)
+    return report

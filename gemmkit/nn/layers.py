@@ -1,0 +1,183 @@
+"""Drop-in replacements for nn.Linear running gemmkit's kernels (inference only).
+
+Weights, scales and bias are buffers, not Parameters (there is no autograd): they follow
+`.to()`, `state_dict()` and `load_state_dict()` like parameters do. Inputs: (*, in_features) in
+the layer's dtype (bfloat16 or float16) on the layer's device; outputs (*, out_features), same
+dtype. Build one from an nn.Linear with `from_linear`, or construct it empty and load a
+state_dict saved from a layer of the same shape and options.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .. import quant
+from ..ops.a8w8 import gemm_a8w8
+from ..ops.a16w16 import gemm_a16w16
+
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+class GemmLayer(nn.Module):
+    """What the gemmkit layers share: shape, dtype, bias, input checks, from_linear, repr.
+
+    Subclasses set `scheme` (a short description) and `weight_dtype`, and implement
+    `_set_weight(w)` (store w (N, K), any float dtype, in the layer's format) and `forward`."""
+
+    scheme = ""
+    weight_dtype = None  # None: the layer's dtype
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, *, dtype=torch.bfloat16,
+                 device=None):
+        super().__init__()
+        if dtype not in _DTYPES:
+            raise TypeError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
+        for name, n in (("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(n, int) or n < 1:
+                raise ValueError(f"{name} must be a positive int, got {n!r}")
+        self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=self.weight_dtype or dtype,
+                                                   device=device))
+        self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
+
+    @classmethod
+    def unsupported(cls, linear: nn.Linear) -> str | None:
+        """Why this layer cannot replace `linear` (None: it can)."""
+        return None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, *, dtype=None, **options):
+        """A layer computing what `linear` does, on its device. dtype: the activations' dtype
+        (default: the linear's, which must then be bfloat16 or float16). options: the
+        subclass's constructor options (e.g. FP8Linear's act_scale)."""
+        if not isinstance(linear, nn.Linear):
+            raise TypeError(f"from_linear takes an nn.Linear, got {type(linear).__name__}")
+        reason = cls.unsupported(linear)
+        if reason:
+            raise ValueError(f"{cls.__name__} cannot replace this layer: {reason}")
+        dtype = linear.weight.dtype if dtype is None else dtype
+        if dtype not in _DTYPES:
+            raise TypeError(f"the linear layer is {_name(linear.weight.dtype)}: pass dtype=torch.bfloat16 or "
+                            "torch.float16 (the activations' dtype)")
+        layer = cls(linear.in_features, linear.out_features, linear.bias is not None, dtype=dtype,
+                    device=linear.weight.device, **options)
+        with torch.no_grad():
+            layer._set_weight(linear.weight.detach())
+            if linear.bias is not None:
+                layer.bias.copy_(linear.bias.detach())
+        return layer
+
+    def _check_input(self, x) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{type(self).__name__} input must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != self.dtype:
+            raise TypeError(f"{type(self).__name__} input has dtype {_name(x.dtype)}, the layer takes "
+                            f"{_name(self.dtype)} (convert it with .to({self.dtype}))")
+        if x.device != self.weight.device:
+            raise ValueError(f"{type(self).__name__} input is on {x.device}, the layer on {self.weight.device}")
+        if x.ndim == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"{type(self).__name__} input has shape {tuple(x.shape)}: its last dimension must "
+                             f"be in_features = {self.in_features}")
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"dtype={_name(self.dtype)}, scheme={self.scheme}")
+
+
+class Linear(GemmLayer):
+    """y = x @ weight.T + bias in bfloat16/float16 (gemm_a16w16, fp32 accumulation).
+    weight (N, K) in the layer's dtype; bias (N,)."""
+
+    scheme = "a16w16"
+
+    def _set_weight(self, w):
+        self.weight.copy_(w)
+
+    def forward(self, x):
+        self._check_input(x)
+        return gemm_a16w16(x, self.weight, self.bias)
+
+
+class _QuantizedLayer(GemmLayer):
+    """An 8-bit weight quantized per output channel: weight (N, K), weight_scale (N,) float32."""
+
+    def __init__(self, in_features, out_features, bias=True, *, dtype=torch.bfloat16, device=None):
+        super().__init__(in_features, out_features, bias, dtype=dtype, device=device)
+        self.register_buffer("weight_scale", torch.ones(out_features, dtype=torch.float32, device=device))
+
+    @classmethod
+    def unsupported(cls, linear):
+        return _unaligned(linear)
+
+    def _set_weight(self, w):
+        wq, ws = self._quantize_weight(w)
+        self.weight.copy_(wq)
+        self.weight_scale.copy_(ws.reshape(-1))
+
+
+class FP8Linear(_QuantizedLayer):
+    """FP8 (e4m3) weight quantized per output channel: weight (N, K) float8_e4m3fn,
+    weight_scale (N,) float32. Activations: quantized per token inside the op (dynamic, the
+    default), or with a static per-tensor scale (act_scale=: a float or a 1-element float32
+    tensor, kept as the buffer `act_scale` (1,)). Output: the layer's dtype."""
+
+    weight_dtype = torch.float8_e4m3fn
+
+    def __init__(self, in_features, out_features, bias=True, *, dtype=torch.bfloat16, device=None, act_scale=None):
+        super().__init__(in_features, out_features, bias, dtype=dtype, device=device)
+        if act_scale is not None:
+            s = torch.as_tensor(act_scale, dtype=torch.float32).detach().reshape(-1)
+            if s.numel() != 1 or not bool(torch.isfinite(s).all() and (s > 0).all()):
+                raise ValueError(f"act_scale must be one finite positive value, got {act_scale!r}")
+            self.register_buffer("act_scale", s.to(device=self.weight.device))
+        else:
+            self.register_buffer("act_scale", None)
+
+    @property
+    def scheme(self):
+        act = "static per-tensor" if self.act_scale is not None else "dynamic per-token"
+        return f"fp8 e4m3 (weight per-channel, activations {act})"
+
+    @staticmethod
+    def _quantize_weight(w):
+        return quant.quantize_fp8(w, "row")
+
+    def forward(self, x):
+        self._check_input(x)
+        if self.act_scale is None:
+            return gemm_a8w8(x, self.weight, None, self.weight_scale, self.bias, out_dtype=self.dtype)
+        xq, xs = quant.quantize_fp8(x, "tensor", scale=self.act_scale)
+        return gemm_a8w8(xq, self.weight, xs, self.weight_scale, self.bias, out_dtype=self.dtype)
+
+
+class Int8Linear(_QuantizedLayer):
+    """INT8 weight quantized per output channel (weight (N, K) int8, weight_scale (N,) float32),
+    activations quantized per token inside the op (dynamic). Output: the layer's dtype."""
+
+    scheme = "int8 (weight per-channel, activations dynamic per-token)"
+    weight_dtype = torch.int8
+
+    @staticmethod
+    def _quantize_weight(w):
+        return quant.quantize_int8(w, "row")
+
+    def forward(self, x):
+        self._check_input(x)
+        return gemm_a8w8(x, self.weight, None, self.weight_scale, self.bias, out_dtype=self.dtype)
+
+
+ALIGN = 16
+
+
+def _unaligned(linear) -> str | None:
+    """8-bit layers take in_features and out_features in multiples of 16: 16-byte rows (the
+    TMA's alignment) and no tensor-core tile mostly padding (8-bit dots take K >= 32)."""
+    if linear.in_features % ALIGN or linear.out_features % ALIGN:
+        return (f"in_features={linear.in_features}, out_features={linear.out_features}: 8-bit layers need "
+                f"multiples of {ALIGN}")
+    return None

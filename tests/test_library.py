@@ -1,0 +1,147 @@
+"""torch.library custom ops (gemmkit.library): opcheck, fake shapes, routing under torch.compile."""
+
+import pytest
+import torch
+
+import gemmkit
+from gemmkit import library, quant
+from gemmkit.core.outputs import gemm_output, quantize_output
+from gemmkit.ops import a8w8, a16w16
+from conftest import DEVICE, ON_GPU, randn, sizes
+
+M, N, K = sizes((5, 48, 64), (300, 512, 1024))
+OPS = torch.ops.gemmkit
+
+
+def _cases():
+    x = randn(2, M, K, dtype=torch.bfloat16)
+    w = randn(N, K, dtype=torch.bfloat16)
+    bias = randn(N, dtype=torch.float32)
+    wq, ws = quant.quantize_fp8(w, "row")
+    wi, wis = quant.quantize_int8(w, "row")
+    xq, xs = quant.quantize_fp8(x, "row")
+    xi, xis = quant.quantize_int8(x, "row")
+    y = torch.empty(2, M, N, dtype=torch.float32, device=DEVICE)
+    return {
+        "a16w16": (OPS.gemm_a16w16.default, (x, w, bias, "silu", None)),
+        "a16w16_out": (OPS.gemm_a16w16_out.default, (x, w, None, None, torch.float32, y)),
+        "a8w8_int8": (OPS.gemm_a8w8.default, (xi, wi, xis, wis, bias, "relu", torch.float16)),
+        "a8w8_int8_out": (OPS.gemm_a8w8_out.default, (xi, wi, xis, wis, None, None, torch.float32, y)),
+        "a8w8_fp8": (OPS.gemm_a8w8.default, (xq, wq, xs, ws, None, None, None)),
+        "a8w8_fp8_dynamic": (OPS.gemm_a8w8.default, (x, wq, None, ws, bias, None, torch.bfloat16)),
+        "a8w8_fp8_out": (OPS.gemm_a8w8_out.default, (xq, wq, xs, ws, None, None, torch.float32, y)),
+        "quantize_fp8_row": (OPS.quantize_fp8.default, (x, "row", torch.float8_e5m2, None)),
+        "quantize_fp8_static": (OPS.quantize_fp8.default, (x, "tensor", torch.float8_e4m3fn,
+                                                           torch.tensor([0.01], device=DEVICE))),
+        "quantize_int8_tensor": (OPS.quantize_int8.default, (x, "tensor", None)),
+    }
+
+
+CASES = [
+    "a16w16", "a16w16_out", "a8w8_int8", "a8w8_int8_out", "a8w8_fp8", "a8w8_fp8_dynamic", "a8w8_fp8_out",
+    "quantize_fp8_row", "quantize_fp8_static", "quantize_int8_tensor"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_opcheck(case):
+    op, args = _cases()[case]
+    tests = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    if any(isinstance(a, torch.Tensor) and a.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) for a in args):
+        # test_schema compares the inputs before and after the call with torch.allclose, which torch
+        # does not implement for float8 tensors (CPU and CUDA): the int8 cases run it on the same ops
+        tests = tests[1:]
+    assert set(torch.library.opcheck(op, args, test_utils=tests).values()) == {"SUCCESS"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_custom_op_matches_eager_and_fake(case):
+    """The op's result is the public function's, and its fake has the same shapes, dtypes and
+    (contiguous) strides."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op, args = _cases()[case]
+    if case.endswith("_out"):
+        out = op(*args)
+        assert out is None and not torch.isnan(args[-1]).any()
+        return
+    real = op(*args)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
+    real, fake = (real,) if isinstance(real, torch.Tensor) else real, (fake,) if isinstance(fake, torch.Tensor) else fake
+    for r, f in zip(real, fake):
+        assert (r.shape, r.dtype, r.stride()) == (f.shape, f.dtype, f.stride())
+        assert r.is_contiguous()
+    if case.startswith("quantize_fp8_static"):
+        assert real[1].data_ptr() != args[-1].data_ptr()  # a copy, not the input scale
+
+
+def test_output_functions():
+    assert gemm_output((2, 3, 64), (48, 64), None, torch.bfloat16) == ((2, 3, 48), torch.bfloat16)
+    assert gemm_output((64,), (48, 64), torch.float32, torch.bfloat16) == ((48,), torch.float32)
+    with pytest.raises(ValueError, match="differs"):
+        gemm_output((4, 32), (48, 64), None, torch.bfloat16)
+    with pytest.raises(ValueError, match="2-D"):
+        gemm_output((4, 64), (64,), None, torch.bfloat16)
+    assert quantize_output((2, 3, 8), "row", torch.int8) == (((2, 3, 8), torch.int8), ((2, 3, 1), torch.float32))
+    assert quantize_output((4, 8), "tensor", torch.int8)[1] == ((), torch.float32)
+    with pytest.raises(ValueError, match="granularity"):
+        quantize_output((4, 8), "col", torch.int8)
+
+
+def test_eager_calls_stay_plain_python(monkeypatch):
+    """Eagerly the public functions never reach the custom ops; while compiling they do."""
+    def boom():
+        raise AssertionError("eager call routed to gemmkit.library")
+
+    for mod in (a16w16, a8w8, quant):
+        monkeypatch.setattr(mod, "_library", boom)
+    x, w = randn(4, K, dtype=torch.bfloat16), randn(N, K, dtype=torch.bfloat16)
+    y = gemmkit.gemm_a16w16(x, w)
+    wq, ws = quant.quantize_fp8(w)
+    gemmkit.gemm_a8w8(x, wq, None, ws)
+    quant.quantize_int8(x, "tensor")
+    calls = []
+    monkeypatch.setattr(a16w16, "_library", lambda: library)
+    monkeypatch.setattr(a16w16, "_is_compiling", lambda: True)
+    monkeypatch.setattr(library, "traced_gemm_a16w16", lambda *a: calls.append(a) or y)
+    assert gemmkit.gemm_a16w16(x, w) is y and len(calls) == 1
+
+
+def _program(x, w, bias, act_scale, y):
+    """Every public op, with a preallocated output and a static scale."""
+    a = gemmkit.gemm_a16w16(x, w, bias, activation="relu")
+    gemmkit.gemm_a16w16(x, w, out_dtype=torch.float32, y=y)
+    wq, ws = quant.quantize_fp8(w, "row")
+    b = gemmkit.gemm_a8w8(x, wq, None, ws)
+    xq, xs = quant.quantize_fp8(x, "tensor", scale=act_scale)
+    c = gemmkit.gemm_a8w8(xq, wq, xs, ws, bias, out_dtype=torch.float32)
+    wi, wis = quant.quantize_int8(w, "row")
+    xi, xis = quant.quantize_int8(x, "row")
+    d = gemmkit.gemm_a8w8(xi, wi, xis, wis)
+    return a.float() + b.float() + c + d.float() + y
+
+
+BACKENDS = sizes(["eager", "aot_eager"], ["eager", "aot_eager", "inductor"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compile_fullgraph(backend):
+    x, w = randn(3, K, dtype=torch.bfloat16), randn(N, K, dtype=torch.bfloat16)
+    args = (x, w, randn(N, dtype=torch.bfloat16), torch.tensor([0.02], device=DEVICE))
+    ref = _program(*args, torch.empty(3, N, device=DEVICE))
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(_program)(*args, torch.empty(3, N, device=DEVICE)).graph_break_count == 0
+    torch._dynamo.reset()
+    y = torch.empty(3, N, device=DEVICE)
+    out = torch.compile(_program, fullgraph=True, backend=backend)(*args, y)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y, gemmkit.gemm_a16w16(x, w, out_dtype=torch.float32))
+
+
+def test_compile_refuses_config():
+    x, w = randn(3, K, dtype=torch.bfloat16), randn(N, K, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, w: gemmkit.gemm_a16w16(x, w, config=dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32)),
+                      fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match="config= is not supported under torch.compile"):
+        f(x, w)
