@@ -22,7 +22,8 @@ _INT32_MAX = 2**31 - 1
 _kernels: dict = {}
 
 # gemm_kernel's per-call parameters, first in its signature, in this order
-PER_CALL = ("a", "b", "c", "ws", "counters", "bias", "a_scale", "b_scale", "mul", "add")
+PER_CALL = ("a", "b", "c", "ws", "counters", "bias", "a_scale", "b_scale", "mul", "add", "b_zero", "c2", "a_rows",
+            "c_rows", "row_weights", "group_offsets")
 
 
 def _jit_kernel():
@@ -200,7 +201,8 @@ class DensePlan(PlanBase):
         """gemm_kernel's per-call arguments (PER_CALL order) for the regular (Triton) launch."""
         a_desc, b_desc, c_desc = self.a_desc, self.b_desc, self.c_desc
         return (x if a_desc is None else a_desc(x, checked), w if b_desc is None else b_desc(w, checked),
-                c if c_desc is None else c_desc(c, checked), ws, counters, bias, a_scale, b_scale, mul, add)
+                c if c_desc is None else c_desc(c, checked), ws, counters, bias, a_scale, b_scale, mul, add,
+                None, None, None, None, None, None)
 
     def _per_call(self, direct=None):
         """The work of one call as a flat function of (x, w, bias, y, a_scale, b_scale, mul, add),
@@ -255,6 +257,7 @@ class DensePlan(PlanBase):
                        None if b_scale is None else b_scale.data_ptr(),
                        None if mul is None else mul.data_ptr(),
                        None if add is None else add.data_ptr(),
+                       None, None, None, None, None, None,
                        *tail)
             else:
                 # layouts were validated when the first call built the descriptors

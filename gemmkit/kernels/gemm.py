@@ -59,8 +59,10 @@ def _epilogue(
 @triton.jit
 def gemm_kernel(
     # per call: operands and output (pointers, or tensor descriptors where *_TMA), partial tiles
-    # and per-tile arrival counters (split-K, stream-K), epilogue inputs; None where unused
-    a, b, c, ws, counters, bias, a_scale, b_scale, mul, add,
+    # and per-tile arrival counters (split-K, stream-K), epilogue inputs, B's zero points
+    # (packed weights), a second output, gathered A rows / scattered C rows with their weights
+    # and the groups' row offsets (grouped tile maps); None where unused
+    a, b, c, ws, counters, bias, a_scale, b_scale, mul, add, b_zero, c2, a_rows, c_rows, row_weights, group_offsets,
     # fixed per plan
     M, N, K,
     stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
