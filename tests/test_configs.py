@@ -11,10 +11,12 @@ import gemmkit
 from gemmkit import cli
 from gemmkit.core import config as cfgmod
 from gemmkit.core.config import config_source, load_table, select_config, user_config_dir
+from gemmkit.core.formats import dense
 from gemmkit.core.device import INTERPRETER_DEVICE, KNOWN_DEVICES, DeviceInfo, known_device
 from gemmkit.tools import autotune, registry, tune
 
 H100 = known_device("NVIDIA_H100_80GB_HBM3")
+BF16 = dense(torch.bfloat16)
 
 
 def entry(bm):
@@ -48,7 +50,7 @@ def test_user_table_merges_over_shipped_per_shape_and_bucket(tables):
 
     def pick(M, N, K):
         src = config_source("a16w16", M, N, K, H100)
-        return select_config("a16w16", M, N, K, H100, 2, 2).BLOCK_M, src[1], src[0]
+        return select_config("a16w16", M, N, K, H100, BF16, BF16, 2).BLOCK_M, src[1], src[0]
 
     assert pick(16, 4096, 4096) == (16, "shipped table shape entry", entry(16))  # the user's entry lacks M_LEQ_16
     assert pick(64, 4096, 4096) == (32, "user table shape entry", entry(32))  # overridden per bucket

@@ -133,6 +133,48 @@ def _dynamic_reference(inp):
     return xq @ inp["w"].float().T * inp["ws"]
 
 
+# blockscale FP8 (DeepSeek-V3: 1x128 activation, 128x128 weight scales) ---------------------------
+
+def _blockscale_inputs(M, N, K, dtype, device):
+    """Block-quantized x (scales column-major, as engines and torch._scaled_mm take them) and w,
+    plus the row-wise FP8 and bf16 forms of the same values for the other baselines."""
+    from ..quant import quantize_fp8, quantize_fp8_blockwise
+
+    x, w = _rand((M, K), device), _rand((N, K), device) / K**0.5
+    xq, xs = quantize_fp8_blockwise(x, (1, 128), scale_layout="col")
+    wq, ws = quantize_fp8_blockwise(w, (128, 128))
+    (xr, xrs), (wr, wrs) = quantize_fp8(x, "row"), quantize_fp8(w, "row")
+    return {"x": xq, "xs": xs, "w": wq, "ws": ws, "x16": x.to(torch.bfloat16), "w16": w.to(torch.bfloat16),
+            "xr": xr, "xrs": xrs, "wr": wr, "wrs": wrs.reshape(1, N)}
+
+
+def _blockscale_run(inp, config=None):
+    from ..ops.a8w8_blockscale import gemm_a8w8_blockscale
+
+    return gemm_a8w8_blockscale(inp["x"], inp["w"], inp["xs"], inp["ws"], config=config)
+
+
+def _blockscale_torch(inp):
+    """torch's own block-wise FP8 GEMM (cuBLASLt): scale_a column-major (M, K/128), scale_b the
+    (K/128, N/128) transposed view of the weight scales."""
+    return torch._scaled_mm(inp["x"], inp["w"].t(), scale_a=inp["xs"], scale_b=inp["ws"].t(),
+                            out_dtype=torch.bfloat16)
+
+
+def _blockscale_reference(inp):
+    from ..quant import dequantize_fp8_blockwise
+
+    return dequantize_fp8_blockwise(inp["x"], inp["xs"]) @ dequantize_fp8_blockwise(inp["w"], inp["ws"], (128, 128)).T
+
+
+def _blockscale_op(name, baseline, baseline_name, reads):
+    return ToolOp(name, ("e4m3",), _blockscale_inputs, _blockscale_run, baseline, baseline_name,
+                  _blockscale_reference, 1e-2, 1, 2, 8, "a8w8_blockscale",
+                  formats=(dense(torch.float8_e4m3fn, Scale.KBLOCK, 128),
+                           dense(torch.float8_e4m3fn, Scale.KBLOCK, 128, 128)),
+                  reads=(("x", "xs", "w", "ws"), reads))
+
+
 # quantizer -----------------------------------------------------------------------------------
 
 def _quant_inputs(M, N, K, dtype, device):
@@ -191,6 +233,15 @@ OPS = {
         "F.linear bf16 (cuBLAS) on the unquantized weight", _dynamic_reference, 2e-2, 1, 2, 8, "a8w8_fp8_dynamic",
         formats=(quantized_in_kernel(torch.bfloat16, torch.float8_e4m3fn, "row"), dense(torch.float8_e4m3fn, Scale.ROW)),
         reads=(("x", "w", "ws"), ("x", "w16"))),
+    "a8w8_blockscale": _blockscale_op("a8w8_blockscale", _blockscale_torch,
+                                      "torch._scaled_mm block-wise (cuBLASLt, 1x128 / 128x128 scales)",
+                                      ("x", "xs", "w", "ws")),
+    "a8w8_blockscale_vs_rowwise": _blockscale_op(
+        "a8w8_blockscale_vs_rowwise", lambda i: _scaled_mm(dict(x=i["xr"], w=i["wr"], xs=i["xrs"], ws=i["wrs"])),
+        "torch._scaled_mm row-wise FP8 (cuBLASLt, use_fast_accum=True) on the same values", ("xr", "xrs", "wr", "wrs")),
+    "a8w8_blockscale_vs_bf16": _blockscale_op(
+        "a8w8_blockscale_vs_bf16", lambda i: _F.linear(i["x16"], i["w16"]), "F.linear bf16 (cuBLAS) on the same values",
+        ("x16", "w16")),
     "quant_fp8_row": ToolOp(
         "quant_fp8_row", ("bf16",), _quant_inputs, _quant_run, _quant_torch,
         "torch eager: absmax, divide, clamp, cast", lambda i: i["x"].float(), 0.08, 2, 1, 16, None, gemm=False),
