@@ -273,3 +273,25 @@ def test_broadcast_operand_takes_the_pointer_path():
     assert_close(out, reference(x, w))
     (plan,) = a16w16._plans.values()
     assert plan.a_desc is None and plan.b_desc is not None
+
+
+@pytest.mark.parametrize("case", ["y=x", "y in w", "y=bias"])
+def test_output_overlapping_an_input_is_refused(case):
+    """A y sharing memory with an input would be written by some programs while others still read
+    it: refused before any launch, on the first call and on calls that reuse a cached plan."""
+    M, N, K = 8, 16, 32
+    buf = randn(M, 2 * K, dtype=torch.bfloat16)
+    x, w, bias = buf[:, :K], randn(N, K, dtype=torch.bfloat16), randn(N, dtype=torch.bfloat16)
+    fresh = poisoned((M, N), torch.bfloat16)
+    out = gemmkit.gemm_a16w16(x, w, bias, y=fresh)  # a separate y: fine (and caches the plan)
+    assert_close(out, reference(x, w, bias))
+    if case == "y=x":
+        y, args = buf[:, :N], (x, w, bias)
+    elif case == "y in w":
+        wbuf = randn(N + M, K, dtype=torch.bfloat16)
+        y, args = wbuf[N - 2:N - 2 + M, :N], (x, wbuf[:N], bias)  # two rows shared
+    else:
+        bbuf = randn(M * N, dtype=torch.bfloat16)
+        y, args = bbuf.view(M, N), (x, w, bbuf[:N])
+    with pytest.raises(ValueError, match="shares memory"):
+        gemmkit.gemm_a16w16(*args, y=y)

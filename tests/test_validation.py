@@ -152,3 +152,18 @@ def test_clear_caches_drops_plans(tmp_path, monkeypatch):
     finally:
         monkeypatch.delenv("GEMMKIT_CONFIG_DIR")
         config_mod.clear_caches()
+
+
+def test_plan_cache_evicts_least_recently_used():
+    from gemmkit.core.plan import PlanCache
+
+    cache = PlanCache(capacity=3)
+    built = []
+    build = lambda name: built.append(name) or name  # noqa: E731
+    for key in "abc":
+        cache.plan_for(key, build, key)
+    assert cache.plan_for("a", build, "a") == "a" and built == ["a", "b", "c"]  # a hit: a is now the newest
+    cache.plan_for("d", build, "d")  # full: evicts b, the least recently used
+    assert set(cache) == {"a", "c", "d"}
+    assert cache.plan_for(None, build, "x") == "x" and None not in cache  # no key: built, never stored
+

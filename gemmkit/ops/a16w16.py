@@ -34,7 +34,8 @@ def gemm_a16w16(x, w, bias=None, *, activation=None, out_dtype=None, y=None, con
         return _library().traced_gemm_a16w16(x, w, bias, activation, out_dtype, y, config)
     key = plan_key((x, w, bias, y), (activation, out_dtype, None if config is None else v.config_key(config)))
     try:
-        plan = _plans.lookup(key)
+        plan = _plans[key]
+        _plans.move_to_end(key)  # least recently used plans are evicted first
     except (KeyError, TypeError):  # a new plan (validates), or no key (bad input)
         plan = _plans.plan_for(key, _make_plan, x, w, bias, y, activation, out_dtype, config)
     return plan.run(x, w, bias, y, None, None)

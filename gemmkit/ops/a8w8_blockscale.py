@@ -39,7 +39,8 @@ def gemm_a8w8_blockscale(x, w, x_scale, w_scale, bias=None, *, activation=None, 
     key = plan_key((x, w, x_scale, w_scale, bias, y),
                    (activation, out_dtype, None if config is None else v.config_key(config)))
     try:
-        plan = _plans.lookup(key)
+        plan = _plans[key]
+        _plans.move_to_end(key)  # least recently used plans are evicted first
     except (KeyError, TypeError):  # a new plan (validates), or no key (bad input)
         plan = _plans.plan_for(key, _make_plan, x, w, x_scale, w_scale, bias, y, activation, out_dtype, config)
     return plan.run(x, w, bias, y, x_scale, w_scale)
