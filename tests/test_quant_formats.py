@@ -39,8 +39,10 @@ def floored(amax, target):
 
 
 def reference_scales(amax, target, scale_format):
-    # float32, correctly rounded, as the kernel divides; a tiny nonzero absmax counts as qmax * 2^-126
-    s = torch.where(amax > 0, floored(amax, target) / QMAX[target], 0.0)
+    # float32, correctly rounded, as the kernel divides (a tensor by a tensor: on CUDA torch divides
+    # by a Python float as a multiplication by its reciprocal); a tiny nonzero absmax counts as
+    # qmax * 2^-126
+    s = torch.where(amax > 0, floored(amax, target) / torch.full_like(amax, QMAX[target]), 0.0)
     if scale_format == "ue8m0":  # the least power of two >= s (zero blocks: 2^-126)
         m, e = torch.frexp(s)
         s = torch.where(m == 0.5, s, torch.ldexp(torch.ones_like(s), e))

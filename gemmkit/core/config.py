@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..registry import TABLES  # the ops' config tables (file names under configs/<DEVICE>/)
 from .device import DeviceInfo
-from .formats import OperandFormat, check_block_k
+from .formats import OperandFormat, Scale, check_block_k
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -295,10 +295,19 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
     the loop only streams weights; BLOCK_M follows M; BLOCK_N shrinks until the tiles cover the
     SMs; num_stages fills the shared memory; SPLIT_K makes up for tiles that still leave SMs idle
     when K is long (the way OpenAI's triton_kernels picks its opt_flags).
+
+    A K loop that promotes per K block (block-scaled operands) waits for each tile's tensor-core
+    product before scaling it: there, from M = TMA_MIN_M, 4-warp 64x128 (M >= 1024) or 128x64
+    tiles, not persistent, with the stages of half the shared memory, so that two programs share
+    an SM and one's tensor-core work covers the other's promotion (scripts/accum_probe.py: at
+    4096x7168x7168 on the H100 these ran 1.4x the one-program-per-SM 128x256 tiles).
     """
     small_m = M <= 64
+    promoting = Scale.KBLOCK in (a.scale, b.scale) or a.quantize == "group"
     block_m = min(128, max(16, next_pow2(M)))
     block_n = 64 if small_m else (256 if M >= 1024 and N >= 4096 else 128)
+    if promoting and not small_m:
+        block_m, block_n = (64, 128) if M >= 1024 else (128, 64)
     block_n = min(block_n, max(16, next_pow2(N)))
     tiles = lambda bn: -(-M // block_m) * -(-N // bn)  # noqa: E731
     while small_m and block_n > 32 and tiles(block_n) < dev.num_sms:
@@ -310,17 +319,20 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
     block_k = min(block_k, max(max(a.min_block_k(), b.min_block_k()), next_pow2(K)))
     num_warps = 8 if block_m * block_n >= 128 * 256 else 4
     use_tma = dev.has_tma and M >= TMA_MIN_M
+    # two programs per SM: each gets half the SM's shared memory (the per-block limit + 1 KB) less
+    # the 1 KB reserved per block; a slightly low estimate then costs the second program, not a launch
+    shared = (dev.smem_per_block + 1024) // 2 - 1024 + SMEM_SLACK if promoting and use_tma else dev.smem_per_block
     work = tiles(block_n)
     split_k = 1
     k_tiles = -(-K // block_k)
     if work < dev.num_sms and k_tiles >= 8:
         split_k = max(1, min(dev.num_sms // work, k_tiles // 4, 16))
-    persistent = use_tma and split_k == 1 and work > dev.num_sms
+    persistent = use_tma and split_k == 1 and work > dev.num_sms and not promoting
     subtile = use_tma and block_n >= 128 and block_m >= 128
     cfg = fit_to_smem(GemmConfig(block_m, block_n, block_k, 8, split_k, num_warps, 2, use_tma, persistent, False,
                                  subtile), dev, a, b, out_bytes)
     stages = cfg.num_stages
-    while stages < 6 and dataclasses.replace(cfg, num_stages=stages + 1).fits(dev, a, b, out_bytes):
+    while stages < 6 and dataclasses.replace(cfg, num_stages=stages + 1).smem_bytes(a, b, out_bytes) <= shared - SMEM_SLACK:
         stages += 1
     return dataclasses.replace(cfg, num_stages=stages)
 
