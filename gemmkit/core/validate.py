@@ -98,6 +98,14 @@ def check_layout(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} needs one dimension with unit stride (call .contiguous())")
 
 
+def check_k_major(K: int, **operands) -> None:
+    """8-bit (and packed) tensor-core operands are K-major: stride 1 along K (the last dim)."""
+    for name, t in operands.items():
+        if K > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name} must be K-contiguous (stride 1 along K): 8-bit tensor-core operands are "
+                             "K-major (call .contiguous())")
+
+
 def check_no_overlap(name: str, t: torch.Tensor) -> None:
     """A 2-D output whose elements are all distinct memory (no stride-0 or interleaved rows)."""
     R, C = t.shape
@@ -149,6 +157,32 @@ def check_out(y, lead, M: int, N: int, dtype: torch.dtype, device: torch.device)
             raise ValueError("y's leading dimensions cannot be flattened without a copy") from None
     check_no_overlap("y", y2)
     return y2
+
+
+def check_inputs(x, w, activation, **others):
+    """(activation, device, x as (M, K), x's leading shape, M, N, K): the checks of the input side
+    every GEMM op makes (activation name, one CUDA device for x, w and `others`, no autograd, x
+    (*, K) flattened to rows, w (N, K) of x's K)."""
+    activation = check_activation(activation)
+    device = check_devices(x=x, w=w, **others)
+    check_no_autograd(x=x, w=w, **others)
+    x2, lead = as_rows("x", x)
+    M, K = x2.shape
+    N = check_weight("w", w, K)
+    return activation, device, x2, tuple(lead), M, N, K
+
+
+def check_output(y, lead, M: int, N: int, K: int, out_dtype, default_dtype, device, activation):
+    """(out_dtype, y as (M, N) or None, a DegeneratePlan when M, N or K is 0 else None): the
+    checks of the output side every GEMM op makes (dtype, shape, device, distinct elements, one
+    unit-stride dimension)."""
+    out_dtype = check_out_dtype(out_dtype, y, default_dtype)
+    y2 = check_out(y, lead, M, N, out_dtype, device)
+    if M == 0 or N == 0 or K == 0:
+        return out_dtype, y2, DegeneratePlan((*lead, N), out_dtype, device, activation)
+    if y2 is not None:
+        check_layout("y", y2)
+    return out_dtype, y2, None
 
 
 class DegeneratePlan:

@@ -46,21 +46,13 @@ def _make_plan(x, w, bias, y, activation, out_dtype, config):
     v.check_tensor("w", w, _IN_DTYPES)
     if w.dtype != x.dtype:
         raise TypeError(f"w has dtype {w.dtype} but x has {x.dtype}; both must be the same 16-bit type")
-    activation = v.check_activation(activation)
-    device = v.check_devices(x=x, w=w, bias=bias, y=y)
-    v.check_no_autograd(x=x, w=w, bias=bias, y=y)
-    x2, lead = v.as_rows("x", x)
-    M, K = x2.shape
-    N = v.check_weight("w", w, K)
+    activation, device, x2, lead, M, N, K = v.check_inputs(x, w, activation, bias=bias, y=y)
     v.check_bias(bias, N, _BIAS_DTYPES)
-    out_dtype = v.check_out_dtype(out_dtype, y, x.dtype)
-    y2 = v.check_out(y, lead, M, N, out_dtype, device)
-    if M == 0 or N == 0 or K == 0:
-        return v.DegeneratePlan((*lead, N), out_dtype, device, activation)
+    out_dtype, y2, degenerate = v.check_output(y, lead, M, N, K, out_dtype, x.dtype, device, activation)
+    if degenerate:
+        return degenerate
     v.check_layout("x", x2)
     v.check_layout("w", w)
-    if y2 is not None:
-        v.check_layout("y", y2)
     dev = device_info(device)
     fmt = dense(x.dtype)
     cfg = resolve_config(OP, config, M, N, K, dev, fmt, fmt, out_dtype.itemsize)

@@ -97,29 +97,18 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, f
         raise ValueError("x_scale is required when x is already quantized")
     if not isinstance(fast_accum, bool):
         raise TypeError(f"fast_accum must be a bool, got {type(fast_accum).__name__}")
-    activation = v.check_activation(activation)
-    device = v.check_devices(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias, y=y)
-    v.check_no_autograd(x=x, w=w, bias=bias, y=y, x_scale=x_scale, w_scale=w_scale)
-    x2, lead = v.as_rows("x", x)
-    M, K = x2.shape
-    N = v.check_weight("w", w, K)
-    lead = tuple(lead)
+    activation, device, x2, lead, M, N, K = v.check_inputs(x, w, activation, x_scale=x_scale, w_scale=w_scale,
+                                                           bias=bias, y=y)
     token_shapes = {(M, 1), (M,), (*lead, 1), lead}  # x (*, K): quantize_fp8's (*, 1) too
     a_kind = Scale.ROW if dynamic else _scale_kind("x_scale", x_scale, token_shapes,
                                                    f"per token: {M} values, ({M}, 1), ({M},) or (*x.shape[:-1], 1)")
     b_fmt = dense(w.dtype, _scale_kind("w_scale", w_scale, {(1, N), (N,), (N, 1)},
                                        f"per channel: (1, {N}), ({N},) or ({N}, 1)"))
     v.check_bias(bias, N, _BIAS_DTYPES)
-    out_dtype = v.check_out_dtype(out_dtype, y, torch.bfloat16)
-    y2 = v.check_out(y, lead, M, N, out_dtype, device)
-    if M == 0 or N == 0 or K == 0:
-        return v.DegeneratePlan((*lead, N), out_dtype, device, activation)
-    for name, t in (("x", x2), ("w", w)):
-        if K > 1 and t.stride(1) != 1:
-            raise ValueError(f"{name} must be K-contiguous (stride 1 along K): FP8/INT8 tensor-core operands "
-                             "are K-major (call .contiguous())")
-    if y2 is not None:
-        v.check_layout("y", y2)
+    out_dtype, y2, degenerate = v.check_output(y, lead, M, N, K, out_dtype, torch.bfloat16, device, activation)
+    if degenerate:
+        return degenerate
+    v.check_k_major(K, x=x2, w=w)
     dev = device_info(device)
     op = "a8w8_int8" if w.dtype == torch.int8 else "a8w8_fp8"
     a_fmt = dense(w.dtype if dynamic else x.dtype, a_kind)  # a dynamic x is quantized to w's type

@@ -69,27 +69,16 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config):
                          "first (gemmkit.quant.quantize_fp8_blockwise)")
     if not dynamic and x_scale is None:
         raise ValueError("x_scale is required when x is already quantized: float32 (M, ceil(K / 128))")
-    activation = v.check_activation(activation)
-    device = v.check_devices(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias, y=y)
-    v.check_no_autograd(x=x, w=w, bias=bias, y=y, x_scale=x_scale, w_scale=w_scale)
-    x2, lead = v.as_rows("x", x)
-    M, K = x2.shape
-    N = v.check_weight("w", w, K)
-    lead = tuple(lead)
+    activation, device, x2, lead, M, N, K = v.check_inputs(x, w, activation, x_scale=x_scale, w_scale=w_scale,
+                                                           bias=bias, y=y)
     G = -(-K // GROUP)
     xs2 = None if dynamic else _check_scale("x_scale", x_scale, (*lead, G))
     ws2 = _check_scale("w_scale", w_scale, (-(-N // GROUP), G))
     v.check_bias(bias, N, _BIAS_DTYPES)
-    out_dtype = v.check_out_dtype(out_dtype, y, torch.bfloat16)
-    y2 = v.check_out(y, lead, M, N, out_dtype, device)
-    if M == 0 or N == 0 or K == 0:
-        return v.DegeneratePlan((*lead, N), out_dtype, device, activation)
-    for name, t in (("x", x2), ("w", w)):
-        if K > 1 and t.stride(1) != 1:
-            raise ValueError(f"{name} must be K-contiguous (stride 1 along K): FP8 tensor-core operands are K-major "
-                             "(call .contiguous())")
-    if y2 is not None:
-        v.check_layout("y", y2)
+    out_dtype, y2, degenerate = v.check_output(y, lead, M, N, K, out_dtype, torch.bfloat16, device, activation)
+    if degenerate:
+        return degenerate
+    v.check_k_major(K, x=x2, w=w)
     dev = device_info(device)
     if dynamic:
         a_fmt = quantized_in_kernel(x.dtype, w.dtype, "group", GROUP)
