@@ -13,7 +13,7 @@ import torch
 
 from ..core.config import GemmConfig, TMA_MIN_M
 from ..core.device import DeviceInfo
-from ..core.formats import OperandFormat, Scale, dense, quantized_in_kernel
+from ..core.formats import OperandFormat, Scale, check_block_k, dense, quantized_in_kernel
 
 # --dtype names of the tools, by torch dtype
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
@@ -353,6 +353,7 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
     # on sm_90 Triton (3.6 to 3.9) compiles WARP_SPECIALIZE to the binary of its plain persistent
     # twin (README, Architecture; `python -m gemmkit.tools.codegen --warp-specialize`): not enumerated
     warp_specialize = dev.capability != (9, 0)
+    promoting = Scale.KBLOCK in (a_fmt.scale, b_fmt.scale) or a_fmt.quantize == "group"  # K-block promotion
     dot_bytes = max(a_fmt.dot_bits, b_fmt.dot_bits) // 8
     elem_k = 128 // dot_bytes  # BLOCK_K of one 128-byte line
     cands = []
@@ -367,14 +368,16 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
         elif flags.get("PERSISTENT") and tiles <= dev.num_sms // 2:
             return
         cfg = GemmConfig(bm, bn, bk, group_m, split, warps, stages, **flags)
-        if cfg.fits(dev, a_fmt, b_fmt, op.out_bytes):
+        if cfg.fits(dev, a_fmt, b_fmt, op.out_bytes) and check_block_k(bk, a_fmt, b_fmt) is None:
             cands.append(cfg)
 
     if M < TMA_MIN_M:  # weight streaming: pointer loads, thin tiles, deep pipelines, split-K
         bm = 16 if M <= 16 else (32 if M <= 32 else 64)
         for bn in (16, 32, 64, 128) if bm == 16 else (32, 64, 128):
-            for bk, stage_opts in ((elem_k, (4, 6)), (2 * elem_k, (3, 4, 6)), (4 * elem_k, (3, 4))):
-                if bm == 16 and bk == elem_k:
+            steps = (((elem_k // 2, (4, 6)), (elem_k, (3, 4, 6))) if promoting  # K steps within a scale block
+                     else ((elem_k, (4, 6)), (2 * elem_k, (3, 4, 6)), (4 * elem_k, (3, 4))))
+            for bk, stage_opts in steps:
+                if bm == 16 and bk == elem_k and not promoting:
                     continue
                 for stages in stage_opts:
                     for split in (1, 2, 4):
@@ -393,6 +396,10 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
                      (128, 256, 2 * elem_k, 8, 2)]
             if dot_bytes == 1:  # 8-bit: half-line K steps, more stages in flight (256-wide tiles)
                 tiles += [(128, 256, elem_k // 2, 8, 4), (128, 256, elem_k // 2, 8, 5), (256, 128, elem_k // 2, 8, 4)]
+        if promoting:  # small 4-warp tiles, two or three programs per SM (core.config.derive_config)
+            tiles += [(64, 128, elem_k, 4, s) for s in (2, 3, 4)] + [(128, 64, elem_k, 4, s) for s in (2, 3, 4)]
+            tiles += [(64, 64, elem_k, 4, 4), (128, 128, elem_k, 4, 2), (128, 128, elem_k, 8, 3)]
+            tiles = list(dict.fromkeys(tiles))
         for bm, bn, bk, warps, stages in tiles:
             add(bm, bn, bk, warps, stages, 1, TMA=True)
             add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True)
