@@ -83,3 +83,39 @@ def store_tile(
         rm, rn = tile_indices(off_m, off_n, BLOCK_M, BLOCK_N, INDEX_64)
         ptrs = dst + rm[:, None] * stride_m + rn[None, :] * stride_n
         tl.store(ptrs, value, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+# ---------------------------------------------------------------------------------------------
+# MoE family: gathered A rows, scattered C rows
+
+
+@triton.jit
+def load_rows_k_tile(src, rows, off_k, K, stride_r, stride_k, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                     INDEX_64: tl.constexpr):
+    """The (len(rows), BLOCK_K) tile at columns off_k.. of rows `rows` (any valid row indices:
+    rows past a group's end are read and their products dropped by the store). Pointers."""
+    rk = tl.max_contiguous(tl.multiple_of(off_k + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
+    rr = rows
+    if INDEX_64:
+        rr = rr.to(tl.int64)
+        rk = rk.to(tl.int64)
+    ptrs = src + rr[:, None] * stride_r + rk[None, :] * stride_k
+    if EVEN_K:
+        tile = tl.load(ptrs)
+    else:
+        tile = tl.load(ptrs, mask=rk[None, :] < K, other=0.0)
+    return tile
+
+
+@triton.jit
+def store_rows_tile(dst, value, rows, row_ok, off_n, N, stride_m, stride_n, BLOCK_N: tl.constexpr,
+                    INDEX_64: tl.constexpr):
+    """Store a tile's rows at rows `rows` of an (*, N) matrix (rows where `row_ok` is false and
+    columns past N are dropped). Pointers."""
+    rn = tl.max_contiguous(tl.multiple_of(off_n + tl.arange(0, BLOCK_N), BLOCK_N), BLOCK_N)
+    rr = rows
+    if INDEX_64:
+        rr = rr.to(tl.int64)
+        rn = rn.to(tl.int64)
+    ptrs = dst + rr[:, None] * stride_m + rn[None, :] * stride_n
+    tl.store(ptrs, value, mask=row_ok[:, None] & (rn[None, :] < N))
