@@ -70,11 +70,12 @@ def _group_epilogue(
     rm = off_m + tl.arange(0, BLOCK_M)
     row_ok = rm < m_hi
     g64 = g.to(tl.int64)
-    a_mode: tl.constexpr = A_SCALE
     if A_PRODUCER == A_GATHER and A_SCALE == SCALE_ROW:  # per token: through the gathered rows
         src = tl.load(a_rows + rm, mask=row_ok, other=0)
         acc = acc.to(tl.float32) * tl.load(a_scale + src, mask=row_ok, other=0.0)[:, None]
         a_mode: tl.constexpr = SCALE_NONE
+    else:
+        a_mode: tl.constexpr = A_SCALE
     bias_g = bias
     if bias is not None:
         bias_g = bias + g64 * stride_biasg
