@@ -40,7 +40,7 @@ def _ref(x, w, offsets, gather, bias=None, activation="none", x_scale=None, w_sc
     return out
 
 
-@pytest.mark.parametrize("k", [1, 2, 8])
+@pytest.mark.parametrize("k", [1, 8])
 @pytest.mark.parametrize("routing", ["random", "one", "skewed"])
 @pytest.mark.parametrize("cfg", [CFG, CFG_P], ids=["grid", "persistent"])
 def test_gather_routing(k, routing, cfg):

@@ -151,3 +151,43 @@ def scale_kind(name: str, s, per_row: set, per_group: set, one_per_group: set) -
 def index_extent(*tensors) -> int:
     """Largest element offset among the tensors (decides INDEX_64)."""
     return max(_span(t) for t in tensors)
+
+
+def group_bias_stride(bias, groups: int, N: int, what: str, dtypes) -> int:
+    """Group stride of a bias: (groups, N) contiguous -> N, (N,) (shared) -> 0; else ValueError."""
+    from . import validate as v
+
+    if bias is None:
+        return 0
+    v.check_tensor("bias", bias, dtypes)
+    if tuple(bias.shape) == (groups, N) and bias.is_contiguous():
+        return N
+    if tuple(bias.shape) != (N,) or not bias.is_contiguous():
+        raise ValueError(f"bias must be contiguous ({what}, N) = ({groups}, {N}) or (N,) = ({N},), "
+                         f"got {tuple(bias.shape)}")
+    return 0
+
+
+def check_8bit_scales(x, w, x_scale, w_scale, x_shapes: tuple, w_shapes: tuple):
+    """(A scale kind, its group stride, B scale kind, its group stride) of 8-bit operands, which
+    must be K-contiguous; `x_shapes` / `w_shapes`: scale_kind's shape sets after the name."""
+    if x_scale is None or w_scale is None:
+        raise ValueError("x_scale and w_scale are required (float32)")
+    a = scale_kind("x_scale", x_scale, *x_shapes)
+    b = scale_kind("w_scale", w_scale, *w_shapes)
+    for name, t in (("x", x), ("w", w)):
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name} must be K-contiguous (stride 1 along K): FP8/INT8 tensor-core operands "
+                             "are K-major (call .contiguous())")
+    return (*a, *b)
+
+
+def family_config_for(config, M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,
+                      out_bytes: int) -> GemmConfig:
+    """The caller's config (checked), else one derived from the device (no tuned tables for this
+    family yet). M: rows per group (grouped: the average per expert)."""
+    from .config import derive_config, resolve_config
+
+    if config is None:
+        return derive_config(M, N, K, dev, a, b, out_bytes)
+    return resolve_config("", config, M, N, K, dev, a, b, out_bytes)

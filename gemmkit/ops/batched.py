@@ -5,23 +5,16 @@ from __future__ import annotations
 import torch
 
 from ..core import validate as v
-from ..core.config import resolve_config
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense
-from ..core.grouped import GroupedPlan, index_extent, scale_kind
+from ..core.grouped import GroupedPlan, check_8bit_scales, family_config_for, group_bias_stride, index_extent
 from ..core.plan import PlanCache, plan_key
-from ..core.tracing import is_compiling as _is_compiling
 from ..kernels import modes
 from .grouped import FP8, _BIAS_DTYPES, _IN_DTYPES, _Degenerate
 
 _plans = PlanCache()
 
-
-def _library():
-    from .. import library
-
-    return library
 
 
 def batched_gemm_a16w16(x, w, bias=None, *, activation=None, out_dtype=None, config=None):
@@ -31,8 +24,6 @@ def batched_gemm_a16w16(x, w, bias=None, *, activation=None, out_dtype=None, con
     batch stride 0 (one weight for every batch entry). Each x[b], w[b] needs a unit-stride
     dimension. bias: (N,) or (B, N) contiguous. Output (B, M, N) contiguous, out_dtype (default x's).
     """
-    if _is_compiling():
-        return _library().traced_batched_gemm_a16w16(x, w, bias, activation, out_dtype, config)
     return _batched(x, w, bias, None, None, activation, out_dtype, config, "a16w16")
 
 
@@ -42,8 +33,6 @@ def batched_gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out
     x_scale: one value, or per token (B, M, 1) / (B, M). w_scale: one value, one per batch entry
     (B,) / (B, 1), or per channel (B, 1, N) / (B, N) / (1, N) / (N,) (shared).
     """
-    if _is_compiling():
-        return _library().traced_batched_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, config)
     return _batched(x, w, bias, x_scale, w_scale, activation, out_dtype, config, "a8w8")
 
 
@@ -76,33 +65,21 @@ def _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind
     if w.ndim != 3 or w.shape[0] != B or w.shape[2] != K:
         raise ValueError(f"w must be (B, N, K) = ({B}, N, {K}) or (N, {K}), got shape {tuple(w.shape)}")
     N = w.shape[1]
-    s_biasg = 0
-    if bias is not None:
-        v.check_tensor("bias", bias, _BIAS_DTYPES)
-        if tuple(bias.shape) == (B, N) and bias.is_contiguous():
-            s_biasg = N
-        elif tuple(bias.shape) != (N,) or not bias.is_contiguous():
-            raise ValueError(f"bias must be contiguous (B, N) = ({B}, {N}) or (N,), got {tuple(bias.shape)}")
+    s_biasg = group_bias_stride(bias, B, N, "B", _BIAS_DTYPES)
     out_dtype = v.check_out_dtype(out_dtype, None, x.dtype if kind == "a16w16" else torch.bfloat16)
     a_kind = b_kind = Scale.NONE
     s_asg = s_bsg = 0
     if kind == "a8w8":
-        if x_scale is None or w_scale is None:
-            raise ValueError("x_scale and w_scale are required (float32)")
-        a_kind, s_asg = scale_kind("x_scale", x_scale, set(), {(B, M, 1), (B, M)}, set())
-        b_kind, s_bsg = scale_kind("w_scale", w_scale, {(1, N), (N,)}, {(B, 1, N), (B, N)}, {(B,), (B, 1)})
-        for name, t in (("x", x), ("w", w)):
-            if K > 1 and t.stride(-1) != 1:
-                raise ValueError(f"{name} must be K-contiguous (stride 1 along K): FP8/INT8 tensor-core operands "
-                                 "are K-major (call .contiguous())")
+        a_kind, s_asg, b_kind, s_bsg = check_8bit_scales(
+            x, w, x_scale, w_scale, (set(), {(B, M, 1), (B, M)}, set()),
+            ({(1, N), (N,)}, {(B, 1, N), (B, N)}, {(B,), (B, 1)}))
     if B == 0 or M == 0 or N == 0 or K == 0:
         return _BatchedDegenerate(B, M, N, out_dtype, device, activation)
     v.check_layout("x[0]", x[0])
     v.check_layout("w[0]", w[0])
     dev = device_info(device)
     a_fmt, b_fmt = dense(x.dtype, a_kind), dense(w.dtype, b_kind)
-    table = "batched_" + (kind if kind == "a16w16" else ("a8w8_int8" if w.dtype == torch.int8 else "a8w8_fp8"))
-    cfg = resolve_config(table, config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
+    cfg = family_config_for(config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
     return GroupedPlan(modes.MAP_BATCHED, x[0], w, (B, M, N), (N, 1), M, B, a_fmt, b_fmt,
                        EpilogueSpec(activation, bias is not None), cfg, dev, out_dtype=out_dtype,
                        group_strides=dict(stride_ag=x.stride(0), stride_cg=M * N, stride_asg=s_asg, stride_bsg=s_bsg,

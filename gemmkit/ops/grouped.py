@@ -15,13 +15,11 @@ import os
 import torch
 
 from ..core import validate as v
-from ..core.config import resolve_config
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense
-from ..core.grouped import GroupedPlan, index_extent, scale_kind
+from ..core.grouped import GroupedPlan, check_8bit_scales, family_config_for, group_bias_stride, index_extent
 from ..core.plan import PlanCache, plan_key
-from ..core.tracing import is_compiling as _is_compiling
 from ..kernels import modes
 
 _IN_DTYPES = (torch.bfloat16, torch.float16)
@@ -31,11 +29,6 @@ _WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _plans = PlanCache()
 
-
-def _library():
-    from .. import library
-
-    return library
 
 
 def offsets_from_sizes(m_sizes: torch.Tensor) -> torch.Tensor:
@@ -68,9 +61,6 @@ def grouped_gemm_a16w16(x, w, expert_offsets=None, *, m_sizes=None, gather_idx=N
     activation, indexed by the destination row. bias: (E, N) or (N,). Output (R, N), out_dtype
     (default x's). No autograd.
     """
-    if _is_compiling():
-        return _library().traced_grouped_gemm_a16w16(x, w, _offsets(expert_offsets, m_sizes), gather_idx,
-                                                     scatter_idx, routing_weights, bias, activation, out_dtype, config)
     offsets = _offsets(expert_offsets, m_sizes)
     return _grouped(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, None, None, activation,
                     out_dtype, config, "a16w16")
@@ -86,10 +76,6 @@ def grouped_gemm_a8w8(x, w, x_scale, w_scale, expert_offsets=None, *, m_sizes=No
     expert ((E,) / (E, 1)), or per channel (E, N) / (E, 1, N) (contiguous). FP8 dots use
     Hopper's fast accumulation.
     """
-    if _is_compiling():
-        return _library().traced_grouped_gemm_a8w8(x, w, x_scale, w_scale, _offsets(expert_offsets, m_sizes),
-                                                   gather_idx, scatter_idx, routing_weights, bias, activation,
-                                                   out_dtype, config)
     offsets = _offsets(expert_offsets, m_sizes)
     return _grouped(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_scale, w_scale, activation,
                     out_dtype, config, "a8w8")
@@ -177,34 +163,20 @@ def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_
         if routing_weights.numel() != R or not routing_weights.is_contiguous():
             raise ValueError(f"routing_weights must be contiguous with {R} values (one per output row, e.g. "
                              f"topk_weights (T, k)), got shape {tuple(routing_weights.shape)}")
-    stride_biasg = 0
-    if bias is not None:
-        v.check_tensor("bias", bias, _BIAS_DTYPES)
-        if tuple(bias.shape) == (E, N) and bias.is_contiguous():
-            stride_biasg = N
-        elif tuple(bias.shape) != (N,) or not bias.is_contiguous():
-            raise ValueError(f"bias must be contiguous (E, N) = ({E}, {N}) or (N,) = ({N},), got {tuple(bias.shape)}")
+    stride_biasg = group_bias_stride(bias, E, N, "E", _BIAS_DTYPES)
     out_dtype = v.check_out_dtype(out_dtype, None, x.dtype if kind == "a16w16" else torch.bfloat16)
     a_scale = b_scale = Scale.NONE
     s_asg = s_bsg = 0
     if kind == "a8w8":
-        if x_scale is None or w_scale is None:
-            raise ValueError("x_scale and w_scale are required (float32)")
-        a_scale, s_asg = scale_kind("x_scale", x_scale, {(T,), (T, 1)}, set(), set())
-        b_scale, s_bsg = scale_kind("w_scale", w_scale, set(), {(E, N), (E, 1, N)}, {(E,), (E, 1)})
-        s_asg = 0
-        for name, t in (("x", x), ("w", w)):
-            if K > 1 and t.stride(-1) != 1:
-                raise ValueError(f"{name} must be K-contiguous (stride 1 along K): FP8/INT8 tensor-core operands "
-                                 "are K-major (call .contiguous())")
+        a_scale, _, b_scale, s_bsg = check_8bit_scales(
+            x, w, x_scale, w_scale, ({(T,), (T, 1)}, set(), set()), (set(), {(E, N), (E, 1, N)}, {(E,), (E, 1)}))
     if R == 0 or N == 0 or E == 0 or K == 0:
         return _Degenerate(R, N, out_dtype, device, activation, bias, E, K)
     v.check_layout("x", x)
     v.check_layout("w[0]", w[0])
     dev = device_info(device)
     a_fmt, b_fmt = dense(x.dtype, a_scale), dense(w.dtype, b_scale)
-    table = "grouped_" + (kind if kind == "a16w16" else ("a8w8_int8" if w.dtype == torch.int8 else "a8w8_fp8"))
-    cfg = resolve_config(table, config, max(1, -(-R // E)), N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
+    cfg = family_config_for(config, max(1, -(-R // E)), N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
     plan = GroupedPlan(modes.MAP_GROUPED, x, w, (R, N), (N, 1), R, E, a_fmt, b_fmt,
                        EpilogueSpec(activation, bias is not None), cfg, dev, out_dtype=out_dtype,
                        group_strides=dict(stride_asg=s_asg, stride_bsg=s_bsg, stride_biasg=stride_biasg),
