@@ -23,7 +23,7 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    if name in ("quant", "ops", "core", "tools"):
+    if name in ("quant", "ops", "core", "tools", "moe"):
         return importlib.import_module(f"gemmkit.{name}")
     module = _EXPORTS.get(name)
     if module is None:

@@ -20,6 +20,11 @@ OPS = {
     "gemm_a16w16": OpEntry("gemmkit.ops.a16w16", ("a16w16",)),
     "gemm_a8w8": OpEntry("gemmkit.ops.a8w8", ("a8w8_fp8", "a8w8_int8", "a8w8_fp8_dynamic")),
     "gemm_a8w8_blockscale": OpEntry("gemmkit.ops.a8w8_blockscale", ("a8w8_blockscale",)),
+    # MoE / batched family: configs derived from the device until their ToolOps (and tables) exist
+    "grouped_gemm_a16w16": OpEntry("gemmkit.ops.grouped"),
+    "grouped_gemm_a8w8": OpEntry("gemmkit.ops.grouped"),
+    "batched_gemm_a16w16": OpEntry("gemmkit.ops.batched"),
+    "batched_gemm_a8w8": OpEntry("gemmkit.ops.batched"),
     "quantize_fp8": OpEntry("gemmkit.quant"),
     "quantize_int8": OpEntry("gemmkit.quant"),
     "dequantize": OpEntry("gemmkit.quant"),

@@ -26,6 +26,11 @@ PER_CALL = ("a", "b", "c", "ws", "counters", "bias", "a_scale", "b_scale", "mul"
             "c_rows", "row_weights", "group_offsets")
 
 
+# the MoE / batched family's fixed kernel parameters, for plans of one (M, N) problem
+NO_GROUPS = dict(num_groups=1, stride_ag=0, stride_bg=0, stride_cg=0, stride_asg=0, stride_bsg=0, stride_biasg=0,
+                 NUM_GROUPS_P2=1)
+
+
 def _jit_kernel():
     """The Triton kernel, imported on first use: TRITON_INTERPRET is read when it is defined."""
     if not _kernels:
@@ -187,6 +192,7 @@ class DensePlan(PlanBase):
             A_SCALE=int(a_fmt.scale), B_SCALE=int(b_fmt.scale),
             GROUP_K=max(a_fmt.group_k, b_fmt.group_k, 1), GROUP_N=max(b_fmt.group_rows, 1),
             ACTIVATION=ep.activation, FLATTEN=flatten, WARP_SPECIALIZE=warp_specialize, EPILOGUE_SUBTILE=subtile,
+            **NO_GROUPS,
         ))
         # partial tiles (kernels/reduce.py): one block per (tile, K slice), or two per program;
         # int32 where the pieces' sums are (unscaled int8 products), else fp32

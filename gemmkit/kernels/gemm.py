@@ -11,10 +11,11 @@ import triton.language as tl
 
 from .epilogue import finish_tile
 from .kstep import k_range_product
-from .memory import store_tile
-from .modes import A_QUANT_GROUP, A_QUANT_ROW, PROMOTE_KBLOCK, SCALE_NONE
+from .memory import store_rows_tile, store_tile
+from .modes import (A_GATHER, A_QUANT_GROUP, A_QUANT_ROW, MAP_BATCHED, MAP_DENSE, PROMOTE_KBLOCK, SCALE_NONE,
+                    SCALE_ROW)
 from .reduce import fixup_tile
-from .schedule import map_tile, tile_grid, work_item
+from .schedule import group_grid, group_rows, map_tile, tile_grid, work_item
 
 
 @triton.jit
@@ -57,6 +58,46 @@ def _epilogue(
 
 
 @triton.jit
+def _group_epilogue(
+    acc, c, g, off_m, off_n, m_hi, N, stride_cm, stride_cn, stride_cg, bias, stride_biasg, a_scale, stride_asg,
+    b_scale, stride_bsg, a_rows, c_rows, row_weights,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, INDEX_64: tl.constexpr, A_PRODUCER: tl.constexpr,
+    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, ACTIVATION: tl.constexpr,
+):
+    """Epilogue of a grouped / batched tile (MoE family): group g's bias and scales (offset by
+    their group strides; per-token scales of gathered rows read through `a_rows`), then rows
+    stored at their own positions or at `c_rows[row]`, times `row_weights[destination]`."""
+    rm = off_m + tl.arange(0, BLOCK_M)
+    row_ok = rm < m_hi
+    g64 = g.to(tl.int64)
+    if A_PRODUCER == A_GATHER and A_SCALE == SCALE_ROW:  # per token: through the gathered rows
+        src = tl.load(a_rows + rm, mask=row_ok, other=0)
+        acc = acc.to(tl.float32) * tl.load(a_scale + src, mask=row_ok, other=0.0)[:, None]
+        a_mode: tl.constexpr = SCALE_NONE
+    else:
+        a_mode: tl.constexpr = A_SCALE
+    bias_g = bias
+    if bias is not None:
+        bias_g = bias + g64 * stride_biasg
+    a_scale_g = a_scale
+    if a_scale is not None:
+        a_scale_g = a_scale + g64 * stride_asg
+    b_scale_g = b_scale
+    if b_scale is not None:
+        b_scale_g = b_scale + g64 * stride_bsg
+    out = finish_tile(acc, off_m, off_n, m_hi, N, bias_g, a_scale_g, b_scale_g, None, None, 0, 0, 0, 0,
+                      BLOCK_M, BLOCK_N, a_mode, B_SCALE, ACTIVATION)
+    if c_rows is not None:
+        dst = tl.load(c_rows + rm, mask=row_ok, other=0)
+    else:
+        dst = rm
+    if row_weights is not None:
+        out = out * tl.load(row_weights + dst, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+    store_rows_tile(c + g64 * stride_cg, out.to(c.dtype.element_ty), dst, row_ok, off_n, N, stride_cm, stride_cn,
+                    BLOCK_N, INDEX_64)
+
+
+@triton.jit
 def gemm_kernel(
     # per call: operands and output (pointers, or tensor descriptors where *_TMA), partial tiles
     # and per-tile arrival counters (split-K, stream-K), epilogue inputs, B's zero points
@@ -69,6 +110,9 @@ def gemm_kernel(
     stride_asm, stride_ask, stride_bsn, stride_bsk,  # K-block scales (SCALE_KBLOCK)
     stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,
     sk_tiles,  # STREAM_K: how many of the last tiles (in schedule order) are shared out by K iterations
+    # MoE / batched family (TILE_MAP MAP_GROUPED / MAP_BATCHED): the groups (experts, batch entries)
+    # and each operand's stride between groups (0: shared by every group)
+    num_groups, stride_ag, stride_bg, stride_cg, stride_asg, stride_bsg, stride_biasg, NUM_GROUPS_P2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr, STREAM_K: tl.constexpr, TILE_MAP: tl.constexpr,
     A_TMA: tl.constexpr, A_K_MAJOR: tl.constexpr, B_TMA: tl.constexpr, B_K_MAJOR: tl.constexpr, C_TMA: tl.constexpr,
@@ -95,10 +139,20 @@ def gemm_kernel(
     (else its row dimension has). EVEN_K: K % BLOCK_K == 0. INDEX_64: pointer offsets need 64
     bits. FLATTEN: flatten the work loop and the K loop into one pipelined loop. GROUP_K /
     GROUP_N: the K-block scales' group (SCALE_KBLOCK).
+
+    MoE / batched family (kernels/schedule.py group_grid): MAP_GROUPED runs the tiles of every
+    expert (rows [group_offsets[e], group_offsets[e + 1]) of A and C, B = b + e * stride_bg) and
+    MAP_BATCHED those of num_groups (M, N) problems in one persistent launch; tile counts are read
+    on the device. A_GATHER reads A's rows through `a_rows`; C's rows go to `c_rows[row]` (or
+    their own row) times `row_weights[destination]`. Pointer loads and stores.
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
-    num_pid_m, num_pid_n, num_tiles = tile_grid(M, N, BLOCK_M, BLOCK_N, TILE_MAP)
+    if TILE_MAP == MAP_DENSE:
+        num_pid_m, num_pid_n, num_tiles = tile_grid(M, N, BLOCK_M, BLOCK_N, TILE_MAP)
+    else:  # sizes on the device; no split-K / stream-K (the host sets SPLIT_K = 1, no STREAM_K)
+        num_pid_m, num_pid_n, num_tiles, cum_rows = group_grid(M, N, num_groups, group_offsets, BLOCK_M, BLOCK_N,
+                                                               NUM_GROUPS_P2, TILE_MAP)
     k_tiles = tl.cdiv(K, BLOCK_K)
     if STREAM_K:
         tl.static_assert(SPLIT_K == 1, "stream-K replaces split-K")
@@ -131,16 +185,33 @@ def gemm_kernel(
         else:
             k_lo = pid_k * k_per_split
             k_hi = min(k_lo + k_per_split, k_tiles)
-        acc = k_range_product(a, b, a_scale, b_scale, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak,
+        a_t = a
+        b_t = b
+        m_hi = M
+        a_idx = None
+        if TILE_MAP != MAP_DENSE:  # the group's rows, A (batched) and B (pointer loads)
+            g, off_m, m_hi = group_rows(pid_m, cum_rows, group_offsets, M, BLOCK_M, TILE_MAP)
+            b_t = b + g.to(tl.int64) * stride_bg
+            if TILE_MAP == MAP_BATCHED:
+                a_t = a + g.to(tl.int64) * stride_ag
+            if A_PRODUCER == A_GATHER:
+                rm = off_m + tl.arange(0, BLOCK_M)
+                a_idx = tl.load(a_rows + rm, mask=rm < m_hi, other=0)
+        acc = k_range_product(a_t, b_t, a_scale, b_scale, off_m, off_n, k_lo, k_hi, m_hi, N, K, stride_am, stride_ak,
                               stride_bn, stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk,
                               BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64, ACC_INT,
-                              A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N)
+                              A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N, a_idx)
 
         work_c += num_programs
         pid_m, pid_n, pid_k = work_item(work_c, num_pid_m, num_pid_n, num_tiles, GROUP_M, TILE_MAP)
         off_m = pid_m * BLOCK_M
         off_n = pid_n * BLOCK_N
-        if SPLIT_K > 1:
+        if TILE_MAP != MAP_DENSE:
+            g, off_m, m_hi = group_rows(pid_m, cum_rows, group_offsets, M, BLOCK_M, TILE_MAP)
+            _group_epilogue(acc, c, g, off_m, off_n, m_hi, N, stride_cm, stride_cn, stride_cg, bias, stride_biasg,
+                            a_scale, stride_asg, b_scale, stride_bsg, a_rows, c_rows, row_weights,
+                            BLOCK_M, BLOCK_N, INDEX_64, A_PRODUCER, a_mode, b_mode, ACTIVATION)
+        elif SPLIT_K > 1:
             tile = pid_m * num_pid_n + pid_n
             last, acc = fixup_tile(acc, ws, counters, tile, tile * SPLIT_K + pid_k, tile * SPLIT_K, 1, 0, SPLIT_K,
                                    BLOCK_M, BLOCK_N)

@@ -10,8 +10,8 @@ TMA loop against a bare tutorial-09 kernel).
 import triton
 import triton.language as tl
 
-from .memory import load_k_tile
-from .modes import (A_QUANT_GROUP, A_QUANT_ROW, B_DENSE, PROMOTE_KBLOCK, PROMOTE_NONE,
+from .memory import load_k_tile, load_rows_k_tile
+from .modes import (A_GATHER, A_QUANT_GROUP, A_QUANT_ROW, B_DENSE, PROMOTE_KBLOCK, PROMOTE_NONE,
                     PROMOTE_TILE, SCALE_KBLOCK)
 from .quant import quantize_values, rows_absmax, scales_from_absmax
 
@@ -36,9 +36,14 @@ def a_prologue(a, off_m, k_lo, k_hi, M, K, stride_am, stride_ak, BLOCK_M: tl.con
 @triton.jit
 def produce_a(a, off_m, off_k, M, K, stride_am, stride_ak, row_inv, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
               A_TMA: tl.constexpr, A_K_MAJOR: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr,
-              A_PRODUCER: tl.constexpr, QUANT: tl.constexpr):
-    """(A tile (BLOCK_M, BLOCK_K) for the dot, its per-row scales where the producer made them)."""
-    x = load_k_tile(a, off_m, off_k, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_TMA, A_K_MAJOR, EVEN_K, INDEX_64)
+              A_PRODUCER: tl.constexpr, QUANT: tl.constexpr, a_idx=None):
+    """(A tile (BLOCK_M, BLOCK_K) for the dot, its per-row scales where the producer made them).
+    A_GATHER: the rows `a_idx` (BLOCK_M,) of A."""
+    if A_PRODUCER == A_GATHER:
+        x = load_rows_k_tile(a, a_idx, off_k, K, stride_am, stride_ak, BLOCK_K, EVEN_K, INDEX_64)
+    else:
+        x = load_k_tile(a, off_m, off_k, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_TMA, A_K_MAJOR, EVEN_K,
+                        INDEX_64)
     if A_PRODUCER == A_QUANT_ROW:
         x = quantize_values(x, row_inv[:, None], QUANT)
         s = row_inv
@@ -93,11 +98,12 @@ def k_range_product(
     A_TMA: tl.constexpr, A_K_MAJOR: tl.constexpr, B_TMA: tl.constexpr, B_K_MAJOR: tl.constexpr,
     EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, ACC_INT: tl.constexpr,
     A_PRODUCER: tl.constexpr, B_PRODUCER: tl.constexpr, PROMOTE: tl.constexpr, QUANT: tl.constexpr,
-    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
+    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, a_idx=None,
 ):
     """(sum over the K tiles k_lo <= ki < k_hi of A[off_m:, k] @ B[off_n:, k]^T, the rows' scales):
     fp32, or int32 with ACC_INT (8-bit integer dots, PROMOTE_NONE). With A_QUANT_ROW the sum comes
-    back already multiplied by the rows' scales (fp32), with PROMOTE_KBLOCK by the block scales."""
+    back already multiplied by the rows' scales (fp32), with PROMOTE_KBLOCK by the block scales.
+    A_GATHER: `a_idx` holds the tile's A row indices."""
     row_scale, row_inv = a_prologue(a, off_m, k_lo, k_hi, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_K_MAJOR,
                                     EVEN_K, INDEX_64, A_PRODUCER, QUANT)
     if ACC_INT:
@@ -107,7 +113,7 @@ def k_range_product(
     for ki in range(k_lo, k_hi):
         off_k = ki * BLOCK_K
         x, a_rows = produce_a(a, off_m, off_k, M, K, stride_am, stride_ak, row_inv, BLOCK_M, BLOCK_K, A_TMA, A_K_MAJOR,
-                              EVEN_K, INDEX_64, A_PRODUCER, QUANT)
+                              EVEN_K, INDEX_64, A_PRODUCER, QUANT, a_idx)
         w = produce_b(b, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K,
                       INDEX_64, B_PRODUCER)
         if ACC_INT:

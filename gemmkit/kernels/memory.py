@@ -83,3 +83,42 @@ def store_tile(
         rm, rn = tile_indices(off_m, off_n, BLOCK_M, BLOCK_N, INDEX_64)
         ptrs = dst + rm[:, None] * stride_m + rn[None, :] * stride_n
         tl.store(ptrs, value, mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+# ---------------------------------------------------------------------------------------------
+# MoE family: gathered A rows, scattered C rows
+
+
+@triton.jit
+def _rows_cols(rows, off_c, BLOCK_C: tl.constexpr, INDEX_64: tl.constexpr):
+    """(row indices, the BLOCK_C column indices at off_c), 64-bit with INDEX_64."""
+    rc = tl.max_contiguous(tl.multiple_of(off_c + tl.arange(0, BLOCK_C), BLOCK_C), BLOCK_C)
+    rr = rows
+    if INDEX_64:
+        rr = rr.to(tl.int64)
+        rc = rc.to(tl.int64)
+    return rr, rc
+
+
+@triton.jit
+def load_rows_k_tile(src, rows, off_k, K, stride_r, stride_k, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                     INDEX_64: tl.constexpr):
+    """The (len(rows), BLOCK_K) tile at columns off_k.. of rows `rows` (any valid row indices:
+    rows past a group's end are read and their products dropped by the store). Pointers."""
+    rr, rk = _rows_cols(rows, off_k, BLOCK_K, INDEX_64)
+    ptrs = src + rr[:, None] * stride_r + rk[None, :] * stride_k
+    if EVEN_K:
+        tile = tl.load(ptrs)
+    else:
+        tile = tl.load(ptrs, mask=rk[None, :] < K, other=0.0)
+    return tile
+
+
+@triton.jit
+def store_rows_tile(dst, value, rows, row_ok, off_n, N, stride_m, stride_n, BLOCK_N: tl.constexpr,
+                    INDEX_64: tl.constexpr):
+    """Store a tile's rows at rows `rows` of an (*, N) matrix (rows where `row_ok` is false and
+    columns past N are dropped). Pointers."""
+    rr, rn = _rows_cols(rows, off_n, BLOCK_N, INDEX_64)
+    ptrs = dst + rr[:, None] * stride_m + rn[None, :] * stride_n
+    tl.store(ptrs, value, mask=row_ok[:, None] & (rn[None, :] < N))

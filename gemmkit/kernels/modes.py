@@ -19,6 +19,7 @@ SCALE_KBLOCK = tl.constexpr(3)
 A_DENSE = tl.constexpr(0)  # loaded as stored (TMA or pointers)
 A_QUANT_ROW = tl.constexpr(1)  # 16-bit, quantized per row over the tile's K range (absmax prologue)
 A_QUANT_GROUP = tl.constexpr(2)  # 16-bit, quantized per row and BLOCK_K-wide K group (no prologue)
+A_GATHER = tl.constexpr(3)  # rows gathered through `a_rows` (MoE: sorted position -> token row), pointer loads
 
 # B producers (B_PRODUCER): how the K loop gets its B tile.
 B_DENSE = tl.constexpr(0)
@@ -30,3 +31,7 @@ PROMOTE_KBLOCK = tl.constexpr(2)  # acc += dot(a, b) * a_scale[:, k] * b_scale[n
 
 # Tile maps (TILE_MAP): which output tile a work item is.
 MAP_DENSE = tl.constexpr(0)  # one (M, N) grid in grouped (L2-friendly) order
+# MoE / batched family: tile-rows of every group (expert or batch entry) in one virtual column of
+# tile-rows, walked in the same grouped order; B (and scales, bias, C for MAP_BATCHED) offset per group
+MAP_GROUPED = tl.constexpr(1)  # experts' row ranges from `group_offsets` (E+1,) on the device
+MAP_BATCHED = tl.constexpr(2)  # num_groups problems of M rows each, batch strides per operand

@@ -105,6 +105,37 @@ def compile_gemm(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16
     return _compile(_jit_kernel(), (*head, *plan.tail), cfg)
 
 
+def compile_grouped(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16, out_dtype=torch.bfloat16,
+                    tile_map: str = "grouped", experts: int = 8, gather: bool = True, scatter: bool = True,
+                    dev: DeviceInfo = H100) -> Binary:
+    """Compile gemm_kernel for sm_90 as a grouped (MoE: M sorted rows over `experts`, gathered
+    A rows, weighted scattered C rows) or batched (`experts` problems of M rows) launch would."""
+    from ..core.dense import _jit_kernel
+    from ..core.epilogue import EpilogueSpec
+    from ..core.formats import Scale, dense
+    from ..core.grouped import GroupedPlan
+    from ..kernels import modes
+
+    fp8 = x_dtype.itemsize == 1
+    x = torch.empty(M, K, dtype=x_dtype)
+    w = torch.empty(experts, N, K, dtype=x_dtype)
+    xs, ws = (torch.empty(M, dtype=torch.float32), torch.empty(experts, N, dtype=torch.float32)) if fp8 else (None, None)
+    a_fmt, b_fmt = dense(x_dtype, Scale.ROW if fp8 else Scale.NONE), dense(x_dtype, Scale.ROW if fp8 else Scale.NONE)
+    grouped = tile_map == "grouped"
+    plan = GroupedPlan(modes.MAP_GROUPED if grouped else modes.MAP_BATCHED, x, w,
+                       (M, N) if grouped else (experts, M, N), (N, 1), M, experts, a_fmt, b_fmt, EpilogueSpec("none"),
+                       cfg, dev, out_dtype=out_dtype,
+                       group_strides=dict(stride_bsg=N) if grouped else dict(stride_ag=M * K, stride_cg=M * N,
+                                                                             stride_bsg=N),
+                       gather=grouped and gather, index_extent=0)
+    idx = torch.empty(M, dtype=torch.int32)
+    head = (x, w, torch.empty(M, N, dtype=out_dtype), None, None, None, xs, ws, None, None, None, None,
+            idx if grouped and gather else None, idx if grouped and scatter else None,
+            torch.empty(M, dtype=torch.float32) if grouped and scatter else None,
+            torch.empty(experts + 1, dtype=torch.int32) if grouped else None)
+    return _compile(_jit_kernel(), (*head, *plan.tail), plan.cfg)
+
+
 def compile_bare(M: int, N: int, K: int, cfg: GemmConfig, dtype=torch.float8_e4m3fn, out_dtype=torch.bfloat16,
                  scales: bool = True, dev: DeviceInfo = H100) -> Binary:
     """Compile tools/bare_kernel.py's tutorial-09-style kernel for sm_90 with cfg's tiles."""
@@ -216,6 +247,14 @@ CHECKS = {
         "QGMMA"),
     "dynamic INT8 (quantized in the GEMM), M=16": (
         16, 6144, 4096, _tiles(16, 64, 256, 3, 4), dict(_DYNAMIC, w_dtype=torch.int8), "IMMA"),
+    # MoE / batched family (pointer loads, persistent; kw "tile_map" selects compile_grouped)
+    "bf16 grouped (MoE: gathered A rows, weighted scattered C rows) persistent 128x128x64": (
+        8192, 4096, 7168, _tiles(128, 128, 64, 3, PERSISTENT=True), dict(tile_map="grouped", experts=256), "HGMMA"),
+    "fp8 grouped (MoE), per-token / per-channel scales, persistent 128x128x128": (
+        8192, 4096, 7168, _tiles(128, 128, 128, 3, PERSISTENT=True),
+        dict(tile_map="grouped", experts=256, x_dtype=torch.float8_e4m3fn), "QGMMA"),
+    "bf16 batched persistent 128x128x64": (
+        2048, 2048, 2048, _tiles(128, 128, 64, 3, PERSISTENT=True), dict(tile_map="batched", experts=8), "HGMMA"),
 }
 _MMA = ("HGMMA", "QGMMA", "IGMMA", "HMMA", "IMMA")
 
@@ -238,7 +277,7 @@ def check(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
     (the estimate that the tuner's search space and fit_to_smem rely on)."""
     M, N, K, cfg, kw, mma = CHECKS[name]
     cfg = GemmConfig.from_dict(cfg)
-    b = compile_gemm(M, N, K, cfg, **kw)
+    b = compile_grouped(M, N, K, cfg, **kw) if "tile_map" in kw else compile_gemm(M, N, K, cfg, **kw)
     estimate = cfg.smem_bytes(*_formats(kw), kw.get("out_dtype", torch.bfloat16).itemsize)
     found = {op: b.count(op) for op in _MMA if b.count(op)}
     ok = (b.local_bytes == 0 and b.registers <= 255 and mma in found and b.shared_bytes <= dev.smem_per_block
@@ -247,7 +286,7 @@ def check(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
         ok = ok and b.sass.count("12582912") >= 2 and "-12582912" in b.sass
     loop = ""
     plain_loop = not (kw.get("a_quant") or kw.get("exact") or "kblock" in (kw.get("a_scale"), kw.get("b_scale")))
-    if cfg.TMA and cfg.PERSISTENT and not cfg.STREAM_K and cfg.SPLIT_K == 1 and plain_loop:
+    if "tile_map" not in kw and cfg.TMA and cfg.PERSISTENT and not cfg.STREAM_K and cfg.SPLIT_K == 1 and plain_loop:
         same, loop = _compare_bare(b, M, N, K, cfg, kw, dev)
         ok = ok and same
     return ok, b, (f"{'ok ' if ok else 'BAD'} {name}: {b.registers} registers, {b.local_bytes} B local, "
@@ -291,7 +330,7 @@ def main(argv=None) -> int:
         failed += not ok
         print(report, flush=True)
         cfg = GemmConfig.from_dict(cfg)
-        if args.warp_specialize and cfg.PERSISTENT:
+        if args.warp_specialize and cfg.PERSISTENT and "tile_map" not in kw:
             import dataclasses
 
             ws = compile_gemm(M, N, K, dataclasses.replace(cfg, WARP_SPECIALIZE=True), **kw)

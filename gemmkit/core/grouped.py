@@ -1,0 +1,193 @@
+"""Host side of the MoE / batched family: `GroupedPlan`, one launch of the shared kernel over many
+(M, N) problems that share N and K (kernels/schedule.py group_grid).
+
+- MAP_GROUPED (grouped GEMM, mixture-of-experts): expert e owns rows [offsets[e], offsets[e + 1])
+  of A and C and multiplies them by w[e] (w (E, N, K)). The offsets live on the device and are
+  never read by the host: the grid is an upper bound (at most one program per SM, persistent) and
+  each program reads the tile count from the offsets. Optional gathered A rows (`a_rows`),
+  scattered C rows (`c_rows`) and row weights (applied after the activation, indexed by the
+  destination row).
+- MAP_BATCHED: B problems (x (B, M, K), w (B, N, K) or shared with batch stride 0), C (B, M, N).
+
+Pointer loads and stores (no TMA descriptors yet), SPLIT_K = 1, no stream-K, no K-block scales.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..kernels import modes
+from .config import GemmConfig
+from .dense import _INT32_MAX, PER_CALL, _jit_kernel
+from .device import DeviceInfo
+from .epilogue import EpilogueSpec
+from .formats import OperandFormat, Scale
+from .launcher import CachedLaunch, hook_set, launch_hooks
+from .plan import PlanBase, _get_device, contiguous_strides, kernel_tail
+
+
+def _span(t) -> int:
+    """Largest element offset of t (0 for None)."""
+    return 0 if t is None else sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
+
+
+def family_config(cfg: GemmConfig) -> GemmConfig:
+    """The config as this family runs it: one piece per tile (SPLIT_K 1, no stream-K), no split
+    epilogue, no warp specialization (pointer loads)."""
+    return dataclasses.replace(cfg, SPLIT_K=1, STREAM_K=False, WARP_SPECIALIZE=False, EPILOGUE_SUBTILE=False)
+
+
+class GroupedPlan(PlanBase):
+    """C = epilogue(A @ B[g]^T) per group g, for fixed tensor facts.
+
+    tile_map: modes.MAP_GROUPED or MAP_BATCHED. `x2` (rows, K) (grouped: the stored A, token rows
+    when gathered; batched: x[0]'s layout with `stride_ag`), `w3` (groups, N, K) (batch stride 0
+    for a shared weight), `out_shape` / `c_strides`: C's shape and its (row, column) strides;
+    `rows_bound`: C rows of the upper-bound grid (grouped: rows; batched: M). `group_strides`:
+    stride_ag, stride_cg, stride_asg, stride_bsg, stride_biasg. `gather`: A rows through a_rows.
+    Call `run(x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale)`.
+    """
+
+    def __init__(self, tile_map, x2, w3, out_shape, c_strides, M, num_groups, a_fmt: OperandFormat,
+                 b_fmt: OperandFormat, epilogue: EpilogueSpec, cfg: GemmConfig, dev: DeviceInfo, *, out_dtype,
+                 group_strides: dict, gather: bool, index_extent: int, auto_config: bool = False):
+        self.tile_map, self.M, self.num_groups = tile_map, M, num_groups
+        self.N, self.K = w3.shape[1], w3.shape[2]
+        self.x_strides, self.w_strides = tuple(x2.stride()), tuple(w3.stride())
+        self.out_shape, self.c_strides, self.out_dtype = tuple(out_shape), tuple(c_strides), out_dtype
+        self.group_strides, self.gather, self.index_extent = dict(group_strides), gather, index_extent
+        self.formats, self.epilogue, self.dev, self.auto_config = (a_fmt, b_fmt), epilogue, dev, auto_config
+        self.device = x2.device
+        self.device_index = x2.device.index or 0
+        self.cuda = x2.device.type == "cuda"
+        self._configure(cfg)
+
+    def _configure(self, cfg: GemmConfig) -> None:
+        a_fmt, b_fmt = self.formats
+        cfg = family_config(cfg)
+        self.cfg = cfg
+        M, N, K, E = self.M, self.N, self.K, self.num_groups
+        bm, bn, bk = cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K
+        s_am, s_ak = self.x_strides
+        s_bg, s_bn, s_bk = self.w_strides
+        tiles_n = -(-N // bn)
+        if self.tile_map == modes.MAP_GROUPED:  # every expert may end in a partial tile-row
+            upper = (-(-M // bm) + E) * tiles_n
+        else:
+            upper = E * -(-M // bm) * tiles_n
+        grid = max(1, min(upper, self.dev.num_sms) if cfg.PERSISTENT else upper)
+        acc_int = a_fmt.integer and b_fmt.integer
+        gs = self.group_strides
+        self.tail = kernel_tail(_jit_kernel(), PER_CALL, dict(
+            M=M, N=N, K=K, stride_am=s_am, stride_ak=s_ak, stride_bn=s_bn, stride_bk=s_bk,
+            stride_cm=self.c_strides[0], stride_cn=self.c_strides[1], stride_asm=0, stride_ask=0, stride_bsn=0,
+            stride_bsk=0, stride_mul_m=0, stride_mul_n=0, stride_add_m=0, stride_add_n=0, sk_tiles=0,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.GROUP_M, SPLIT_K=1, STREAM_K=False,
+            TILE_MAP=self.tile_map.value, A_TMA=False, A_K_MAJOR=s_ak == 1, B_TMA=False, B_K_MAJOR=s_bk == 1,
+            C_TMA=False, EVEN_K=K % bk == 0, INDEX_64=self.index_extent > _INT32_MAX,
+            A_PRODUCER=(modes.A_GATHER if self.gather else modes.A_DENSE).value, B_PRODUCER=modes.B_DENSE.value,
+            QUANT="", ACC_INT=acc_int, PROMOTE=modes.PROMOTE_NONE.value, A_SCALE=int(a_fmt.scale),
+            B_SCALE=int(b_fmt.scale), GROUP_K=1, GROUP_N=1, ACTIVATION=self.epilogue.activation, FLATTEN=False,
+            WARP_SPECIALIZE=False, EPILOGUE_SUBTILE=False,
+            num_groups=E, stride_ag=gs.get("stride_ag", 0), stride_bg=s_bg, stride_cg=gs.get("stride_cg", 0),
+            stride_asg=gs.get("stride_asg", 0), stride_bsg=gs.get("stride_bsg", 0),
+            stride_biasg=gs.get("stride_biasg", 0),
+            NUM_GROUPS_P2=max(2, 1 << max(0, (E - 1).bit_length())) if self.tile_map == modes.MAP_GROUPED else 1,
+        ))
+        self.grid = grid
+        self.launch = CachedLaunch(_jit_kernel(), (grid,), cfg.num_warps, cfg.num_stages, self.device_index)
+        self._bind()
+
+    def _per_call(self, direct=None):
+        """One call as a flat function (see DensePlan._per_call): allocate C, launch."""
+        idx, device, out_shape, out_dtype, tail = self.device_index, self.device, self.out_shape, self.out_dtype, self.tail
+        out_strides = contiguous_strides(out_shape)
+        empty, launch_regular, flat = torch.empty_strided, self.launch, direct is not None
+        if flat:
+            launch, gx, gy, gz, function, lead = direct
+            stream, hook, slow = torch._C._cuda_getCurrentRawStream, launch_hooks(), self._call
+
+        def per_call(x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale):
+            if flat and (_get_device() != idx or hook_set(hook)):
+                return slow(x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale)
+            out = empty(out_shape, out_strides, dtype=out_dtype, device=device)
+            if flat:
+                ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+                launch(gx, gy, gz, stream(idx), function, *lead, x.data_ptr(), w.data_ptr(), out.data_ptr(),
+                       None, None, ptr(bias), ptr(a_scale), ptr(b_scale), None, None, None, None, ptr(a_rows),
+                       ptr(c_rows), ptr(row_weights), ptr(offsets), *tail)
+            else:
+                launch_regular((x, w, out, None, None, bias, a_scale, b_scale, None, None, None, None, a_rows, c_rows,
+                                row_weights, offsets), tail)
+            return out
+
+        return per_call
+
+
+def scale_kind(name: str, s, per_row: set, per_group: set, one_per_group: set) -> tuple[Scale, int]:
+    """(scale kind, group stride) of a float32 scale: 1 element (per tensor, stride 0), one of
+    `one_per_group`'s shapes (a per-tensor scale per group), `per_row` (per row, shared by the
+    groups) or `per_group` (per row and group, contiguous)."""
+    from . import validate as v
+
+    v.check_tensor(name, s, (torch.float32,))
+    shape = tuple(s.shape)
+    if s.numel() == 1:
+        return Scale.TENSOR, 0
+    if not s.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous())")
+    if shape in one_per_group:
+        return Scale.TENSOR, 1
+    if shape in per_row:
+        return Scale.ROW, 0
+    if shape in per_group:
+        return Scale.ROW, s.stride(0)
+    raise ValueError(f"{name} has shape {shape}: expected one value, "
+                     f"{' or '.join(str(x) for x in sorted(one_per_group | per_row | per_group))}")
+
+
+def index_extent(*tensors) -> int:
+    """Largest element offset among the tensors (decides INDEX_64)."""
+    return max(_span(t) for t in tensors)
+
+
+def group_bias_stride(bias, groups: int, N: int, what: str, dtypes) -> int:
+    """Group stride of a bias: (groups, N) contiguous -> N, (N,) (shared) -> 0; else ValueError."""
+    from . import validate as v
+
+    if bias is None:
+        return 0
+    v.check_tensor("bias", bias, dtypes)
+    if tuple(bias.shape) == (groups, N) and bias.is_contiguous():
+        return N
+    if tuple(bias.shape) != (N,) or not bias.is_contiguous():
+        raise ValueError(f"bias must be contiguous ({what}, N) = ({groups}, {N}) or (N,) = ({N},), "
+                         f"got {tuple(bias.shape)}")
+    return 0
+
+
+def check_8bit_scales(x, w, x_scale, w_scale, x_shapes: tuple, w_shapes: tuple):
+    """(A scale kind, its group stride, B scale kind, its group stride) of 8-bit operands, which
+    must be K-contiguous; `x_shapes` / `w_shapes`: scale_kind's shape sets after the name."""
+    if x_scale is None or w_scale is None:
+        raise ValueError("x_scale and w_scale are required (float32)")
+    a = scale_kind("x_scale", x_scale, *x_shapes)
+    b = scale_kind("w_scale", w_scale, *w_shapes)
+    for name, t in (("x", x), ("w", w)):
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name} must be K-contiguous (stride 1 along K): FP8/INT8 tensor-core operands "
+                             "are K-major (call .contiguous())")
+    return (*a, *b)
+
+
+def family_config_for(config, M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,
+                      out_bytes: int) -> GemmConfig:
+    """The caller's config (checked), else one derived from the device (no tuned tables for this
+    family yet). M: rows per group (grouped: the average per expert)."""
+    from .config import derive_config, resolve_config
+
+    if config is None:
+        return derive_config(M, N, K, dev, a, b, out_bytes)
+    return resolve_config("", config, M, N, K, dev, a, b, out_bytes)

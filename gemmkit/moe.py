@@ -1,0 +1,79 @@
+"""Mixture-of-experts helpers on top of the grouped GEMM (gemmkit.ops.grouped): routing sorted by
+expert on the device, and a whole MoE MLP.
+
+Top-k combine (deterministic, no atomics): the down projection's grouped GEMM writes each
+(token, slot) row, times its routing weight, to its own row t * k + j of a (T * k, H) buffer
+(scatter_idx = the flat (token, slot) index); the k rows of a token are then summed by one
+reduction over k (torch), in slot order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .ops.grouped import grouped_gemm_a16w16
+
+
+def sort_by_expert(topk_ids: torch.Tensor, num_experts: int):
+    """(gather_idx, scatter_idx, expert_offsets) of a top-k routing, on the device, no host sync.
+
+    topk_ids: (T, k) integer expert ids in [0, num_experts). Sorted row r (stable by expert, then
+    by flat (token, slot) index) reads token gather_idx[r] = flat // k and lands in flat row
+    scatter_idx[r] = t * k + j; expert e owns sorted rows [expert_offsets[e], expert_offsets[e + 1]).
+    All int32; expert_offsets has num_experts + 1 entries.
+    """
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.ndim != 2:
+        raise ValueError(f"topk_ids must be a 2-D (T, k) tensor, got {getattr(topk_ids, 'shape', topk_ids)!r}")
+    if topk_ids.dtype.is_floating_point or topk_ids.dtype == torch.bool:
+        raise TypeError(f"topk_ids must hold integer expert ids, got {topk_ids.dtype}")
+    if not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"num_experts must be an int >= 1, got {num_experts!r}")
+    k = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    sorted_ids = flat[order].contiguous()
+    # searchsorted instead of bincount: bincount on CUDA reads the maximum back to the host
+    bounds = torch.arange(num_experts + 1, device=flat.device, dtype=sorted_ids.dtype)
+    offsets = torch.searchsorted(sorted_ids, bounds, out_int32=True)
+    scatter_idx = order.to(torch.int32)
+    gather_idx = torch.div(order, max(k, 1), rounding_mode="floor").to(torch.int32)
+    return gather_idx, scatter_idx, offsets
+
+
+def moe_mlp(x, topk_ids, topk_weights, w_gate_up, w_down, activation: str = "silu", *, config=None):
+    """sum_j topk_weights[t, j] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t, j].
+
+    x: (T, H) bf16/fp16. topk_ids: (T, k) int. topk_weights: (T, k) float32/bf16/fp16 (contiguous).
+    w_gate_up: (E, 2I, H) (gate rows first, then up: the fused layout), w_down: (E, H, I), x's
+    dtype. activation: "silu" (SwiGLU) or "gelu_tanh". Returns (T, H) in x's dtype.
+
+    Two grouped GEMMs: gate/up reads x's rows through gather_idx (no permute pass), writes the
+    sorted (T * k, 2I) product; the gated activation runs in torch (no gated epilogue in the
+    kernel yet); down writes each row, weighted, to its (token, slot) row, then a sum over k
+    (module docstring). No host synchronization.
+    """
+    if activation not in ("silu", "gelu_tanh"):
+        raise ValueError(f"activation must be 'silu' or 'gelu_tanh', got {activation!r}")
+    if not isinstance(x, torch.Tensor) or x.ndim != 2:
+        raise ValueError(f"x must be 2-D (T, H), got {getattr(x, 'shape', x)!r}")
+    if not isinstance(w_gate_up, torch.Tensor) or w_gate_up.ndim != 3 or w_gate_up.shape[1] % 2:
+        raise ValueError(f"w_gate_up must be (E, 2I, H), got {getattr(w_gate_up, 'shape', w_gate_up)!r}")
+    if not isinstance(w_down, torch.Tensor) or w_down.ndim != 3 or w_down.shape[0] != w_gate_up.shape[0] \
+            or 2 * w_down.shape[2] != w_gate_up.shape[1] or w_down.shape[1] != x.shape[1]:
+        raise ValueError(f"w_down must be (E, H, I) = ({w_gate_up.shape[0]}, {x.shape[1]}, {w_gate_up.shape[1] // 2}), "
+                         f"got {getattr(w_down, 'shape', w_down)!r}")
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.ndim != 2 or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(f"topk_ids must be (T, k) with T = {x.shape[0]}, got {getattr(topk_ids, 'shape', topk_ids)!r}")
+    if not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != tuple(topk_ids.shape):
+        raise ValueError(f"topk_weights must have topk_ids' shape {tuple(topk_ids.shape)}")
+    T, k = topk_ids.shape
+    E, I2, H = w_gate_up.shape
+    gather_idx, scatter_idx, offsets = sort_by_expert(topk_ids, E)
+    h = grouped_gemm_a16w16(x, w_gate_up, offsets, gather_idx=gather_idx, config=config)  # (T k, 2I) sorted
+    gate, up = h[:, :I2 // 2], h[:, I2 // 2:]
+    act = torch.nn.functional.silu if activation == "silu" else (
+        lambda t: torch.nn.functional.gelu(t, approximate="tanh"))
+    a = (act(gate.float()) * up.float()).to(x.dtype)
+    y = grouped_gemm_a16w16(a, w_down, offsets, scatter_idx=scatter_idx, routing_weights=topk_weights.contiguous(),
+                            out_dtype=torch.float32, config=config)  # (T k, H), row t k + j
+    return y.view(T, k, H).sum(dim=1).to(x.dtype)

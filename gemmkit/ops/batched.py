@@ -1,0 +1,107 @@
+"""Batched GEMM: B independent (M, N) problems of the same shape in one launch (MAP_BATCHED)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..core import validate as v
+from ..core.device import device_info
+from ..core.epilogue import EpilogueSpec
+from ..core.formats import Scale, dense
+from ..core.grouped import GroupedPlan, check_8bit_scales, family_config_for, group_bias_stride, index_extent
+from ..core.plan import PlanCache, plan_key
+from ..kernels import modes
+from .grouped import FP8, _BIAS_DTYPES, _IN_DTYPES, _Degenerate
+
+_plans = PlanCache()
+
+
+
+def batched_gemm_a16w16(x, w, bias=None, *, activation=None, out_dtype=None, config=None):
+    """y[b] = activation(x[b] @ w[b].T + bias[b]), like torch.bmm(x, w.transpose(1, 2)).
+
+    x: (B, M, K) bf16/fp16; w: (B, N, K) of x's dtype, or (N, K) / an expand()ed (B, N, K) with
+    batch stride 0 (one weight for every batch entry). Each x[b], w[b] needs a unit-stride
+    dimension. bias: (N,) or (B, N) contiguous. Output (B, M, N) contiguous, out_dtype (default x's).
+    """
+    return _batched(x, w, bias, None, None, activation, out_dtype, config, "a16w16")
+
+
+def batched_gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=torch.bfloat16, config=None):
+    """batched_gemm_a16w16 with FP8 / INT8 operands (K-contiguous) and float32 scales.
+
+    x_scale: one value, or per token (B, M, 1) / (B, M). w_scale: one value, one per batch entry
+    (B,) / (B, 1), or per channel (B, 1, N) / (B, N) / (1, N) / (N,) (shared).
+    """
+    return _batched(x, w, bias, x_scale, w_scale, activation, out_dtype, config, "a8w8")
+
+
+def _batched(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind):
+    key = plan_key((x, w, bias, x_scale, w_scale), (kind, activation, out_dtype,
+                                                   None if config is None else v.config_key(config)))
+    try:
+        plan = _plans.lookup(key)
+    except (KeyError, TypeError):
+        plan = _plans.plan_for(key, _make_plan, x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind)
+    return plan.run(x, w, None, None, None, None, bias, x_scale, w_scale)
+
+
+def _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind):
+    dtypes = _IN_DTYPES if kind == "a16w16" else FP8 + (torch.int8,)
+    v.check_tensor("x", x, dtypes)
+    v.check_tensor("w", w, dtypes)
+    if kind == "a16w16" and w.dtype != x.dtype:
+        raise TypeError(f"w has dtype {w.dtype} but x has {x.dtype}; both must be the same 16-bit type")
+    if kind == "a8w8" and (x.dtype == torch.int8) != (w.dtype == torch.int8):
+        raise TypeError(f"x is {x.dtype} but w is {w.dtype}: int8 pairs only with int8, fp8 only with fp8")
+    activation = v.check_activation(activation)
+    device = v.check_devices(x=x, w=w, bias=bias, x_scale=x_scale, w_scale=w_scale)
+    v.check_no_autograd(x=x, w=w, bias=bias)
+    if x.ndim != 3:
+        raise ValueError(f"x must be 3-D (B, M, K), got shape {tuple(x.shape)}")
+    B, M, K = x.shape
+    if w.ndim == 2:
+        w = w.unsqueeze(0).expand(B, *w.shape)
+    if w.ndim != 3 or w.shape[0] != B or w.shape[2] != K:
+        raise ValueError(f"w must be (B, N, K) = ({B}, N, {K}) or (N, {K}), got shape {tuple(w.shape)}")
+    N = w.shape[1]
+    s_biasg = group_bias_stride(bias, B, N, "B", _BIAS_DTYPES)
+    out_dtype = v.check_out_dtype(out_dtype, None, x.dtype if kind == "a16w16" else torch.bfloat16)
+    a_kind = b_kind = Scale.NONE
+    s_asg = s_bsg = 0
+    if kind == "a8w8":
+        a_kind, s_asg, b_kind, s_bsg = check_8bit_scales(
+            x, w, x_scale, w_scale, (set(), {(B, M, 1), (B, M)}, set()),
+            ({(1, N), (N,)}, {(B, 1, N), (B, N)}, {(B,), (B, 1)}))
+    if B == 0 or M == 0 or N == 0 or K == 0:
+        return _BatchedDegenerate(B, M, N, out_dtype, device, activation)
+    v.check_layout("x[0]", x[0])
+    v.check_layout("w[0]", w[0])
+    dev = device_info(device)
+    a_fmt, b_fmt = dense(x.dtype, a_kind), dense(w.dtype, b_kind)
+    cfg = family_config_for(config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
+    return GroupedPlan(modes.MAP_BATCHED, x[0], w, (B, M, N), (N, 1), M, B, a_fmt, b_fmt,
+                       EpilogueSpec(activation, bias is not None), cfg, dev, out_dtype=out_dtype,
+                       group_strides=dict(stride_ag=x.stride(0), stride_cg=M * N, stride_asg=s_asg, stride_bsg=s_bsg,
+                                          stride_biasg=s_biasg),
+                       gather=False, index_extent=max(index_extent(x, w), B * M * N), auto_config=config is None)
+
+
+class _BatchedDegenerate:
+    def __init__(self, B, M, N, out_dtype, device, activation):
+        self.inner = _Degenerate(B * M, N, out_dtype, device, activation, None, 1, 0)
+        self.shape = (B, M, N)
+        self.run = self.__call__
+
+    def __call__(self, x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale):
+        y = self.inner(None, None, None, None, None, None, None, None, None).view(self.shape)
+        if bias is not None and y.numel():
+            y = _with_bias(y, bias, self.inner.activation)
+        return y
+
+
+def _with_bias(y, bias, activation):
+    from .grouped import _act
+
+    b = bias.float() if bias.ndim == 1 else bias.float()[:, None, :]
+    return _act(torch.zeros(y.shape, dtype=torch.float32, device=y.device) + b, activation).to(y.dtype)

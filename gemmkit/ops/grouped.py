@@ -1,0 +1,222 @@
+"""Grouped GEMM for mixture-of-experts: every expert's rows times its own weight, in one launch.
+
+Rows are grouped by expert: expert e owns rows [offsets[e], offsets[e + 1]) of the (sorted)
+problem. The offsets stay on the device (no host synchronization: CUDA-graph capturable, the
+same plan for every routing of the same token count); the kernel reads the tile count from them.
+Monotonicity of the offsets cannot be checked without a synchronization: it is unchecked (an
+empty or negative range owns no row) unless GEMMKIT_DEBUG=1, which checks offsets and indices.
+Rows of the output that no expert's range covers are left unwritten.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..core import validate as v
+from ..core.device import device_info
+from ..core.epilogue import EpilogueSpec
+from ..core.formats import Scale, dense
+from ..core.grouped import GroupedPlan, check_8bit_scales, family_config_for, group_bias_stride, index_extent
+from ..core.plan import PlanCache, plan_key
+from ..kernels import modes
+
+_IN_DTYPES = (torch.bfloat16, torch.float16)
+_BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+_WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+_plans = PlanCache()
+
+
+
+def offsets_from_sizes(m_sizes: torch.Tensor) -> torch.Tensor:
+    """(E + 1,) int32 cumulative offsets of (E,) per-expert row counts, on the device (no sync)."""
+    v.check_tensor("m_sizes", m_sizes, _INDEX_DTYPES)
+    if m_sizes.ndim != 1:
+        raise ValueError(f"m_sizes must be 1-D (E,), got shape {tuple(m_sizes.shape)}")
+    out = torch.zeros(m_sizes.shape[0] + 1, dtype=torch.int32, device=m_sizes.device)
+    torch.cumsum(m_sizes, 0, out=out[1:])
+    return out
+
+
+def _offsets(expert_offsets, m_sizes):
+    if (expert_offsets is None) == (m_sizes is None):
+        raise ValueError("pass exactly one of expert_offsets ((E + 1,) int32 cumulative) and m_sizes ((E,) int32)")
+    return offsets_from_sizes(m_sizes) if expert_offsets is None else expert_offsets
+
+
+def grouped_gemm_a16w16(x, w, expert_offsets=None, *, m_sizes=None, gather_idx=None, scatter_idx=None,
+                        routing_weights=None, bias=None, activation=None, out_dtype=None, config=None):
+    """y[r] = activation(x[g(r)] @ w[e(r)].T + bias[e(r)]) * weight, for the rows r of each expert.
+
+    x: (T, K) bf16/fp16 (K or row unit stride). w: (E, N, K), x's dtype, each w[e] with a unit
+    stride. expert_offsets: (E + 1,) int32 on x's device, cumulative (expert e owns sorted rows
+    [offsets[e], offsets[e + 1])); or m_sizes=(E,) row counts. gather_idx: None (x's rows are
+    already sorted by expert: R = T rows) or (R,) int32/int64 token row of each sorted row
+    (`gemmkit.moe.sort_by_expert`; no separate permute pass). scatter_idx: None (output row r is
+    sorted row r) or (R,) int32/int64 destination row of each sorted row. routing_weights: None or
+    R float values (e.g. topk_weights (T, k), contiguous) multiplying each row after the
+    activation, indexed by the destination row. bias: (E, N) or (N,). Output (R, N), out_dtype
+    (default x's). No autograd.
+    """
+    offsets = _offsets(expert_offsets, m_sizes)
+    return _grouped(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, None, None, activation,
+                    out_dtype, config, "a16w16")
+
+
+def grouped_gemm_a8w8(x, w, x_scale, w_scale, expert_offsets=None, *, m_sizes=None, gather_idx=None,
+                      scatter_idx=None, routing_weights=None, bias=None, activation=None, out_dtype=torch.bfloat16,
+                      config=None):
+    """grouped_gemm_a16w16 with FP8 (e4m3/e5m2) or INT8 operands and scales, fp32 (int32) accumulation.
+
+    x: (T, K), w: (E, N, K), K-contiguous. x_scale: float32, one value, or per token (T,) / (T, 1)
+    (per row of x: with gather_idx, read through it). w_scale: float32, one value, one per
+    expert ((E,) / (E, 1)), or per channel (E, N) / (E, 1, N) (contiguous). FP8 dots use
+    Hopper's fast accumulation.
+    """
+    offsets = _offsets(expert_offsets, m_sizes)
+    return _grouped(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_scale, w_scale, activation,
+                    out_dtype, config, "a8w8")
+
+
+def _grouped(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_scale, w_scale, activation, out_dtype,
+             config, kind):
+    key = plan_key((x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_scale, w_scale),
+                   (kind, activation, out_dtype, None if config is None else v.config_key(config)))
+    try:
+        plan = _plans.lookup(key)
+    except (KeyError, TypeError):
+        plan = _plans.plan_for(key, _make_plan, x, w, offsets, gather_idx, scatter_idx, routing_weights, bias,
+                               x_scale, w_scale, activation, out_dtype, config, kind)
+    if _debug():
+        debug_check(x, offsets, gather_idx, scatter_idx, plan.rows)
+    return plan.run(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_scale, w_scale)
+
+
+def _debug() -> bool:
+    return os.environ.get("GEMMKIT_DEBUG", "") not in ("", "0")
+
+
+def debug_check(x, offsets, gather_idx, scatter_idx, rows: int) -> None:
+    """GEMMKIT_DEBUG=1: the checks that need the values (a host synchronization)."""
+    o = offsets.cpu()
+    if o[0] < 0 or bool((o[1:] < o[:-1]).any()) or o[-1] > rows:
+        raise ValueError(f"expert_offsets must be non-decreasing within [0, {rows}], got {o.tolist()}")
+    if gather_idx is not None and gather_idx.numel() and (gather_idx.min() < 0 or gather_idx.max() >= x.shape[0]):
+        raise ValueError(f"gather_idx values must lie in [0, {x.shape[0]})")
+    if scatter_idx is not None and scatter_idx.numel():
+        if scatter_idx.min() < 0 or scatter_idx.max() >= rows:
+            raise ValueError(f"scatter_idx values must lie in [0, {rows})")
+        if torch.unique(scatter_idx).numel() != scatter_idx.numel():
+            raise ValueError("scatter_idx must not repeat a destination row")
+
+
+def _check_index(name, t, R, device):
+    if t is None:
+        return
+    v.check_tensor(name, t, _INDEX_DTYPES)
+    if t.ndim != 1 or t.shape[0] != R:
+        raise ValueError(f"{name} must be 1-D with {R} entries (one per sorted row), got shape {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but x is on {device}")
+    if R > 1 and t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous")
+
+
+def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_scale, w_scale, activation,
+               out_dtype, config, kind):
+    if kind == "a16w16":
+        v.check_tensor("x", x, _IN_DTYPES)
+        v.check_tensor("w", w, _IN_DTYPES)
+        if w.dtype != x.dtype:
+            raise TypeError(f"w has dtype {w.dtype} but x has {x.dtype}; both must be the same 16-bit type")
+    else:
+        v.check_tensor("x", x, FP8 + (torch.int8,))
+        v.check_tensor("w", w, FP8 + (torch.int8,))
+        if (x.dtype == torch.int8) != (w.dtype == torch.int8):
+            raise TypeError(f"x is {x.dtype} but w is {w.dtype}: int8 pairs only with int8, fp8 only with fp8")
+    activation = v.check_activation(activation)
+    v.check_tensor("expert_offsets", offsets, (torch.int32,))
+    device = v.check_devices(x=x, w=w, expert_offsets=offsets, bias=bias, x_scale=x_scale, w_scale=w_scale,
+                             routing_weights=routing_weights)
+    v.check_no_autograd(x=x, w=w, bias=bias, routing_weights=routing_weights)
+    if x.ndim != 2:
+        raise ValueError(f"x must be 2-D (T, K), got shape {tuple(x.shape)}")
+    if w.ndim != 3:
+        raise ValueError(f"w must be 3-D (E, N, K), got shape {tuple(w.shape)}")
+    T, K = x.shape
+    E, N, Kw = w.shape
+    if Kw != K:
+        raise ValueError(f"w has shape {tuple(w.shape)}: its K ({Kw}) differs from x's ({K})")
+    if offsets.ndim != 1 or offsets.shape[0] != E + 1:
+        raise ValueError(f"expert_offsets must be 1-D with E + 1 = {E + 1} entries (cumulative, starting at 0), "
+                         f"got shape {tuple(offsets.shape)}")
+    if offsets.stride(0) != 1 and E > 0:
+        raise ValueError("expert_offsets must be contiguous")
+    R = gather_idx.shape[0] if gather_idx is not None and gather_idx.ndim == 1 else T
+    _check_index("gather_idx", gather_idx, R, device)
+    _check_index("scatter_idx", scatter_idx, R, device)
+    if routing_weights is not None:
+        v.check_tensor("routing_weights", routing_weights, _WEIGHT_DTYPES)
+        if routing_weights.numel() != R or not routing_weights.is_contiguous():
+            raise ValueError(f"routing_weights must be contiguous with {R} values (one per output row, e.g. "
+                             f"topk_weights (T, k)), got shape {tuple(routing_weights.shape)}")
+    stride_biasg = group_bias_stride(bias, E, N, "E", _BIAS_DTYPES)
+    out_dtype = v.check_out_dtype(out_dtype, None, x.dtype if kind == "a16w16" else torch.bfloat16)
+    a_scale = b_scale = Scale.NONE
+    s_asg = s_bsg = 0
+    if kind == "a8w8":
+        a_scale, _, b_scale, s_bsg = check_8bit_scales(
+            x, w, x_scale, w_scale, ({(T,), (T, 1)}, set(), set()), (set(), {(E, N), (E, 1, N)}, {(E,), (E, 1)}))
+    if R == 0 or N == 0 or E == 0 or K == 0:
+        return _Degenerate(R, N, out_dtype, device, activation, bias, E, K)
+    v.check_layout("x", x)
+    v.check_layout("w[0]", w[0])
+    dev = device_info(device)
+    a_fmt, b_fmt = dense(x.dtype, a_scale), dense(w.dtype, b_scale)
+    cfg = family_config_for(config, max(1, -(-R // E)), N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
+    plan = GroupedPlan(modes.MAP_GROUPED, x, w, (R, N), (N, 1), R, E, a_fmt, b_fmt,
+                       EpilogueSpec(activation, bias is not None), cfg, dev, out_dtype=out_dtype,
+                       group_strides=dict(stride_asg=s_asg, stride_bsg=s_bsg, stride_biasg=stride_biasg),
+                       gather=gather_idx is not None, index_extent=max(index_extent(x, w), R * N),
+                       auto_config=config is None)
+    plan.rows = R
+    return plan
+
+
+class _Degenerate:
+    """R, N, E or K is 0: no launch. K == 0 gives activation(bias) per row; with experts unknown
+    on the host, a per-expert bias needs K > 0."""
+
+    def __init__(self, R, N, out_dtype, device, activation, bias, E, K):
+        self.rows, self.shape, self.dtype, self.device, self.activation = R, (R, N), out_dtype, device, activation
+        if K == 0 and R and N and E and bias is not None and bias.ndim == 2:
+            raise ValueError("K == 0 with a per-expert bias (E, N) is not supported")
+        self.run = self.__call__
+
+    def __call__(self, x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_scale, w_scale):
+        y = torch.zeros(self.shape, dtype=torch.float32, device=self.device)
+        if bias is not None and self.shape[0] and self.shape[1]:
+            y = y + bias.float()
+        y = _act(y, self.activation)
+        if routing_weights is not None and self.shape[0]:
+            w_ = routing_weights.reshape(-1).float()
+            idx = torch.arange(self.shape[0], device=self.device) if scatter_idx is None else scatter_idx.long()
+            y = y * w_[idx][:, None]
+        if scatter_idx is not None and self.shape[0]:
+            out = torch.empty_like(y)
+            out[scatter_idx.long()] = y
+            y = out
+        return y.to(self.dtype)
+
+
+def _act(y, activation):
+    if activation == "relu":
+        return torch.relu(y)
+    if activation == "gelu_tanh":
+        return torch.nn.functional.gelu(y, approximate="tanh")
+    if activation == "silu":
+        return torch.nn.functional.silu(y)
+    return y

@@ -1,0 +1,62 @@
+"""Batched GEMM: gemmkit.batched_gemm_a16w16 / batched_gemm_a8w8."""
+
+import pytest
+import torch
+from conftest import DEVICE, assert_close, randn, sizes
+
+import gemmkit
+
+CFG = sizes(dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16), dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8))
+B, M, N, K = sizes((3, 21, 24, 40), (8, 1000, 1024, 512))
+
+
+def _bmm(x, w, bias=None):
+    out = torch.matmul(x.double(), w.double().transpose(-1, -2))
+    return out if bias is None else out + (bias.double() if bias.ndim == 1 else bias.double()[:, None, :])
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("bias_kind", [None, "shared", "per_batch"])
+def test_a16w16(persistent, bias_kind):
+    x, w = randn(B, M, K, dtype=torch.bfloat16), randn(B, N, K, dtype=torch.bfloat16)
+    bias = {None: None, "shared": randn(N, dtype=torch.float32), "per_batch": randn(B, N, dtype=torch.float32)}[bias_kind]
+    y = gemmkit.batched_gemm_a16w16(x, w, bias, config=dict(CFG, PERSISTENT=persistent))
+    assert y.shape == (B, M, N)
+    assert_close(y, _bmm(x, w, bias))
+
+
+def test_stride0_weight_and_layouts():
+    x, w = randn(B, M, K, dtype=torch.float16), randn(N, K, dtype=torch.float16)
+    assert_close(gemmkit.batched_gemm_a16w16(x, w, config=CFG), _bmm(x, w))
+    assert_close(gemmkit.batched_gemm_a16w16(x, w.expand(B, N, K), config=CFG), _bmm(x, w))
+    xt = randn(B, K, M, dtype=torch.float16).transpose(1, 2)  # column-major x[b]
+    assert_close(gemmkit.batched_gemm_a16w16(xt, w, activation="relu"), torch.relu(_bmm(xt, w)))
+
+
+@pytest.mark.parametrize("scales", ["row", "tensor", "per_batch"])
+def test_a8w8(scales):
+    x, w = randn(B, M, K, dtype=torch.float8_e4m3fn), randn(B, N, K, dtype=torch.float8_e4m3fn)
+    if scales == "row":
+        xs, ws = torch.rand(B, M, 1, device=DEVICE), torch.rand(B, 1, N, device=DEVICE)
+    elif scales == "tensor":
+        xs, ws = torch.rand((), device=DEVICE), torch.rand(1, device=DEVICE)
+    else:
+        xs, ws = torch.rand((), device=DEVICE), torch.rand(B, device=DEVICE)
+    y = gemmkit.batched_gemm_a8w8(x, w, xs, ws, out_dtype=torch.float32, config=dict(CFG, BLOCK_K=32))
+    ws_b = ws.reshape(B, 1, N) if scales == "row" else (ws.reshape(B, 1, 1) if scales == "per_batch" else ws)
+    ref = _bmm(x.float(), w.float()) * xs.double() * ws_b.double()
+    assert_close(y, ref, tol=2e-3)
+
+
+def test_empty_and_bad():
+    x, w = randn(B, 0, K, dtype=torch.bfloat16), randn(B, N, K, dtype=torch.bfloat16)
+    assert gemmkit.batched_gemm_a16w16(x, w).shape == (B, 0, N)
+    x = randn(B, M, K, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="w must be"):
+        gemmkit.batched_gemm_a16w16(x, randn(B + 1, N, K, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="x must be 3-D"):
+        gemmkit.batched_gemm_a16w16(x[0], w)
+    with pytest.raises(TypeError, match="w has dtype"):
+        gemmkit.batched_gemm_a16w16(x, w.half())
+    with pytest.raises(ValueError, match="bias"):
+        gemmkit.batched_gemm_a16w16(x, w, randn(B, N + 1, dtype=torch.float32))

@@ -1,0 +1,177 @@
+"""Grouped GEMM (mixture-of-experts): gemmkit.grouped_gemm_a16w16 / grouped_gemm_a8w8, gemmkit.moe."""
+
+import pytest
+import torch
+from conftest import DEVICE, ON_GPU, assert_close, randn, reference, sizes
+
+import gemmkit
+from gemmkit import moe
+
+CFG = sizes(dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16), dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4))
+CFG_P = dict(CFG, PERSISTENT=True)
+T, K, N = sizes((19, 40, 24), (1000, 1024, 768))
+
+
+def _route(kind, T, k, E):
+    if kind == "random":
+        return torch.randint(0, E, (T, k), device=DEVICE)
+    if kind == "one":  # every token on expert E - 1 (others empty)
+        return torch.full((T, k), E - 1, device=DEVICE)
+    if kind == "skewed":  # expert 0 takes most, some experts empty
+        ids = torch.randint(0, max(1, E // 2), (T, k), device=DEVICE)
+        ids[torch.rand(T, k, device=DEVICE) < 0.7] = 0
+        return ids
+    raise AssertionError(kind)
+
+
+def _ref(x, w, offsets, gather, bias=None, activation="none", x_scale=None, w_scale=None):
+    """float64 (R, N) per sorted row."""
+    o = offsets.tolist()
+    R = gather.numel() if gather is not None else x.shape[0]
+    out = torch.zeros(R, w.shape[1], dtype=torch.float64, device=x.device)
+    for e in range(w.shape[0]):
+        if o[e + 1] <= o[e]:
+            continue
+        rows = gather[o[e]:o[e + 1]].long() if gather is not None else torch.arange(o[e], o[e + 1], device=x.device)
+        xs = None if x_scale is None else (x_scale.reshape(-1)[rows] if x_scale.numel() > 1 else x_scale)
+        ws = None if w_scale is None else (w_scale[e].reshape(-1) if w_scale.numel() > 1 else w_scale)
+        b = None if bias is None else (bias[e] if bias.ndim == 2 else bias)
+        out[o[e]:o[e + 1]] = reference(x[rows], w[e], b, activation, xs, ws)
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 8])
+@pytest.mark.parametrize("routing", ["random", "one", "skewed"])
+@pytest.mark.parametrize("cfg", [CFG, CFG_P], ids=["grid", "persistent"])
+def test_gather_routing(k, routing, cfg):
+    E = 6
+    x, w = randn(T, K, dtype=torch.bfloat16), randn(E, N, K, dtype=torch.bfloat16)
+    g, s, o = moe.sort_by_expert(_route(routing, T, k, E), E)
+    y = gemmkit.grouped_gemm_a16w16(x, w, o, gather_idx=g, config=cfg)
+    assert y.shape == (T * k, N)
+    assert_close(y, _ref(x, w, o, g))
+
+
+@pytest.mark.parametrize("activation", ["none", "silu"])
+def test_sorted_rows_bias_sizes(activation):
+    E = 4
+    sizes_ = torch.tensor([0, 7, 0, T - 7], dtype=torch.int32, device=DEVICE)  # empty experts, ragged
+    x, w = randn(T, K, dtype=torch.float16), randn(E, N, K, dtype=torch.float16)
+    bias = randn(E, N, dtype=torch.float32)
+    y = gemmkit.grouped_gemm_a16w16(x, w, m_sizes=sizes_, bias=bias, activation=activation, config=CFG)
+    o = torch.tensor([0, 0, 7, 7, T], dtype=torch.int32, device=DEVICE)
+    assert_close(y, _ref(x, w, o, None, bias, activation))
+    y1 = gemmkit.grouped_gemm_a16w16(x, w[:1], torch.tensor([0, T], dtype=torch.int32, device=DEVICE),
+                                     bias=bias[0], config=CFG_P)  # one expert, shared (N,) bias
+    assert_close(y1, reference(x, w[0], bias[0]))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_scatter_weighted_combine(k):
+    E = 5
+    x, w = randn(T, K, dtype=torch.bfloat16), randn(E, N, K, dtype=torch.bfloat16)
+    ids = _route("random", T, k, E)
+    weights = torch.rand(T, k, device=DEVICE)
+    g, s, o = moe.sort_by_expert(ids, E)
+    y = gemmkit.grouped_gemm_a16w16(x, w, o, gather_idx=g, scatter_idx=s, routing_weights=weights,
+                                    out_dtype=torch.float32, config=CFG)
+    ref = torch.zeros(T * k, N, dtype=torch.float64, device=DEVICE)
+    ref[s.long()] = _ref(x, w, o, g) * weights.reshape(-1)[s.long()].double()[:, None]
+    assert_close(y, ref, tol=1e-4)
+    ref_tok = torch.stack([sum(weights[t, j].double() * reference(x[t:t + 1], w[ids[t, j]])[0] for j in range(k))
+                           for t in range(T)])
+    assert_close(y.view(T, k, N).sum(1), ref_tok, tol=1e-4)
+
+
+def test_sort_by_expert():
+    ids = torch.tensor([[2, 0], [2, 1], [0, 2]], device=DEVICE)
+    g, s, o = moe.sort_by_expert(ids, 4)
+    assert o.tolist() == [0, 2, 3, 6, 6] and o.dtype == g.dtype == s.dtype == torch.int32
+    assert s.tolist() == [1, 4, 3, 0, 2, 5] and g.tolist() == [0, 2, 1, 0, 1, 2]
+    with pytest.raises(TypeError):
+        moe.sort_by_expert(ids.float(), 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])
+@pytest.mark.parametrize("w_scale_kind", ["channel", "expert", "tensor"])
+def test_a8w8(dtype, w_scale_kind):
+    E, k = 4, 2
+    if dtype == torch.int8:
+        x = torch.randint(-100, 100, (T, K), device=DEVICE, dtype=torch.int8)
+        w = torch.randint(-100, 100, (E, N, K), device=DEVICE, dtype=torch.int8)
+    else:
+        x, w = randn(T, K, dtype=dtype), randn(E, N, K, dtype=dtype)
+    xs = torch.rand(T, 1, device=DEVICE) + 0.5
+    ws = {"channel": torch.rand(E, N, device=DEVICE), "expert": torch.rand(E, device=DEVICE),
+          "tensor": torch.rand((), device=DEVICE)}[w_scale_kind] + 0.5
+    g, s, o = moe.sort_by_expert(_route("skewed", T, k, E), E)
+    cfg = dict(CFG, BLOCK_K=max(32, CFG["BLOCK_K"]))
+    y = gemmkit.grouped_gemm_a8w8(x, w, xs, ws, o, gather_idx=g, out_dtype=torch.float32, config=cfg)
+    assert_close(y, _ref(x.float(), w.float(), o, g, None, "none", xs, ws), tol=2e-3)
+    xs_sorted = xs[g.long()]  # without gather: x in sorted order, per-row scales in sorted order
+    y2 = gemmkit.grouped_gemm_a8w8(x[g.long()], w, xs_sorted, ws, o, out_dtype=torch.float32, config=cfg)
+    assert_close(y2, y.double(), tol=1e-6)
+
+
+def test_moe_mlp():
+    Tm, H, I, E, k = sizes((9, 32, 16, 4, 2), (300, 1024, 512, 8, 2))
+    x = randn(Tm, H, dtype=torch.bfloat16)
+    wgu, wd = randn(E, 2 * I, H, dtype=torch.bfloat16, scale=0.2), randn(E, H, I, dtype=torch.bfloat16, scale=0.2)
+    ids = torch.stack([torch.randperm(E, device=DEVICE)[:k] for _ in range(Tm)])
+    tw = torch.softmax(torch.randn(Tm, k, device=DEVICE), -1)
+    y = moe.moe_mlp(x, ids, tw, wgu, wd, config=None if ON_GPU else CFG)
+    ref = torch.zeros(Tm, H, dtype=torch.float64, device=DEVICE)
+    for t in range(Tm):
+        for j in range(k):
+            e = ids[t, j]
+            h = x[t].double() @ wgu[e].double().T
+            a = (torch.nn.functional.silu(h[:I]) * h[I:]).to(torch.bfloat16).double()
+            ref[t] += tw[t, j].double() * (a @ wd[e].double().T)
+    assert_close(y, ref, tol=2e-2)
+
+
+def test_zero_rows_and_deterministic():
+    E = 3
+    x, w = randn(0, K, dtype=torch.bfloat16), randn(E, N, K, dtype=torch.bfloat16)
+    o = torch.zeros(E + 1, dtype=torch.int32, device=DEVICE)
+    assert gemmkit.grouped_gemm_a16w16(x, w, o).shape == (0, N)
+    x = randn(T, K, dtype=torch.bfloat16)
+    g, s, o = moe.sort_by_expert(_route("random", T, 2, E), E)
+    wts = torch.rand(T, 2, device=DEVICE)
+    a = gemmkit.grouped_gemm_a16w16(x, w, o, gather_idx=g, scatter_idx=s, routing_weights=wts, config=CFG)
+    b = gemmkit.grouped_gemm_a16w16(x, w, o, gather_idx=g, scatter_idx=s, routing_weights=wts, config=CFG)
+    assert torch.equal(a, b)
+
+
+def test_bad_inputs(monkeypatch):
+    E = 3
+    x, w = randn(T, K, dtype=torch.bfloat16), randn(E, N, K, dtype=torch.bfloat16)
+    o = torch.tensor([0, 5, 9, T], dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match="expert_offsets"):
+        gemmkit.grouped_gemm_a16w16(x, w, o[:3])
+    with pytest.raises(TypeError, match="expert_offsets"):
+        gemmkit.grouped_gemm_a16w16(x, w, o.long())
+    with pytest.raises(ValueError, match="exactly one"):
+        gemmkit.grouped_gemm_a16w16(x, w)
+    with pytest.raises(ValueError, match="w"):
+        gemmkit.grouped_gemm_a16w16(x, w[0], o)
+    with pytest.raises(ValueError, match="gather_idx"):
+        gemmkit.grouped_gemm_a16w16(x, w, o, gather_idx=torch.zeros(3, 2, dtype=torch.int32, device=DEVICE))
+    with pytest.raises(TypeError, match="scatter_idx"):
+        gemmkit.grouped_gemm_a16w16(x, w, o, scatter_idx=torch.zeros(T, device=DEVICE))
+    with pytest.raises(ValueError, match="routing_weights"):
+        gemmkit.grouped_gemm_a16w16(x, w, o, routing_weights=torch.ones(T + 1, device=DEVICE))
+    with pytest.raises(ValueError, match="bias"):
+        gemmkit.grouped_gemm_a16w16(x, w, o, bias=torch.zeros(E + 1, N, device=DEVICE))
+    if DEVICE == "cpu":
+        with pytest.raises(ValueError, match="expert_offsets"):
+            gemmkit.grouped_gemm_a16w16(x, w, o.to("meta"))
+    bad = torch.tensor([0, 9, 5, T], dtype=torch.int32, device=DEVICE)
+    monkeypatch.setenv("GEMMKIT_DEBUG", "1")
+    with pytest.raises(ValueError, match="non-decreasing"):
+        gemmkit.grouped_gemm_a16w16(x, w, bad, config=CFG)
+    with pytest.raises(ValueError, match="gather_idx values"):
+        gemmkit.grouped_gemm_a16w16(x, w, o, gather_idx=torch.full((T,), T, dtype=torch.int32, device=DEVICE),
+                                    config=CFG)
+    monkeypatch.setenv("GEMMKIT_DEBUG", "0")
+    gemmkit.grouped_gemm_a16w16(x, w, bad, config=CFG)  # unchecked: no sync, no error
