@@ -20,6 +20,11 @@ OPS = {
     "gemm_a16w16": OpEntry("gemmkit.ops.a16w16", ("a16w16",)),
     "gemm_a8w8": OpEntry("gemmkit.ops.a8w8", ("a8w8_fp8", "a8w8_int8", "a8w8_fp8_dynamic")),
     "gemm_a8w8_blockscale": OpEntry("gemmkit.ops.a8w8_blockscale", ("a8w8_blockscale",)),
+    # fused feed-forward and fused-epilogue GEMMs (issue 14)
+    "ff_a16w16_gated": OpEntry("gemmkit.ops.fused", ("ff_gated_a16w16",)),
+    "ff_a16w16": OpEntry("gemmkit.ops.fused"),
+    "ff_a8w8_gated": OpEntry("gemmkit.ops.fused", ("ff_gated_a8w8",)),
+    "fused_gemm_a16w16_mul_add": OpEntry("gemmkit.ops.fused"),
     "quantize_fp8": OpEntry("gemmkit.quant"),
     "quantize_int8": OpEntry("gemmkit.quant"),
     "dequantize": OpEntry("gemmkit.quant"),

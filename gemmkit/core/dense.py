@@ -23,7 +23,7 @@ _kernels: dict = {}
 
 # gemm_kernel's per-call parameters, first in its signature, in this order
 PER_CALL = ("a", "b", "c", "ws", "counters", "bias", "a_scale", "b_scale", "mul", "add", "b_zero", "c2", "a_rows",
-            "c_rows", "row_weights", "group_offsets")
+            "c_rows", "row_weights", "group_offsets", "b2")
 
 
 def _jit_kernel():
@@ -111,8 +111,9 @@ class DensePlan(PlanBase):
 
     def __init__(self, x2, w, y2, a_fmt: OperandFormat, b_fmt: OperandFormat, epilogue: EpilogueSpec,
                  cfg: GemmConfig, dev: DeviceInfo, *, out_dtype, out_shape, flatten_x: bool, inputs=None,
-                 auto_config: bool = False, exact_accumulation: bool = False):
+                 auto_config: bool = False, exact_accumulation: bool = False, up_scale=(0, 0)):
         inputs = inputs or {}
+        self.up_scale = up_scale  # GATED: (offset, stride) of the up projection's per-channel scales
         self.x, self.w, self.y = TensorFacts(x2), TensorFacts(w), TensorFacts(y2)
         self.inputs = {k: (None if t is None else TensorFacts(t)) for k, t in inputs.items()}
         self.M, self.K = x2.shape
@@ -138,6 +139,8 @@ class DensePlan(PlanBase):
         want_tma = cfg.TMA and dev.has_tma
         self.a_desc = _operand_descriptor(x2, x_layout, bm, bk) if want_tma and not quant_a else None
         self.b_desc = _operand_descriptor(w, w_layout, bn, bk) if want_tma else None
+        # GATED: the up weight (inputs["b2"]) has w's facts, so the same descriptor layout
+        self.b2_desc = self.b_desc if self.epilogue.gated else None
         self.c_desc = None
         s_cm, s_cn = y2.stride()
         subtile = cfg.EPILOGUE_SUBTILE and split_k == 1 and not quant_a
@@ -187,6 +190,7 @@ class DensePlan(PlanBase):
             A_SCALE=int(a_fmt.scale), B_SCALE=int(b_fmt.scale),
             GROUP_K=max(a_fmt.group_k, b_fmt.group_k, 1), GROUP_N=max(b_fmt.group_rows, 1),
             ACTIVATION=ep.activation, FLATTEN=flatten, WARP_SPECIALIZE=warp_specialize, EPILOGUE_SUBTILE=subtile,
+            up_scale_offset=self.up_scale[0], stride_bs=self.up_scale[1], GATED=ep.gated,
         ))
         # partial tiles (kernels/reduce.py): one block per (tile, K slice), or two per program;
         # int32 where the pieces' sums are (unscaled int8 products), else fp32
@@ -197,12 +201,13 @@ class DensePlan(PlanBase):
         self.launch = CachedLaunch(_jit_kernel(), (grid,), cfg.num_warps, cfg.num_stages, self.device_index)
         self._bind()
 
-    def head(self, x, w, c, ws, counters, bias, a_scale, b_scale, mul, add, checked: bool = True) -> tuple:
+    def head(self, x, w, c, ws, counters, bias, a_scale, b_scale, mul, add, checked: bool = True, c2=None,
+             b2=None) -> tuple:
         """gemm_kernel's per-call arguments (PER_CALL order) for the regular (Triton) launch."""
-        a_desc, b_desc, c_desc = self.a_desc, self.b_desc, self.c_desc
+        a_desc, b_desc, c_desc, b2_desc = self.a_desc, self.b_desc, self.c_desc, self.b2_desc
         return (x if a_desc is None else a_desc(x, checked), w if b_desc is None else b_desc(w, checked),
                 c if c_desc is None else c_desc(c, checked), ws, counters, bias, a_scale, b_scale, mul, add,
-                None, None, None, None, None, None)
+                None, c2, None, None, None, None, b2 if b2_desc is None or b2 is None else b2_desc(b2, checked))
 
     def _per_call(self, direct=None):
         """The work of one call as a flat function of (x, w, bias, y, a_scale, b_scale, mul, add),
@@ -214,7 +219,7 @@ class DensePlan(PlanBase):
         M, N, K, idx, device = self.M, self.N, self.K, self.device_index, self.device
         out_shape, out_dtype, tail = self.out_shape, self.out_dtype, self.tail
         flatten_x, view_out = self.flatten_x, len(self.out_shape) != 2
-        a_desc, b_desc, c_desc = self.a_desc, self.b_desc, self.c_desc
+        a_desc, b_desc, c_desc, b2_desc = self.a_desc, self.b_desc, self.c_desc, self.b2_desc
         pieces, ws_shape, ws_dtype, num_tiles = self.pieces, self.ws_shape, self.ws_dtype, self.num_tiles
         out_strides, ws_strides = contiguous_strides(out_shape), contiguous_strides(ws_shape)
         empty, launch_regular, head, flat = torch.empty_strided, self.launch, self.head, direct is not None
@@ -226,13 +231,14 @@ class DensePlan(PlanBase):
             launch, gx, gy, gz, function, lead = direct
             stream, hook, slow = torch._C._cuda_getCurrentRawStream, launch_hooks(), self._call
 
-        def per_call(x, w, bias, y, a_scale, b_scale, mul=None, add=None):
+        def per_call(x, w, bias, y, a_scale, b_scale, mul=None, add=None, c2=None, b2=None):
             if flat and (_get_device() != idx or hook_set(hook)):  # another device current, or a profiler
-                return slow(x, w, bias, y, a_scale, b_scale, mul, add)
+                return slow(x, w, bias, y, a_scale, b_scale, mul, add, c2, b2)
             if y is not None:
                 clash = overlapping_input(y, y_extent, (("x", x, x_ext), ("w", w, w_ext), ("bias", bias, bias_ext),
                                                         ("x_scale", a_scale, as_ext), ("w_scale", b_scale, bs_ext),
-                                                        ("mul", mul, mul_ext), ("add", add, add_ext)))
+                                                        ("mul", mul, mul_ext), ("add", add, add_ext),
+                                                        ("w_up", b2, w_ext)))
                 if clash:
                     raise ValueError(f"y shares memory with {clash}: the output must not overlap an input "
                                      "(other programs would still read what one has written)")
@@ -257,12 +263,13 @@ class DensePlan(PlanBase):
                        None if b_scale is None else b_scale.data_ptr(),
                        None if mul is None else mul.data_ptr(),
                        None if add is None else add.data_ptr(),
-                       None, None, None, None, None, None,
+                       None, None if c2 is None else c2.data_ptr(), None, None, None, None,
+                       None if b2 is None else (b2.data_ptr() if b2_desc is None else b2_desc(b2, True)),
                        *tail)
             else:
                 # layouts were validated when the first call built the descriptors
                 launch_regular(head(x, w, c, ws, counters, bias, a_scale, b_scale, mul, add,
-                                    launch_regular.kernel is not None), tail)
+                                    launch_regular.kernel is not None, c2, b2), tail)
             return out
 
         return per_call
