@@ -94,9 +94,8 @@ def _gated_config(config, table, M, N, K, dev, a_fmt, b_fmt, out_bytes) -> GemmC
     cfg = dataclasses.replace(cfg, SPLIT_K=1, STREAM_K=False, PERSISTENT=cfg.PERSISTENT and cfg.TMA)
     while cfg.BLOCK_M * cfg.BLOCK_N > 128 * 128 and cfg.BLOCK_N > 16:
         cfg = dataclasses.replace(cfg, BLOCK_N=cfg.BLOCK_N // 2)
-    if cfg.BLOCK_M * cfg.BLOCK_N < 128 * 128:
-        cfg = dataclasses.replace(cfg, num_warps=4)
-    return cfg
+    # two accumulators of 128 x 128 hold what one of 128 x 256 does: 8 warps, as for that tile
+    return dataclasses.replace(cfg, num_warps=8 if cfg.BLOCK_M * cfg.BLOCK_N >= 128 * 128 else 4)
 
 
 class _GatedPlan:

@@ -71,11 +71,12 @@ def _arg_type(value):
 
 def compile_gemm(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16, w_dtype=None,
                  out_dtype=torch.bfloat16, a_scale: str = "", b_scale: str = "", a_quant: str = "",
-                 activation: str = "none", exact: bool = False, dev: DeviceInfo = H100) -> Binary:
+                 activation: str = "none", exact: bool = False, dev: DeviceInfo = H100, gated: bool = False) -> Binary:
     """Compile gemm_kernel for sm_90 as a launch of this problem would. a_scale / b_scale: "",
     "tensor", "vector" (per row) or "kblock" (1x128 / 128x128 block scales); a_quant: "" or how a
     16-bit x is quantized to w's type in the kernel ("row", "group"); exact: fp32 promotion of
-    each K tile (gemm_a8w8's fast_accum=False)."""
+    each K tile (gemm_a8w8's fast_accum=False); gated: the fused feed-forward's gated GEMM (w as
+    both the gate and the up weight, SiLU)."""
     from ..core.dense import DensePlan, _jit_kernel
     from ..core.epilogue import EpilogueSpec
     from ..core.formats import Scale, dense, quantized_in_kernel
@@ -97,11 +98,13 @@ def compile_gemm(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16
                      else torch.empty(M, dtype=torch.float32))
     b_s = scales.get(b_scale, torch.empty(-(-N // 128), g, dtype=torch.float32) if b_scale == "kblock"
                      else torch.empty(N, dtype=torch.float32))
-    plan = DensePlan(x, w, y, a_fmt, b_fmt, EpilogueSpec(activation), cfg, dev, out_dtype=out_dtype,
-                     out_shape=(M, N), flatten_x=False, inputs=dict(a_scale=a_s, b_scale=b_s), exact_accumulation=exact)
+    spec = EpilogueSpec("silu", gated=True) if gated else EpilogueSpec(activation)
+    plan = DensePlan(x, w, y, a_fmt, b_fmt, spec, cfg, dev, out_dtype=out_dtype,
+                     out_shape=(M, N), flatten_x=False, inputs=dict(a_scale=a_s, b_scale=b_s, b2=w if gated else None),
+                     exact_accumulation=exact, up_scale=(N, 1) if gated and b_scale == "vector" else (0, 0))
     head = plan.head(x, w, y, torch.empty(plan.ws_shape, dtype=plan.ws_dtype) if plan.pieces else None,
                      torch.empty(plan.num_tiles, dtype=torch.int32) if plan.pieces else None, None, a_s, b_s, None,
-                     None, checked=False)
+                     None, checked=False, b2=w if gated else None)
     return _compile(_jit_kernel(), (*head, *plan.tail), cfg)
 
 
@@ -216,6 +219,14 @@ CHECKS = {
         "QGMMA"),
     "dynamic INT8 (quantized in the GEMM), M=16": (
         16, 6144, 4096, _tiles(16, 64, 256, 3, 4), dict(_DYNAMIC, w_dtype=torch.int8), "IMMA"),
+    # fused feed-forward: the gated GEMM (gate and up tiles per K step, two accumulators), Llama-3 8B
+    "gated bf16 (fused gate/up) persistent TMA 128x128x64, M=4096": (
+        4096, 14336, 4096, _tiles(128, 128, 64, 3, **_PERSISTENT), dict(gated=True), "HGMMA"),
+    "gated bf16, pointer loads, M=16": (16, 14336, 4096, _tiles(16, 64, 128, 3, 4), dict(gated=True), "HMMA"),
+    "gated fp8 persistent TMA 128x128x128, row/column scales": (
+        4096, 14336, 4096, _tiles(128, 128, 128, 3, **_PERSISTENT), dict(_FP8, gated=True), "QGMMA"),
+    "gated dynamic FP8 (quantized in the GEMM), M=16": (
+        16, 14336, 4096, _tiles(16, 64, 256, 3, 4), dict(_DYNAMIC, gated=True), "HMMA"),
 }
 _MMA = ("HGMMA", "QGMMA", "IGMMA", "HMMA", "IMMA")
 
@@ -228,7 +239,12 @@ def _formats(kw: dict):
     x_dtype = kw.get("x_dtype", torch.bfloat16)
     w_dtype = kw.get("w_dtype") or x_dtype
     a = quantized_in_kernel(x_dtype, w_dtype, kw["a_quant"], 128) if kw.get("a_quant") else dense(x_dtype)
-    return a, dense(w_dtype)  # (scales take no shared memory)
+    b = dense(w_dtype)
+    if kw.get("gated"):  # two B tiles per K step
+        import dataclasses
+
+        b = dataclasses.replace(b, bits=2 * b.bits)
+    return a, b  # (scales take no shared memory)
 
 
 def check(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
@@ -246,7 +262,8 @@ def check(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
     if kw.get("a_quant") and kw.get("w_dtype") == torch.int8:  # round-half-even by adding and subtracting 1.5 * 2^23: both kept
         ok = ok and b.sass.count("12582912") >= 2 and "-12582912" in b.sass
     loop = ""
-    plain_loop = not (kw.get("a_quant") or kw.get("exact") or "kblock" in (kw.get("a_scale"), kw.get("b_scale")))
+    plain_loop = not (kw.get("a_quant") or kw.get("exact") or kw.get("gated")
+                      or "kblock" in (kw.get("a_scale"), kw.get("b_scale")))
     if cfg.TMA and cfg.PERSISTENT and not cfg.STREAM_K and cfg.SPLIT_K == 1 and plain_loop:
         same, loop = _compare_bare(b, M, N, K, cfg, kw, dev)
         ok = ok and same
