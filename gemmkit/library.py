@@ -271,3 +271,24 @@ def traced_fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype, y, config):
     a, b = (t if isinstance(t, torch.Tensor) else torch.full((1,), float(t), device=x.device) for t in (a, b))
     out_dtype = y.dtype if out_dtype is None and y is not None else out_dtype
     return _filled(torch.ops.gemmkit.fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype), y)
+
+
+@torch.library.custom_op(f"{LIB}::fused_gemm_split_cat", mutates_args=())
+def _split_cat(x: torch.Tensor, w: torch.Tensor, x_scale: Optional[torch.Tensor], w_scale: Optional[torch.Tensor],
+               y: torch.Tensor, heads: int, d1: int, d2: int,
+               out_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor]:
+    return fused._split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, None)
+
+
+@_split_cat.register_fake
+def _(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype):
+    from .core.outputs import split_cat_output
+
+    default = torch.bfloat16 if w.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else x.dtype
+    (s1, s2), dtype = split_cat_output(x.shape, w.shape, y.shape, heads, d1, d2, out_dtype or default)
+    return x.new_empty(s1, dtype=dtype), x.new_empty(s2, dtype=dtype)
+
+
+def traced_fused_gemm_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config):
+    _check_no_config(config)
+    return torch.ops.gemmkit.fused_gemm_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype)

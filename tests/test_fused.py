@@ -44,8 +44,8 @@ def layouts(I, H, dtype, scale=0.5):
 # the gated GEMM
 
 
-@pytest.mark.parametrize("path", sorted(GATED_PATHS))
-@pytest.mark.parametrize("layout", ["concat", "interleaved", "separate"])
+@pytest.mark.parametrize("path,layout", [(p, "concat") for p in sorted(GATED_PATHS)]
+                         + [("tma_persistent", "interleaved"), ("ptr_small_m", "separate")])
 def test_gated_gemm_paths_layouts(path, layout):
     M, I, H = RAGGED[1]
     w_gate_up, w_up, lay, gate, up = layouts(I, H, BF16)[layout]
@@ -175,8 +175,9 @@ def _mul_add_operands(M, N):
     }
 
 
-@pytest.mark.parametrize("case", ["scalar", "tensor0d", "tensor1", "row", "column", "full", "residual", "mixed"])
-@pytest.mark.parametrize("path", ["ptr", "tma_persistent_subtile", "ptr_splitk", "tma_streamk"])
+@pytest.mark.parametrize("case,path", [(c, "ptr") for c in ("scalar", "tensor0d", "tensor1", "row", "column", "full",
+                                                              "residual", "mixed")]
+                         + [("full", "tma_persistent_subtile"), ("mixed", "ptr_splitk"), ("row", "tma_streamk")])
 def test_mul_add(case, path):
     M, N, K = sizes((37, 50, 72), (300, 500, 1024))
     x, w = randn(M, K, dtype=BF16), randn(N, K, dtype=BF16)
@@ -302,3 +303,121 @@ def test_convert_fuse_mlp(scheme):
     assert_close(model(x), expect, tol=3e-2 if scheme == "bf16" else 1.5e-1)
     with pytest.raises(ValueError, match="fuse_mlp"):
         gemmkit.nn.convert(Block(H, I), "int8", fuse_mlp=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# split / cat (MLA kv_b_proj)
+
+SPLIT_PATHS = kernel_paths(gpu_block_k=64)
+
+
+def split_cat_ref(p, y, heads, d1):
+    p = p.reshape(p.shape[0], heads, -1)
+    return torch.cat([p[..., :d1], y.double()], -1), p[..., d1:]
+
+
+@pytest.mark.parametrize("path", ["ptr", "ptr_small_m", "tma_persistent"])
+@pytest.mark.parametrize("dims", sizes([(3, 16, 24, 8), (4, 20, 12, 5), (2, 8, 8, 0)],
+                                       [(16, 128, 128, 64), (128, 128, 128, 64), (8, 100, 60, 30)]))
+def test_split_cat_a16w16(path, dims):
+    heads, d1, d2, d3 = dims
+    M, K = sizes((37, 72), (300, 512))
+    x, w = randn(M, K, dtype=BF16), randn(heads * (d1 + d2), K, dtype=BF16)
+    y = randn(M, heads, d3, dtype=FP32)
+    out1, out2 = gemmkit.fused_gemm_a16w16_split_cat(x, w, y, heads, d1, d2, config=SPLIT_PATHS[path])
+    r1, r2 = split_cat_ref(x.double() @ w.double().T, y, heads, d1)
+    assert out1.is_contiguous() and out2.is_contiguous() and out1.dtype == BF16
+    assert_close(out1, r1)
+    assert_close(out2, r2)
+    if d3:
+        assert torch.equal(out1[..., d1:], y.to(BF16))  # copied, not computed
+
+
+@pytest.mark.parametrize("x_gran", ["tensor", "row"])
+def test_split_cat_a8w8(x_gran):
+    heads, d1, d2, d3 = 4, 16, 32, 16
+    M, K = 19, 64
+    (xq, xs), (wq, ws) = quant.quantize_fp8(randn(M, K, dtype=BF16), x_gran), \
+        quant.quantize_fp8(randn(heads * (d1 + d2), K, dtype=BF16), "row")
+    y = randn(M, heads, d3, dtype=BF16)
+    out1, out2 = gemmkit.fused_gemm_a8w8_split_cat(xq, wq, xs, ws, y, heads, d1, d2, out_dtype=FP32)
+    p = (xq.double() @ wq.double().T) * xs.double().reshape(-1, 1) * ws.double().reshape(1, -1)
+    r1, r2 = split_cat_ref(p, y, heads, d1)
+    assert_close(out1, r1, tol=1e-4)
+    assert_close(out2, r2, tol=1e-4)
+
+
+def test_split_cat_bad_inputs():
+    x, w, y = randn(5, 32, dtype=BF16), randn(3 * 24, 32, dtype=BF16), randn(5, 3, 4, dtype=BF16)
+    with pytest.raises(ValueError, match="heads"):
+        gemmkit.fused_gemm_a16w16_split_cat(x, w, y, 4, 16, 8)
+    with pytest.raises(ValueError, match="y has shape"):
+        gemmkit.fused_gemm_a16w16_split_cat(x, w, y[:4], 3, 16, 8)
+    with pytest.raises(ValueError, match="unit stride"):
+        gemmkit.fused_gemm_a16w16_split_cat(x, w, randn(5, 3, 8, dtype=BF16)[..., ::2], 3, 16, 8)
+    with pytest.raises(ValueError, match="d1"):
+        gemmkit.fused_gemm_a16w16_split_cat(x, w, y, 3, 0, 24)
+    with pytest.raises(ValueError, match="whole tiles"):
+        gemmkit.fused_gemm_a16w16_split_cat(x, w, y, 3, 16, 8, config=dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32,
+                                                                               SPLIT_K=2))
+    with pytest.raises(ValueError, match="x_scale"):
+        wq, ws = quant.quantize_fp8(w, "row")
+        gemmkit.fused_gemm_a8w8_split_cat(wq[:5], wq, None, ws, y, 3, 16, 8)
+
+
+# ---------------------------------------------------------------------------------------------
+# custom ops
+
+
+def _op_cases():
+    M, I, H = 5, 32, 48
+    x = randn(M, H, dtype=BF16)
+    wgu, wd = randn(2 * I, H, dtype=BF16), randn(H, I, dtype=BF16)
+    wq, ws = quant.quantize_fp8(wgu, "row")
+    dq, ds = quant.quantize_fp8(wd, "row")
+    ops = torch.ops.gemmkit
+    return {
+        "ff_gated": (ops.ff_a16w16_gated.default, (x, wgu, wd, "silu", None, "concat", None)),
+        "ff_gated_separate": (ops.ff_a16w16_gated.default, (x, wgu[:I], wd, "relu", wgu[I:], "concat", FP32)),
+        "ff": (ops.ff_a16w16.default, (x, wgu[:I], wd, "gelu_tanh", None)),
+        "ff_fp8": (ops.ff_a8w8_gated.default, (x, wq, ws.reshape(-1), dq, ds.reshape(-1), "silu", None,
+                                               "interleaved", None, True)),
+        "mul_add": (ops.fused_gemm_a16w16_mul_add.default, (x, wgu, torch.rand(M, 1, device=DEVICE),
+                                                            randn(M, 2 * I, dtype=BF16), None)),
+        "split_cat": (ops.fused_gemm_split_cat.default, (x, wgu[:48], None, None, randn(M, 2, 8, dtype=BF16), 2, 16,
+                                                         8, None)),
+    }
+
+
+@pytest.mark.parametrize("case", ["ff_gated", "ff_gated_separate", "ff", "ff_fp8", "mul_add", "split_cat"])
+def test_custom_ops(case):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op, args = _op_cases()[case]
+    tests = ("test_schema", "test_autograd_registration", "test_faketensor")
+    if case == "ff_fp8":
+        tests = tests[1:]  # (torch.allclose does not take float8 tensors)
+    assert set(torch.library.opcheck(op, args, test_utils=tests).values()) == {"SUCCESS"}
+    real = op(*args)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
+    real, fake = (real,) if isinstance(real, torch.Tensor) else real, (fake,) if isinstance(fake, torch.Tensor) else fake
+    for r, f in zip(real, fake):
+        assert (r.shape, r.dtype, r.stride()) == (f.shape, f.dtype, f.stride())
+
+
+def test_compile_routes_to_custom_ops():
+    M, I, H = 4, 32, 48
+    x, wgu, wd = randn(M, H, dtype=BF16), randn(2 * I, H, dtype=BF16), randn(H, I, dtype=BF16)
+    res = randn(M, H, dtype=BF16)
+
+    def f(x, wgu, wd, res):
+        h = gemmkit.ff_a16w16_gated(x, wgu, wd)
+        return gemmkit.fused_gemm_a16w16_mul_add(h, torch.eye(H, dtype=BF16, device=DEVICE),
+                                                 0.5, res)
+
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(f)(x, wgu, wd, res).graph_break_count == 0
+    torch._dynamo.reset()
+    out = torch.compile(f, fullgraph=True, backend="eager")(x, wgu, wd, res)
+    torch.testing.assert_close(out, f(x, wgu, wd, res))

@@ -329,3 +329,108 @@ def _make_mul_add(x, w, a2, b2, y, out_dtype, config):
     return DensePlan(x2, w, example_y, fmt, fmt, EpilogueSpec(mul=True, add=True), cfg, dev, out_dtype=out_dtype,
                      out_shape=(*lead, N), flatten_x=x.ndim != 2, inputs=dict(mul=a2, add=b2),
                      auto_config=config is None)
+
+
+# ---------------------------------------------------------------------------------------------
+# split / cat (the MLA kv_b_proj pattern)
+
+
+def _whole_tiles(cfg: GemmConfig, config) -> GemmConfig:
+    if config is not None and (cfg.SPLIT_K != 1 or cfg.STREAM_K):
+        raise ValueError("config: the split/cat GEMM computes whole tiles (SPLIT_K=1, STREAM_K=False)")
+    return dataclasses.replace(cfg, SPLIT_K=1, STREAM_K=False)
+
+
+def _make_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config):
+    fp8 = w.dtype in _FP8
+    for name, n in (("heads", heads), ("d1", d1), ("d2", d2)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"{name} must be a positive int, got {n!r}")
+    if fp8:
+        v.check_tensor("x", x, _FP8)
+    else:
+        v.check_tensor("x", x, a16w16._IN_DTYPES)
+        v.check_tensor("w", w, a16w16._IN_DTYPES)
+        if w.dtype != x.dtype:
+            raise TypeError(f"w has dtype {w.dtype} but x has {x.dtype}; both must be the same 16-bit type")
+    v.check_tensor("y", y, (torch.bfloat16, torch.float16, torch.float32))
+    device = v.check_devices(x=x, w=w, x_scale=x_scale, w_scale=w_scale, y=y)
+    v.check_no_autograd(x=x, w=w, x_scale=x_scale, w_scale=w_scale, y=y)
+    if x.ndim != 2:
+        raise ValueError(f"x must be 2-D (M, K), got shape {tuple(x.shape)}")
+    M, K = x.shape
+    N = v.check_weight("w", w, K)
+    if N != heads * (d1 + d2):
+        raise ValueError(f"w has {N} rows: expected heads * (d1 + d2) = {heads * (d1 + d2)}")
+    if y.ndim != 3 or y.shape[0] != M or y.shape[1] != heads:
+        raise ValueError(f"y has shape {tuple(y.shape)}: expected ({M}, {heads}, d3)")
+    if y.shape[2] > 1 and y.stride(2) != 1:
+        raise ValueError("y must have unit stride along its last dimension")
+    d3 = y.shape[2]
+    out_dtype = v.check_out_dtype(out_dtype, None, torch.bfloat16 if fp8 else x.dtype)
+    out1 = torch.empty((M, heads, d1 + d3), dtype=out_dtype, device=device)
+    out2 = torch.empty((M, heads, d2), dtype=out_dtype, device=device)
+    dev = device_info(device)
+    if fp8:
+        if x_scale is None:
+            raise ValueError("x_scale is required (x is FP8)")
+        a_fmt = dense(x.dtype, a8w8._scale_kind("x_scale", x_scale, {(M, 1), (M,)}, f"per token: ({M}, 1) or ({M},)"))
+        b_fmt = dense(w.dtype, a8w8._scale_kind("w_scale", w_scale, {(1, N), (N,), (N, 1)},
+                                                f"per channel: (1, {N}), ({N},) or ({N}, 1)"))
+        for name, t in (("x", x), ("w", w)):
+            if K > 1 and t.stride(1) != 1:
+                raise ValueError(f"{name} must be K-contiguous (stride 1 along K)")
+        table = "a8w8_fp8"
+    else:
+        a_fmt = b_fmt = dense(x.dtype)
+        v.check_layout("x", x)
+        v.check_layout("w", w)
+        table = "a16w16"
+    cfg = _whole_tiles(resolve_config(table, config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize), config)
+    plan = DensePlan(x, w, out1.view(M, -1), a_fmt, b_fmt, EpilogueSpec(), cfg, dev, out_dtype=out_dtype,
+                     out_shape=(M, N), flatten_x=False, inputs=dict(a_scale=x_scale, b_scale=w_scale),
+                     auto_config=config is None,
+                     split_cat=dict(d1=d1, dh=d1 + d2, d3=d3, out1=out1, out2=out2, src=y if d3 else None))
+    return _SplitCat(plan, (M, heads, d1 + d3), (M, heads, d2), out_dtype, device, d3)
+
+
+class _SplitCat:
+    def __init__(self, plan, shape1, shape2, dtype, device, d3):
+        self.plan, self.shape1, self.shape2, self.dtype, self.device, self.d3 = plan, shape1, shape2, dtype, device, d3
+
+    def run(self, x, w, x_scale, w_scale, y):
+        out1 = torch.empty(self.shape1, dtype=self.dtype, device=self.device)
+        out2 = torch.empty(self.shape2, dtype=self.dtype, device=self.device)
+        if out1.numel() or out2.numel():
+            self.plan.run(x, w, None, out1, x_scale, w_scale, None, None, out2, None, y if self.d3 else None)
+        return out1, out2
+
+
+def _split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config):
+    key = plan_key((x, w, x_scale, w_scale, y), ("split_cat", heads, d1, d2, out_dtype,
+                                                 None if config is None else v.config_key(config)))
+    try:
+        plan = _plans.lookup(key)
+    except (KeyError, TypeError):
+        plan = _plans.plan_for(key, _make_split_cat, x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config)
+    return plan.run(x, w, x_scale, w_scale, y)
+
+
+def fused_gemm_a16w16_split_cat(x, w, y, heads, d1, d2, *, out_dtype=None, config=None):
+    """The MLA kv_b_proj pattern in one launch: p = x @ w^T (M, heads * (d1 + d2)) viewed as
+    (M, heads, d1 + d2) and split into p1 (M, heads, d1), p2 (M, heads, d2); returns
+    (cat([p1, y], -1) (M, heads, d1 + d3), p2), both contiguous, written by the GEMM's epilogue
+    (no intermediate, no torch.cat). x (M, K) bf16/fp16, w (heads * (d1 + d2), K) x's dtype,
+    y (M, heads, d3) bf16/fp16/fp32 with unit stride along d3 (cast to out_dtype, default x's)."""
+    if _is_compiling():
+        return _library().traced_fused_gemm_split_cat(x, w, None, None, y, heads, d1, d2, out_dtype, config)
+    return _split_cat(x, w, None, None, y, heads, d1, d2, out_dtype, config)
+
+
+def fused_gemm_a8w8_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, *, out_dtype=torch.bfloat16, config=None):
+    """fused_gemm_a16w16_split_cat with FP8 x (M, K) and w (heads * (d1 + d2), K), both
+    K-contiguous: x_scale per tensor or per token ((M, 1) / (M,)), w_scale per tensor or per
+    channel ((N,), (1, N), (N, 1)), float32. out_dtype: bf16 (default), fp16 or fp32."""
+    if _is_compiling():
+        return _library().traced_fused_gemm_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config)
+    return _split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config)
