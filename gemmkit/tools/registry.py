@@ -336,6 +336,49 @@ def _mul_add_run(inp, config=None):
     return fused_gemm_a16w16_mul_add(inp["x"], inp["w"], inp["a"], inp["b"], config=config)
 
 
+# split_cat: (M, N, K) with N = heads * (d1 + d2); MLA kv_b_proj (DeepSeek-V3: d1 = qk_nope 128,
+# d2 = v 128, d3 = rope 64), heads = N // 256
+_SPLIT = (128, 128, 64)
+
+
+def _split_cat_inputs(M, N, K, dtype, device):
+    d1, d2, d3 = _SPLIT
+    heads = max(1, N // (d1 + d2))
+    inp = _a16w16_inputs(M, heads * (d1 + d2), K, dtype, device)
+    return dict(inp, y=_rand((M, heads, d3), device).to(DTYPES[dtype]))
+
+
+def _split_cat_run(inp, config=None):
+    from ..ops.fused import fused_gemm_a16w16_split_cat
+
+    heads = inp["y"].shape[1]
+    return _Pair(*fused_gemm_a16w16_split_cat(inp["x"], inp["w"], inp["y"], heads, *_SPLIT[:2], config=config))
+
+
+def _split_cat_torch(inp):
+    heads = inp["y"].shape[1]
+    p = _F.linear(inp["x"], inp["w"]).view(inp["x"].shape[0], heads, -1)
+    a, b = p.split(list(_SPLIT[:2]), dim=-1)
+    return _Pair(torch.cat([a, inp["y"]], dim=-1), b.contiguous())
+
+
+def _split_cat_reference(inp):
+    heads = inp["y"].shape[1]
+    p = (inp["x"].float() @ inp["w"].float().T).view(inp["x"].shape[0], heads, -1)
+    a, b = p.split(list(_SPLIT[:2]), dim=-1)
+    return torch.cat([torch.cat([a, inp["y"].float()], dim=-1).flatten(), b.flatten()])
+
+
+class _Pair:
+    """Two outputs, compared with the reference flattened into one vector."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def float(self):
+        return torch.cat([self.a.float().flatten(), self.b.float().flatten()])
+
+
 _BF16 = dense(torch.bfloat16)
 _FUSED_OPS = {
     "ff_gated": FeedForwardToolOp(
@@ -353,6 +396,10 @@ _FUSED_OPS = {
         lambda i: _F.linear(i["x"], i["w"]) * i["a"] + i["b"], "F.linear (cuBLAS), then * a + b in torch eager",
         lambda i: (i["x"].float() @ i["w"].float().T) * i["a"] + i["b"].float(), 1e-2, 2, 2, 16, None,
         formats=(_BF16, _BF16)),
+    "split_cat": ToolOp(
+        "split_cat", ("bf16", "fp16"), _split_cat_inputs, _split_cat_run, _split_cat_torch,
+        "F.linear, view, split, torch.cat (and .contiguous() of the second part)", _split_cat_reference, 1e-2, 2, 2,
+        16, None, formats=(_BF16, _BF16)),
 }
 OPS.update(_FUSED_OPS)
 
