@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import gemmkit
@@ -195,6 +194,12 @@ def test_mul_add_batched_residual():
     out = gemmkit.fused_gemm_a16w16_mul_add(x, w, 0.5, res)
     assert out.shape == (B, S, N) and out.dtype == BF16
     assert_close(out, (x.double() @ w.double().T) * 0.5 + res.double())
+
+
+def test_mul_add_empty_k():
+    x, w, res = randn(3, 0, dtype=BF16), randn(4, 0, dtype=BF16), randn(3, 4, dtype=BF16)
+    assert torch.equal(gemmkit.fused_gemm_a16w16_mul_add(x, w, 2.0, res), res)
+    assert gemmkit.fused_gemm_a16w16_mul_add(randn(0, 8, dtype=BF16), randn(4, 8, dtype=BF16), 2.0, 1.0).shape == (0, 4)
 
 
 def test_mul_add_bad_inputs():
@@ -391,19 +396,12 @@ def _op_cases():
 
 @pytest.mark.parametrize("case", ["ff_gated", "ff_gated_separate", "ff", "ff_fp8", "mul_add", "split_cat"])
 def test_custom_ops(case):
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     op, args = _op_cases()[case]
     tests = ("test_schema", "test_autograd_registration", "test_faketensor")
     if case == "ff_fp8":
         tests = tests[1:]  # (torch.allclose does not take float8 tensors)
+    # (test_faketensor compares the fake's shapes, dtypes and strides with the real outputs')
     assert set(torch.library.opcheck(op, args, test_utils=tests).values()) == {"SUCCESS"}
-    real = op(*args)
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        fake = op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
-    real, fake = (real,) if isinstance(real, torch.Tensor) else real, (fake,) if isinstance(fake, torch.Tensor) else fake
-    for r, f in zip(real, fake):
-        assert (r.shape, r.dtype, r.stride()) == (f.shape, f.dtype, f.stride())
 
 
 def test_compile_routes_to_custom_ops():

@@ -33,7 +33,6 @@ from . import a8w8, a16w16
 LAYOUTS = ("concat", "interleaved")
 GATED_TABLE = "ff_gated_a16w16"
 GATED_FP8_TABLE = "ff_gated_a8w8"
-MUL_ADD_TABLE = "a16w16"  # the plain GEMM's tuned configs (the epilogue inputs cost little)
 IN_KERNEL_QUANT_MAX_M = 16  # ff_a8w8_gated: x quantized inside the gated GEMM up to this M (eager)
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _plans = PlanCache()
@@ -307,28 +306,13 @@ class _DegenerateMulAdd:
 
 
 def _make_mul_add(x, w, a2, b2, y, out_dtype, config):
-    if w.dtype != x.dtype:
-        raise TypeError(f"w has dtype {w.dtype} but x has {x.dtype}; both must be the same 16-bit type")
-    device = v.check_devices(x=x, w=w, a=a2, b=b2, y=y)
+    """gemm_a16w16's plan with the mul / add epilogue inputs (K == 0: b broadcast, no kernel)."""
+    v.check_devices(x=x, w=w, a=a2, b=b2, y=y)
     v.check_no_autograd(x=x, w=w, a=a2, b=b2, y=y)
-    x2, lead = v.as_rows("x", x)
-    M, K = x2.shape
-    N = w.shape[0]
-    out_dtype = v.check_out_dtype(out_dtype, y, x.dtype)
-    y2 = v.check_out(y, lead, M, N, out_dtype, device)
-    if M == 0 or N == 0 or K == 0:
-        return _DegenerateMulAdd((*lead, N), out_dtype, device)
-    v.check_layout("x", x2)
-    v.check_layout("w", w)
-    if y2 is not None:
-        v.check_layout("y", y2)
-    dev = device_info(device)
-    fmt = dense(x.dtype)
-    cfg = resolve_config(MUL_ADD_TABLE, config, M, N, K, dev, fmt, fmt, out_dtype.itemsize)
-    example_y = y2 if y2 is not None else torch.empty((M, N), dtype=out_dtype, device=device)
-    return DensePlan(x2, w, example_y, fmt, fmt, EpilogueSpec(mul=True, add=True), cfg, dev, out_dtype=out_dtype,
-                     out_shape=(*lead, N), flatten_x=x.ndim != 2, inputs=dict(mul=a2, add=b2),
-                     auto_config=config is None)
+    if x.shape[-1] == 0 and x.dtype == w.dtype:
+        lead = tuple(x.shape[:-1])
+        return _DegenerateMulAdd((*lead, w.shape[0]), v.check_out_dtype(out_dtype, y, x.dtype), x.device)
+    return a16w16._make_plan(x, w, None, y, None, out_dtype, config, mul=a2, add=b2)
 
 
 # ---------------------------------------------------------------------------------------------
