@@ -179,3 +179,116 @@ def traced_quantize_fp8(t, granularity, dtype, scale):
 def traced_quantize_int8(t, granularity, scale):
     """quant.quantize_int8 through torch.ops.gemmkit."""
     return torch.ops.gemmkit.quantize_int8(t, granularity, scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# fused feed-forward and fused-epilogue GEMMs (gemmkit.ops.fused). A preallocated y is filled
+# from the op's result under tracing (one copy); eager calls write y directly.
+
+from .core.outputs import ff_output  # noqa: E402
+from .ops import fused  # noqa: E402
+
+
+@torch.library.custom_op(f"{LIB}::ff_a16w16_gated", mutates_args=())
+def _ff_gated(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, activation: Optional[str],
+              w_up: Optional[torch.Tensor], layout: str, out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return fused.ff_a16w16_gated(x, w_gate_up, w_down, activation, w_up=w_up, layout=layout, out_dtype=out_dtype)
+
+
+@_ff_gated.register_fake
+def _(x, w_gate_up, w_down, activation, w_up, layout, out_dtype):
+    first = w_gate_up.shape if w_up is None else (2 * w_gate_up.shape[0], w_gate_up.shape[1])
+    return _fake_output(ff_output(x.shape, first, w_down.shape, out_dtype, x.dtype, True), x)
+
+
+@torch.library.custom_op(f"{LIB}::ff_a16w16", mutates_args=())
+def _ff(x: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor, activation: Optional[str],
+        out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return fused.ff_a16w16(x, w_up, w_down, activation, out_dtype=out_dtype)
+
+
+@_ff.register_fake
+def _(x, w_up, w_down, activation, out_dtype):
+    return _fake_output(ff_output(x.shape, w_up.shape, w_down.shape, out_dtype, x.dtype, False), x)
+
+
+@torch.library.custom_op(f"{LIB}::ff_a8w8_gated", mutates_args=())
+def _ff_fp8(x: torch.Tensor, w_gate_up: torch.Tensor, w_gate_up_scale: torch.Tensor, w_down: torch.Tensor,
+            w_down_scale: torch.Tensor, activation: Optional[str], w_up: Optional[torch.Tensor], layout: str,
+            out_dtype: Optional[torch.dtype], fast_accum: bool) -> torch.Tensor:
+    return fused.ff_a8w8_gated(x, w_gate_up, w_gate_up_scale, w_down, w_down_scale, activation, w_up=w_up,
+                               layout=layout, out_dtype=out_dtype, fast_accum=fast_accum)
+
+
+@_ff_fp8.register_fake
+def _(x, w_gate_up, w_gate_up_scale, w_down, w_down_scale, activation, w_up, layout, out_dtype, fast_accum):
+    first = w_gate_up.shape if w_up is None else (2 * w_gate_up.shape[0], w_gate_up.shape[1])
+    return _fake_output(ff_output(x.shape, first, w_down.shape, out_dtype, torch.bfloat16, True), x)
+
+
+@torch.library.custom_op(f"{LIB}::fused_gemm_a16w16_mul_add", mutates_args=())
+def _mul_add(x: torch.Tensor, w: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+             out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return fused.fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype=out_dtype)
+
+
+@_mul_add.register_fake
+def _(x, w, a, b, out_dtype):
+    return _fake_output(gemm_output(x.shape, w.shape, out_dtype, x.dtype), x)
+
+
+def _filled(out, y):
+    if y is None:
+        return out
+    y.copy_(out)
+    return y
+
+
+def traced_ff_a16w16_gated(x, w_gate_up, w_down, activation, w_up, layout, out_dtype, y, config, down_config):
+    _check_no_config(config)
+    _check_no_config(down_config)
+    out_dtype = y.dtype if out_dtype is None and y is not None else out_dtype
+    return _filled(torch.ops.gemmkit.ff_a16w16_gated(x, w_gate_up, w_down, activation, w_up, layout, out_dtype), y)
+
+
+def traced_ff_a16w16(x, w_up, w_down, activation, out_dtype, y, config, down_config):
+    _check_no_config(config)
+    _check_no_config(down_config)
+    out_dtype = y.dtype if out_dtype is None and y is not None else out_dtype
+    return _filled(torch.ops.gemmkit.ff_a16w16(x, w_up, w_down, activation, out_dtype), y)
+
+
+def traced_ff_a8w8_gated(x, w_gate_up, w_gate_up_scale, w_down, w_down_scale, activation, w_up, layout, out_dtype,
+                         y, config, down_config, fast_accum):
+    _check_no_config(config)
+    _check_no_config(down_config)
+    return _filled(torch.ops.gemmkit.ff_a8w8_gated(x, w_gate_up, w_gate_up_scale, w_down, w_down_scale, activation,
+                                                   w_up, layout, out_dtype, fast_accum), y)
+
+
+def traced_fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype, y, config):
+    _check_no_config(config)
+    a, b = (t if isinstance(t, torch.Tensor) else torch.full((1,), float(t), device=x.device) for t in (a, b))
+    out_dtype = y.dtype if out_dtype is None and y is not None else out_dtype
+    return _filled(torch.ops.gemmkit.fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype), y)
+
+
+@torch.library.custom_op(f"{LIB}::fused_gemm_split_cat", mutates_args=())
+def _split_cat(x: torch.Tensor, w: torch.Tensor, x_scale: Optional[torch.Tensor], w_scale: Optional[torch.Tensor],
+               y: torch.Tensor, heads: int, d1: int, d2: int,
+               out_dtype: Optional[torch.dtype]) -> tuple[torch.Tensor, torch.Tensor]:
+    return fused._split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, None)
+
+
+@_split_cat.register_fake
+def _(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype):
+    from .core.outputs import split_cat_output
+
+    default = torch.bfloat16 if w.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else x.dtype
+    (s1, s2), dtype = split_cat_output(x.shape, w.shape, y.shape, heads, d1, d2, out_dtype or default)
+    return x.new_empty(s1, dtype=dtype), x.new_empty(s2, dtype=dtype)
+
+
+def traced_fused_gemm_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config):
+    _check_no_config(config)
+    return torch.ops.gemmkit.fused_gemm_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype)

@@ -25,6 +25,13 @@ OPS = {
     "grouped_gemm_a8w8": OpEntry("gemmkit.ops.grouped"),
     "batched_gemm_a16w16": OpEntry("gemmkit.ops.batched"),
     "batched_gemm_a8w8": OpEntry("gemmkit.ops.batched"),
+    # fused feed-forward and fused-epilogue GEMMs (issue 14)
+    "ff_a16w16_gated": OpEntry("gemmkit.ops.fused", ("ff_gated_a16w16",)),
+    "ff_a16w16": OpEntry("gemmkit.ops.fused"),
+    "ff_a8w8_gated": OpEntry("gemmkit.ops.fused", ("ff_gated_a8w8",)),
+    "fused_gemm_a16w16_mul_add": OpEntry("gemmkit.ops.fused"),
+    "fused_gemm_a16w16_split_cat": OpEntry("gemmkit.ops.fused"),
+    "fused_gemm_a8w8_split_cat": OpEntry("gemmkit.ops.fused"),
     "quantize_fp8": OpEntry("gemmkit.quant"),
     "quantize_int8": OpEntry("gemmkit.quant"),
     "dequantize": OpEntry("gemmkit.quant"),

@@ -23,7 +23,7 @@ _kernels: dict = {}
 
 # gemm_kernel's per-call parameters, first in its signature, in this order
 PER_CALL = ("a", "b", "c", "ws", "counters", "bias", "a_scale", "b_scale", "mul", "add", "b_zero", "c2", "a_rows",
-            "c_rows", "row_weights", "group_offsets")
+            "c_rows", "row_weights", "group_offsets", "b2", "cat_src")
 
 
 # the MoE / batched family's fixed kernel parameters, for plans of one (M, N) problem
@@ -97,8 +97,26 @@ def _max_offset(t: torch.Tensor) -> int:
     return sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
 
 
+def fused_args(up_scale=(0, 0), gated: bool = False, split_cat=None) -> dict:
+    """gemm_kernel's fused-epilogue arguments (second B operand's scales, GATED, output map):
+    plans without them pass fused_args()."""
+    return dict(up_scale_offset=up_scale[0], stride_bs=up_scale[1], GATED=gated, **_split_cat_args(split_cat))
+
+
 def _strides_2d(t) -> tuple:
     return (0, 0) if t is None else tuple(t.stride())
+
+
+def _split_cat_args(sc) -> dict:
+    """gemm_kernel's output-map arguments: the plain (M, N) store, or the fused split/cat's."""
+    if sc is None:
+        return dict(cat_d1=0, cat_dh=1, cat_d3=0, stride_c1m=0, stride_c1h=0, stride_c2m=0, stride_c2h=0,
+                    stride_sm=0, stride_sh=0, OUT_MAP=0, BLOCK_D3=0)
+    o1, o2, src, d3 = sc["out1"], sc["out2"], sc["src"], sc["d3"]
+    return dict(cat_d1=sc["d1"], cat_dh=sc["dh"], cat_d3=d3, stride_c1m=o1.stride(0), stride_c1h=o1.stride(1),
+                stride_c2m=o2.stride(0), stride_c2h=o2.stride(1),
+                stride_sm=0 if src is None else src.stride(0), stride_sh=0 if src is None else src.stride(1),
+                OUT_MAP=1, BLOCK_D3=0 if d3 == 0 else 1 << (d3 - 1).bit_length())
 
 
 class DensePlan(PlanBase):
@@ -116,8 +134,11 @@ class DensePlan(PlanBase):
 
     def __init__(self, x2, w, y2, a_fmt: OperandFormat, b_fmt: OperandFormat, epilogue: EpilogueSpec,
                  cfg: GemmConfig, dev: DeviceInfo, *, out_dtype, out_shape, flatten_x: bool, inputs=None,
-                 auto_config: bool = False, exact_accumulation: bool = False):
+                 auto_config: bool = False, exact_accumulation: bool = False, up_scale=(0, 0), split_cat=None):
         inputs = inputs or {}
+        self.up_scale = up_scale  # GATED: (offset, stride) of the up projection's per-channel scales
+        # fused split/cat (OUT_MAP 1): dict(d1, dh, d3, out1, out2, src) with example tensors
+        self.split_cat = split_cat
         self.x, self.w, self.y = TensorFacts(x2), TensorFacts(w), TensorFacts(y2)
         self.inputs = {k: (None if t is None else TensorFacts(t)) for k, t in inputs.items()}
         self.M, self.K = x2.shape
@@ -143,10 +164,12 @@ class DensePlan(PlanBase):
         want_tma = cfg.TMA and dev.has_tma
         self.a_desc = _operand_descriptor(x2, x_layout, bm, bk) if want_tma and not quant_a else None
         self.b_desc = _operand_descriptor(w, w_layout, bn, bk) if want_tma else None
+        # GATED: the up weight (inputs["b2"]) has w's facts, so the same descriptor layout
+        self.b2_desc = self.b_desc if self.epilogue.gated else None
         self.c_desc = None
         s_cm, s_cn = y2.stride()
         subtile = cfg.EPILOGUE_SUBTILE and split_k == 1 and not quant_a
-        if split_k == 1 and want_tma and (s_cn == 1 or N == 1):
+        if split_k == 1 and want_tma and (s_cn == 1 or N == 1) and self.split_cat is None:
             bn_store = bn // 2 if subtile else bn
             s_cm_eff = s_cm if M > 1 else N
             if _tma_ok(y2, s_cm_eff, (bm, bn_store)):
@@ -193,6 +216,7 @@ class DensePlan(PlanBase):
             GROUP_K=max(a_fmt.group_k, b_fmt.group_k, 1), GROUP_N=max(b_fmt.group_rows, 1),
             ACTIVATION=ep.activation, FLATTEN=flatten, WARP_SPECIALIZE=warp_specialize, EPILOGUE_SUBTILE=subtile,
             **NO_GROUPS,
+            **fused_args(self.up_scale, ep.gated, self.split_cat),
         ))
         # partial tiles (kernels/reduce.py): one block per (tile, K slice), or two per program;
         # int32 where the pieces' sums are (unscaled int8 products), else fp32
@@ -203,12 +227,14 @@ class DensePlan(PlanBase):
         self.launch = CachedLaunch(_jit_kernel(), (grid,), cfg.num_warps, cfg.num_stages, self.device_index)
         self._bind()
 
-    def head(self, x, w, c, ws, counters, bias, a_scale, b_scale, mul, add, checked: bool = True) -> tuple:
+    def head(self, x, w, c, ws, counters, bias, a_scale, b_scale, mul, add, checked: bool = True, c2=None,
+             b2=None, cat_src=None) -> tuple:
         """gemm_kernel's per-call arguments (PER_CALL order) for the regular (Triton) launch."""
-        a_desc, b_desc, c_desc = self.a_desc, self.b_desc, self.c_desc
+        a_desc, b_desc, c_desc, b2_desc = self.a_desc, self.b_desc, self.c_desc, self.b2_desc
         return (x if a_desc is None else a_desc(x, checked), w if b_desc is None else b_desc(w, checked),
                 c if c_desc is None else c_desc(c, checked), ws, counters, bias, a_scale, b_scale, mul, add,
-                None, None, None, None, None, None)
+                None, c2, None, None, None, None, b2 if b2_desc is None or b2 is None else b2_desc(b2, checked),
+                cat_src)
 
     def _per_call(self, direct=None):
         """The work of one call as a flat function of (x, w, bias, y, a_scale, b_scale, mul, add),
@@ -220,7 +246,7 @@ class DensePlan(PlanBase):
         M, N, K, idx, device = self.M, self.N, self.K, self.device_index, self.device
         out_shape, out_dtype, tail = self.out_shape, self.out_dtype, self.tail
         flatten_x, view_out = self.flatten_x, len(self.out_shape) != 2
-        a_desc, b_desc, c_desc = self.a_desc, self.b_desc, self.c_desc
+        a_desc, b_desc, c_desc, b2_desc = self.a_desc, self.b_desc, self.c_desc, self.b2_desc
         pieces, ws_shape, ws_dtype, num_tiles = self.pieces, self.ws_shape, self.ws_dtype, self.num_tiles
         out_strides, ws_strides = contiguous_strides(out_shape), contiguous_strides(ws_shape)
         empty, launch_regular, head, flat = torch.empty_strided, self.launch, self.head, direct is not None
@@ -232,13 +258,14 @@ class DensePlan(PlanBase):
             launch, gx, gy, gz, function, lead = direct
             stream, hook, slow = torch._C._cuda_getCurrentRawStream, launch_hooks(), self._call
 
-        def per_call(x, w, bias, y, a_scale, b_scale, mul=None, add=None):
+        def per_call(x, w, bias, y, a_scale, b_scale, mul=None, add=None, c2=None, b2=None, cat_src=None):
             if flat and (_get_device() != idx or hook_set(hook)):  # another device current, or a profiler
-                return slow(x, w, bias, y, a_scale, b_scale, mul, add)
+                return slow(x, w, bias, y, a_scale, b_scale, mul, add, c2, b2, cat_src)
             if y is not None:
                 clash = overlapping_input(y, y_extent, (("x", x, x_ext), ("w", w, w_ext), ("bias", bias, bias_ext),
                                                         ("x_scale", a_scale, as_ext), ("w_scale", b_scale, bs_ext),
-                                                        ("mul", mul, mul_ext), ("add", add, add_ext)))
+                                                        ("mul", mul, mul_ext), ("add", add, add_ext),
+                                                        ("w_up", b2, w_ext)))
                 if clash:
                     raise ValueError(f"y shares memory with {clash}: the output must not overlap an input "
                                      "(other programs would still read what one has written)")
@@ -263,12 +290,14 @@ class DensePlan(PlanBase):
                        None if b_scale is None else b_scale.data_ptr(),
                        None if mul is None else mul.data_ptr(),
                        None if add is None else add.data_ptr(),
-                       None, None, None, None, None, None,
+                       None, None if c2 is None else c2.data_ptr(), None, None, None, None,
+                       None if b2 is None else (b2.data_ptr() if b2_desc is None else b2_desc(b2, True)),
+                       None if cat_src is None else cat_src.data_ptr(),
                        *tail)
             else:
                 # layouts were validated when the first call built the descriptors
                 launch_regular(head(x, w, c, ws, counters, bias, a_scale, b_scale, mul, add,
-                                    launch_regular.kernel is not None), tail)
+                                    launch_regular.kernel is not None, c2, b2, cat_src), tail)
             return out
 
         return per_call

@@ -19,13 +19,19 @@ class EpilogueSpec:
     bias: an (N,) vector is added. mul / add: an input broadcastable to (M, N) (a scalar, a row
     (1, N), a column (M, 1) or a full (M, N) tensor, passed with stride 0 along broadcast
     dimensions) multiplies / is added after the activation.
+    gated (fused feed-forward): two weights, gate and up (same shape and layout), one K loop with
+    two accumulators; `activation` applies to the gate and the product with up is the result
+    (the scales of each side first; bias, mul and add after): out = act(gate) * up * mul + add.
     """
 
     activation: str = "none"
     bias: bool = False
     mul: bool = False
     add: bool = False
+    gated: bool = False
 
     def __post_init__(self):
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation={self.activation!r} is not one of {ACTIVATIONS}")
+        if self.gated and self.bias:
+            raise ValueError("a gated epilogue takes no bias")

@@ -20,7 +20,7 @@ import torch
 
 from ..kernels import modes
 from .config import GemmConfig
-from .dense import _INT32_MAX, PER_CALL, _jit_kernel
+from .dense import _INT32_MAX, PER_CALL, _jit_kernel, fused_args
 from .device import DeviceInfo
 from .epilogue import EpilogueSpec
 from .formats import OperandFormat, Scale
@@ -95,6 +95,7 @@ class GroupedPlan(PlanBase):
             stride_asg=gs.get("stride_asg", 0), stride_bsg=gs.get("stride_bsg", 0),
             stride_biasg=gs.get("stride_biasg", 0),
             NUM_GROUPS_P2=max(2, 1 << max(0, (E - 1).bit_length())) if self.tile_map == modes.MAP_GROUPED else 1,
+            **fused_args(),
         ))
         self.grid = grid
         self.launch = CachedLaunch(_jit_kernel(), (grid,), cfg.num_warps, cfg.num_stages, self.device_index)
@@ -117,10 +118,10 @@ class GroupedPlan(PlanBase):
                 ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
                 launch(gx, gy, gz, stream(idx), function, *lead, x.data_ptr(), w.data_ptr(), out.data_ptr(),
                        None, None, ptr(bias), ptr(a_scale), ptr(b_scale), None, None, None, None, ptr(a_rows),
-                       ptr(c_rows), ptr(row_weights), ptr(offsets), *tail)
+                       ptr(c_rows), ptr(row_weights), ptr(offsets), None, None, *tail)
             else:
                 launch_regular((x, w, out, None, None, bias, a_scale, b_scale, None, None, None, None, a_rows, c_rows,
-                                row_weights, offsets), tail)
+                                row_weights, offsets, None, None), tail)
             return out
 
         return per_call

@@ -31,3 +31,29 @@ def quantize_output(t_shape, granularity: str, qdtype: torch.dtype):
         raise ValueError(f"granularity={granularity!r} must be 'row' or 'tensor'")
     scale_shape = (*t_shape[:-1], 1) if granularity == "row" else ()
     return (tuple(t_shape), qdtype), (scale_shape, torch.float32)
+
+
+def ff_output(x_shape, w_first_shape, w_down_shape, out_dtype, default_dtype, gated: bool):
+    """(shape, dtype) of a feed-forward block down(act(x @ w_first^T) [* up]): x (*, H), w_first
+    (2I, H) (gated, [gate; up] or interleaved) or (I, H), w_down (H_out, I) -> (*, H_out)."""
+    if len(x_shape) == 0:
+        raise ValueError("x must have at least 1 dimension, got a 0-d tensor")
+    if len(w_first_shape) != 2 or len(w_down_shape) != 2:
+        raise ValueError("the weights must be 2-D")
+    if w_first_shape[1] != x_shape[-1]:
+        raise ValueError(f"w_gate_up / w_up has shape {tuple(w_first_shape)}: its K differs from x's ({x_shape[-1]})")
+    inter = w_first_shape[0] // 2 if gated else w_first_shape[0]
+    if w_down_shape[1] != inter:
+        raise ValueError(f"w_down has shape {tuple(w_down_shape)}: its K must be the intermediate size {inter}")
+    return (*x_shape[:-1], w_down_shape[0]), default_dtype if out_dtype is None else out_dtype
+
+
+def split_cat_output(x_shape, w_shape, y_shape, heads: int, d1: int, d2: int, out_dtype):
+    """((out1 shape, out2 shape), dtype) of the fused split/cat: x (M, K), w (heads * (d1 + d2),
+    K), y (M, heads, d3) -> (M, heads, d1 + d3), (M, heads, d2)."""
+    if len(x_shape) != 2 or len(w_shape) != 2 or len(y_shape) != 3:
+        raise ValueError("x and w must be 2-D, y 3-D")
+    if w_shape[0] != heads * (d1 + d2) or w_shape[1] != x_shape[1]:
+        raise ValueError(f"w has shape {tuple(w_shape)}: expected ({heads * (d1 + d2)}, {x_shape[1]})")
+    M = x_shape[0]
+    return ((M, heads, d1 + y_shape[2]), (M, heads, d2)), out_dtype

@@ -59,3 +59,39 @@ def finish_tile(
     if add is not None:
         out = out + _operand_tile(add, rm, rn, M, N, stride_add_m, stride_add_n)
     return out
+
+
+@triton.jit
+def gate_tile(
+    acc, off_m, off_n, M, N, a_scale, b_scale, up_scale_offset, stride_bs,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, A_SCALE: tl.constexpr, B_SCALE: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+):
+    """Fused feed-forward (GATED): activation(gate) * up of the (BLOCK_M, BLOCK_N, 2) pair
+    tl.join(gate, up) the gated K loop returns, each side scaled first, in fp32 (BLOCK_M, BLOCK_N).
+
+    `a_scale` as in finish_tile (per tensor or per row). `b_scale` SCALE_TENSOR: one value for
+    both; SCALE_ROW: the gate's channel n at b_scale[n * stride_bs], the up projection's at
+    b_scale[up_scale_offset + n * stride_bs] (the scales follow the rows of [gate; up] or of the
+    interleaved layout)."""
+    gate, up = tl.split(acc)
+    gate = gate.to(tl.float32)
+    up = up.to(tl.float32)
+    rm = off_m + tl.arange(0, BLOCK_M)
+    rn = off_n + tl.arange(0, BLOCK_N)
+    if A_SCALE == SCALE_TENSOR:
+        s = tl.load(a_scale)
+        gate = gate * s
+        up = up * s
+    elif A_SCALE == SCALE_ROW:
+        s = tl.load(a_scale + rm, mask=rm < M, other=0.0)[:, None]
+        gate = gate * s
+        up = up * s
+    if B_SCALE == SCALE_TENSOR:
+        s = tl.load(b_scale)
+        gate = gate * s
+        up = up * s
+    elif B_SCALE == SCALE_ROW:
+        gate = gate * tl.load(b_scale + rn * stride_bs, mask=rn < N, other=0.0)[None, :]
+        up = up * tl.load(b_scale + up_scale_offset + rn * stride_bs, mask=rn < N, other=0.0)[None, :]
+    return activation(gate, ACTIVATION) * up

@@ -9,9 +9,9 @@ per-call parameters (tensors, descriptors, None) come first, the rest is fixed p
 import triton
 import triton.language as tl
 
-from .epilogue import finish_tile
+from .epilogue import finish_tile, gate_tile
 from .kstep import k_range_product
-from .memory import store_rows_tile, store_tile
+from .memory import store_rows_tile, store_split_cat, store_tile
 from .modes import (A_GATHER, A_QUANT_GROUP, A_QUANT_ROW, MAP_BATCHED, MAP_DENSE, PROMOTE_KBLOCK, SCALE_NONE,
                     SCALE_ROW)
 from .reduce import fixup_tile
@@ -104,6 +104,8 @@ def gemm_kernel(
     # (packed weights), a second output, gathered A rows / scattered C rows with their weights
     # and the groups' row offsets (grouped tile maps); None where unused
     a, b, c, ws, counters, bias, a_scale, b_scale, mul, add, b_zero, c2, a_rows, c_rows, row_weights, group_offsets,
+    b2,  # fused feed-forward (GATED): the up projection's weight, laid out as b (the gate's)
+    cat_src,  # OUT_MAP == 1 (split/cat): the (M, H, d3) tensor copied after each head's first part
     # fixed per plan
     M, N, K,
     stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
@@ -121,6 +123,14 @@ def gemm_kernel(
     PROMOTE: tl.constexpr, A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr,
     GROUP_N: tl.constexpr, ACTIVATION: tl.constexpr,
     FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
+    # fused feed-forward: GATED stores activation(A @ b^T) * (A @ b2^T) (two accumulators, one K
+    # loop); the up projection's per-channel scales at b_scale[up_scale_offset + n * stride_bs]
+    up_scale_offset, stride_bs, GATED: tl.constexpr,
+    # output map (fused split/cat, MLA kv_b_proj): OUT_MAP 0 stores c (M, N); 1 splits each head's
+    # dh = d1 + d2 columns into c (M, H, d1 + d3) and c2 (M, H, d2) and copies cat_src into c's
+    # last d3 columns (kernels/memory.py store_split_cat; BLOCK_D3 = next power of 2 >= d3, or 0)
+    cat_d1, cat_dh, cat_d3, stride_c1m, stride_c1h, stride_c2m, stride_c2h, stride_sm, stride_sh,
+    OUT_MAP: tl.constexpr, BLOCK_D3: tl.constexpr,
 ):
     """One program per work item (classic grid) or per SM (persistent grid), striding over
     work items (tile, K slice). Tiles computed in pieces meet through `ws` and `counters`
@@ -162,6 +172,8 @@ def gemm_kernel(
     num_work = dp_tiles * SPLIT_K
     k_per_split = tl.cdiv(k_tiles, SPLIT_K)
     tl.static_assert(A_PRODUCER != A_QUANT_GROUP or PROMOTE == PROMOTE_KBLOCK, "group-quantized A needs block promotion")
+    tl.static_assert(not GATED or (SPLIT_K == 1 and not STREAM_K), "gated tiles are computed whole")
+    tl.static_assert(OUT_MAP == 0 or (SPLIT_K == 1 and not STREAM_K and not C_TMA), "split/cat: whole tiles, pointers")
     # scales the K loop applied (per K block, or the rows' dynamic scales) are not applied again
     if A_PRODUCER == A_QUANT_ROW:
         a_mode: tl.constexpr = SCALE_NONE
@@ -200,7 +212,8 @@ def gemm_kernel(
         acc = k_range_product(a_t, b_t, a_scale, b_scale, off_m, off_n, k_lo, k_hi, m_hi, N, K, stride_am, stride_ak,
                               stride_bn, stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk,
                               BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64, ACC_INT,
-                              A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N, a_idx)
+                              A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N, a_idx,
+                              b2=b2, GATED=GATED)
 
         work_c += num_programs
         pid_m, pid_n, pid_k = work_item(work_c, num_pid_m, num_pid_n, num_tiles, GROUP_M, TILE_MAP)
@@ -219,6 +232,18 @@ def gemm_kernel(
                 _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale, mul, add,
                           stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,
                           BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, b_mode, ACTIVATION, EPILOGUE_SUBTILE)
+        elif OUT_MAP == 1:
+            out = finish_tile(acc, off_m, off_n, M, N, bias, a_scale, b_scale, mul, add, stride_mul_m, stride_mul_n,
+                              stride_add_m, stride_add_n, BLOCK_M, BLOCK_N, a_mode, b_mode, ACTIVATION)
+            store_split_cat(c, c2, cat_src, out.to(c.dtype.element_ty), off_m, off_n, M, N, cat_d1, cat_dh, cat_d3,
+                            stride_c1m, stride_c1h, stride_c2m, stride_c2h, stride_sm, stride_sh,
+                            BLOCK_M, BLOCK_N, BLOCK_D3, INDEX_64)
+        elif GATED:
+            acc = gate_tile(acc, off_m, off_n, M, N, a_scale, b_scale, up_scale_offset, stride_bs, BLOCK_M, BLOCK_N,
+                            a_mode, b_mode, ACTIVATION)
+            _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale, mul, add,
+                      stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,
+                      BLOCK_M, BLOCK_N, C_TMA, INDEX_64, SCALE_NONE, SCALE_NONE, "none", EPILOGUE_SUBTILE)
         else:
             _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale, mul, add,
                       stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,

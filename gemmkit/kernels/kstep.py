@@ -99,17 +99,26 @@ def k_range_product(
     EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, ACC_INT: tl.constexpr,
     A_PRODUCER: tl.constexpr, B_PRODUCER: tl.constexpr, PROMOTE: tl.constexpr, QUANT: tl.constexpr,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, a_idx=None,
+    b2=None, GATED: tl.constexpr = False,
 ):
     """(sum over the K tiles k_lo <= ki < k_hi of A[off_m:, k] @ B[off_n:, k]^T, the rows' scales):
     fp32, or int32 with ACC_INT (8-bit integer dots, PROMOTE_NONE). With A_QUANT_ROW the sum comes
     back already multiplied by the rows' scales (fp32), with PROMOTE_KBLOCK by the block scales.
-    A_GATHER: `a_idx` holds the tile's A row indices."""
+    A_GATHER: `a_idx` holds the tile's A row indices.
+
+    GATED (fused feed-forward): each K step also loads the tile of a second B operand `b2` (the
+    up projection; same shape, strides and layout as `b`, the gate projection) and feeds it to a
+    second accumulator with the same A tile; the result is the (BLOCK_M, BLOCK_N, 2) pair
+    tl.join(gate, up), fp32 (PROMOTE_NONE / PROMOTE_TILE only)."""
     row_scale, row_inv = a_prologue(a, off_m, k_lo, k_hi, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_K_MAJOR,
                                     EVEN_K, INDEX_64, A_PRODUCER, QUANT)
     if ACC_INT:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32)
     else:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if GATED:
+        tl.static_assert(not ACC_INT and PROMOTE != PROMOTE_KBLOCK, "gated: float dots, tile or no promotion")
+        acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for ki in range(k_lo, k_hi):
         off_k = ki * BLOCK_K
         x, a_rows = produce_a(a, off_m, off_k, M, K, stride_am, stride_ak, row_inv, BLOCK_M, BLOCK_K, A_TMA, A_K_MAJOR,
@@ -127,6 +136,17 @@ def k_range_product(
             acc += tl.dot(x, w.T) * kblock_scales(a_scale, b_scale, a_rows, off_m, off_n, off_k, M, N, stride_asm,
                                                   stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, A_SCALE,
                                                   B_SCALE, GROUP_K, GROUP_N)
+        if GATED:
+            w_up = produce_b(b2, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K,
+                             INDEX_64, B_PRODUCER)
+            if PROMOTE == PROMOTE_NONE:
+                acc_up = tl.dot(x, w_up.T, acc_up)
+            else:
+                acc_up += tl.dot(x, w_up.T)
     if A_PRODUCER == A_QUANT_ROW:
         acc = acc.to(tl.float32) * row_scale[:, None]
+        if GATED:
+            acc_up = acc_up * row_scale[:, None]
+    if GATED:
+        acc = tl.join(acc, acc_up)
     return acc

@@ -122,3 +122,33 @@ def store_rows_tile(dst, value, rows, row_ok, off_n, N, stride_m, stride_n, BLOC
     rr, rn = _rows_cols(rows, off_n, BLOCK_N, INDEX_64)
     ptrs = dst + rr[:, None] * stride_m + rn[None, :] * stride_n
     tl.store(ptrs, value, mask=row_ok[:, None] & (rn[None, :] < N))
+
+
+@triton.jit
+def store_split_cat(
+    c, c2, cat_src, value, off_m, off_n, M, N, d1, dh, d3, stride_c1m, stride_c1h, stride_c2m, stride_c2h,
+    stride_sm, stride_sh, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D3: tl.constexpr,
+    INDEX_64: tl.constexpr,
+):
+    """OUT_SPLIT_CAT (the MLA kv_b_proj pattern): store the tile of the (M, H * dh) product, dh =
+    d1 + d2, split per head: column h * dh + j goes to c[m, h, j] (j < d1; c is (M, H, d1 + d3))
+    or c2[m, h, j - d1] (c2 is (M, H, d2)); and for each head starting in this tile's columns,
+    copy cat_src[m, h, :d3] (M, H, d3) to c[m, h, d1:] for the tile's rows. Last dims unit-stride."""
+    rm, rn = tile_indices(off_m, off_n, BLOCK_M, BLOCK_N, INDEX_64)
+    h = rn // dh
+    j = rn - h * dh
+    row_ok = rm[:, None] < M
+    first = j < d1
+    p1 = c + rm[:, None] * stride_c1m + (h * stride_c1h + j)[None, :]
+    tl.store(p1, value, mask=row_ok & (first & (rn < N))[None, :])
+    p2 = c2 + rm[:, None] * stride_c2m + (h * stride_c2h + j - d1)[None, :]
+    tl.store(p2, value, mask=row_ok & ((~first) & (rn < N))[None, :])
+    if BLOCK_D3 > 0:
+        rd = tl.arange(0, BLOCK_D3)
+        h_lo = tl.cdiv(off_n, dh)
+        h_hi = tl.minimum(tl.cdiv(off_n + BLOCK_N, dh), N // dh)
+        for hh in range(h_lo, h_hi):
+            mask = row_ok & (rd[None, :] < d3)
+            src = tl.load(cat_src + rm[:, None] * stride_sm + hh * stride_sh + rd[None, :], mask=mask)
+            tl.store(c + rm[:, None] * stride_c1m + hh * stride_c1h + d1 + rd[None, :], src.to(c.dtype.element_ty),
+                     mask=mask)

@@ -4,5 +4,6 @@ them into a model. Importing gemmkit.nn registers the custom ops (gemmkit.librar
 from .. import library  # noqa: F401  (torch.ops.gemmkit.*: torch.compile sees the layers' ops)
 from .convert import SCHEMES, ConversionReport, convert
 from .layers import FP8Linear, GemmLayer, Int8Linear, Linear
+from .mlp import GatedMLP
 
-__all__ = ["SCHEMES", "ConversionReport", "FP8Linear", "GemmLayer", "Int8Linear", "Linear", "convert"]
+__all__ = ["SCHEMES", "ConversionReport", "FP8Linear", "GatedMLP", "GemmLayer", "Int8Linear", "Linear", "convert"]

@@ -9,6 +9,7 @@ import warnings
 from torch import nn
 
 from .layers import FP8Linear, Int8Linear, Linear
+from .mlp import SCHEMES as MLP_SCHEMES, GatedMLP, mlp_linears
 
 # scheme name -> layer class (with from_linear(linear, **options) and unsupported(linear));
 # a new scheme ("fp8_block", "int4", ...) is one entry here.
@@ -27,11 +28,13 @@ class ConversionReport:
     converted: list = dataclasses.field(default_factory=list)
     skipped: list = dataclasses.field(default_factory=list)  # by the caller's skip=
     unsupported: dict = dataclasses.field(default_factory=dict)  # name -> why it was left alone
+    fused: list = dataclasses.field(default_factory=list)  # gated MLP modules replaced by GatedMLP (fuse_mlp)
 
     def __str__(self) -> str:
         lines = [f"gemmkit.nn.convert(scheme={self.scheme!r}): {len(self.converted)} converted, "
                  f"{len(self.skipped)} skipped, {len(self.unsupported)} left alone (unsupported)"]
-        for title, names in (("converted", self.converted), ("skipped", self.skipped)):
+        for title, names in (("converted", self.converted), ("skipped", self.skipped),
+                             ("fused MLPs", self.fused)):
             if names:
                 lines.append(f"  {title}: {', '.join(names)}")
         lines += [f"  left alone: {name} ({why})" for name, why in self.unsupported.items()]
@@ -51,7 +54,29 @@ def _skip_predicate(skip):
     return lambda name, module: any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-def convert(model: nn.Module, scheme: str = "fp8", skip=None, **options) -> ConversionReport:
+def _fuse_mlps(model, scheme, skipped, report, dtype=None) -> None:
+    """Replace each gated MLP module (gate_proj/up_proj or gate_up_proj, down_proj, act_fn) by a
+    GatedMLP of the scheme, unless skipped (the module or one of its linears) or unsupported."""
+    for name, module in list(model.named_modules()):
+        if not name or not hasattr(module, "down_proj") or not hasattr(module, "act_fn"):
+            continue
+        if not (hasattr(module, "gate_up_proj") or (hasattr(module, "gate_proj") and hasattr(module, "up_proj"))):
+            continue
+        if skipped(name, module) or any(skipped(f"{name}.{n}", m) for n, m in module.named_children()):
+            continue
+        found = mlp_linears(module)
+        if isinstance(found, str):
+            continue  # its linears are converted one by one
+        try:
+            layer = GatedMLP.from_module(module, scheme=scheme, dtype=dtype)
+        except (TypeError, ValueError):
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), attr, layer)
+        report.fused.append(name)
+
+
+def convert(model: nn.Module, scheme: str = "fp8", skip=None, fuse_mlp: bool = False, **options) -> ConversionReport:
     """Replace every nn.Linear in `model` (exactly nn.Linear, not subclasses, which may be used
     by their parent in other ways) by the scheme's gemmkit layer, in place.
 
@@ -59,7 +84,10 @@ def convert(model: nn.Module, scheme: str = "fp8", skip=None, **options) -> Conv
     names (e.g. ["lm_head", "*.gate"]) or a predicate (name, module) -> bool; those stay
     nn.Linear. Layers the scheme cannot take (e.g. 8-bit with in/out features not multiples of
     16) stay too, with one warning naming them. options: passed to the layer's from_linear
-    (e.g. dtype=). Returns a ConversionReport."""
+    (e.g. dtype=). fuse_mlp=True (schemes "bf16", "fp8"): first replace each Llama/Qwen-style
+    gated MLP module (attributes gate_proj + up_proj or gate_up_proj, down_proj, act_fn) by a
+    gemmkit.nn.GatedMLP (the gate and up GEMMs fused, two launches per MLP); its linears are then
+    not converted one by one. Returns a ConversionReport (MLPs replaced: report.fused)."""
     if scheme not in SCHEMES:
         raise ValueError(f"scheme={scheme!r} is not one of {sorted(SCHEMES)}")
     if not isinstance(model, nn.Module):
@@ -69,6 +97,10 @@ def convert(model: nn.Module, scheme: str = "fp8", skip=None, **options) -> Conv
                         f"gemmkit.nn.SCHEMES[{scheme!r}].from_linear(linear)")
     layer_cls, skipped = SCHEMES[scheme], _skip_predicate(skip)
     report = ConversionReport(scheme)
+    if fuse_mlp:
+        if scheme not in MLP_SCHEMES:
+            raise ValueError(f"fuse_mlp=True takes scheme {' or '.join(map(repr, MLP_SCHEMES))}, got {scheme!r}")
+        _fuse_mlps(model, scheme, skipped, report, options.get("dtype"))
     for name, module in list(model.named_modules()):
         if not isinstance(module, nn.Linear):
             continue

@@ -41,7 +41,9 @@ def gemm_a16w16(x, w, bias=None, *, activation=None, out_dtype=None, y=None, con
     return plan.run(x, w, bias, y, None, None)
 
 
-def _make_plan(x, w, bias, y, activation, out_dtype, config):
+def _make_plan(x, w, bias, y, activation, out_dtype, config, mul=None, add=None):
+    """The plan of one call (validates). mul / add: (M, N) epilogue inputs (views, stride 0 where
+    broadcast; gemmkit.ops.fused.fused_gemm_a16w16_mul_add), checked by the caller."""
     v.check_tensor("x", x, _IN_DTYPES)
     v.check_tensor("w", w, _IN_DTYPES)
     if w.dtype != x.dtype:
@@ -57,6 +59,7 @@ def _make_plan(x, w, bias, y, activation, out_dtype, config):
     fmt = dense(x.dtype)
     cfg = resolve_config(OP, config, M, N, K, dev, fmt, fmt, out_dtype.itemsize)
     example_y = y2 if y2 is not None else torch.empty((M, N), dtype=out_dtype, device=device)
-    return DensePlan(x2, w, example_y, fmt, fmt, EpilogueSpec(activation, bias is not None), cfg, dev,
-                     out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=x.ndim != 2, inputs=dict(bias=bias),
-                     auto_config=config is None)
+    return DensePlan(x2, w, example_y, fmt, fmt, EpilogueSpec(activation, bias is not None, mul is not None,
+                                                             add is not None), cfg, dev,
+                     out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=x.ndim != 2,
+                     inputs=dict(bias=bias, mul=mul, add=add), auto_config=config is None)

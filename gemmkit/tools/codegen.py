@@ -71,11 +71,14 @@ def _arg_type(value):
 
 def compile_gemm(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16, w_dtype=None,
                  out_dtype=torch.bfloat16, a_scale: str = "", b_scale: str = "", a_quant: str = "",
-                 activation: str = "none", exact: bool = False, dev: DeviceInfo = H100) -> Binary:
+                 activation: str = "none", exact: bool = False, dev: DeviceInfo = H100, gated: bool = False,
+                 split_cat: tuple | None = None) -> Binary:
     """Compile gemm_kernel for sm_90 as a launch of this problem would. a_scale / b_scale: "",
     "tensor", "vector" (per row) or "kblock" (1x128 / 128x128 block scales); a_quant: "" or how a
     16-bit x is quantized to w's type in the kernel ("row", "group"); exact: fp32 promotion of
-    each K tile (gemm_a8w8's fast_accum=False)."""
+    each K tile (gemm_a8w8's fast_accum=False); gated: the fused feed-forward's gated GEMM (w as
+    both the gate and the up weight, SiLU); split_cat: (d1, d2, d3) of the split/cat output map
+    (N = heads * (d1 + d2))."""
     from ..core.dense import DensePlan, _jit_kernel
     from ..core.epilogue import EpilogueSpec
     from ..core.formats import Scale, dense, quantized_in_kernel
@@ -97,11 +100,22 @@ def compile_gemm(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16
                      else torch.empty(M, dtype=torch.float32))
     b_s = scales.get(b_scale, torch.empty(-(-N // 128), g, dtype=torch.float32) if b_scale == "kblock"
                      else torch.empty(N, dtype=torch.float32))
-    plan = DensePlan(x, w, y, a_fmt, b_fmt, EpilogueSpec(activation), cfg, dev, out_dtype=out_dtype,
-                     out_shape=(M, N), flatten_x=False, inputs=dict(a_scale=a_s, b_scale=b_s), exact_accumulation=exact)
+    spec = EpilogueSpec("silu", gated=True) if gated else EpilogueSpec(activation)
+    sc = c2 = src = None
+    if split_cat:
+        d1, d2, d3 = split_cat
+        heads = N // (d1 + d2)
+        out1 = torch.empty(M, heads, d1 + d3, dtype=out_dtype)
+        c2, src = torch.empty(M, heads, d2, dtype=out_dtype), torch.empty(M, heads, d3, dtype=out_dtype)
+        sc = dict(d1=d1, dh=d1 + d2, d3=d3, out1=out1, out2=c2, src=src)
+        y = out1.view(M, -1)
+    plan = DensePlan(x, w, y, a_fmt, b_fmt, spec, cfg, dev, out_dtype=out_dtype,
+                     out_shape=(M, N), flatten_x=False, inputs=dict(a_scale=a_s, b_scale=b_s, b2=w if gated else None),
+                     exact_accumulation=exact, up_scale=(N, 1) if gated and b_scale == "vector" else (0, 0),
+                     split_cat=sc)
     head = plan.head(x, w, y, torch.empty(plan.ws_shape, dtype=plan.ws_dtype) if plan.pieces else None,
                      torch.empty(plan.num_tiles, dtype=torch.int32) if plan.pieces else None, None, a_s, b_s, None,
-                     None, checked=False)
+                     None, checked=False, b2=w if gated else None, c2=c2, cat_src=src)
     return _compile(_jit_kernel(), (*head, *plan.tail), cfg)
 
 
@@ -132,7 +146,7 @@ def compile_grouped(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloa
     head = (x, w, torch.empty(M, N, dtype=out_dtype), None, None, None, xs, ws, None, None, None, None,
             idx if grouped and gather else None, idx if grouped and scatter else None,
             torch.empty(M, dtype=torch.float32) if grouped and scatter else None,
-            torch.empty(experts + 1, dtype=torch.int32) if grouped else None)
+            torch.empty(experts + 1, dtype=torch.int32) if grouped else None, None, None)
     return _compile(_jit_kernel(), (*head, *plan.tail), plan.cfg)
 
 
@@ -255,6 +269,19 @@ CHECKS = {
         dict(tile_map="grouped", experts=256, x_dtype=torch.float8_e4m3fn), "QGMMA"),
     "bf16 batched persistent 128x128x64": (
         2048, 2048, 2048, _tiles(128, 128, 64, 3, PERSISTENT=True), dict(tile_map="batched", experts=8), "HGMMA"),
+    # fused feed-forward: the gated GEMM (gate and up tiles per K step, two accumulators), Llama-3 8B
+    "gated bf16 (fused gate/up) persistent TMA 128x128x64, M=4096": (
+        4096, 14336, 4096, _tiles(128, 128, 64, 3, **_PERSISTENT), dict(gated=True), "HGMMA"),
+    "gated bf16, pointer loads, M=16": (16, 14336, 4096, _tiles(16, 64, 128, 3, 4), dict(gated=True), "HMMA"),
+    "gated fp8 persistent TMA 128x128x128, row/column scales": (
+        4096, 14336, 4096, _tiles(128, 128, 128, 3, **_PERSISTENT), dict(_FP8, gated=True), "QGMMA"),
+    "gated dynamic FP8 (quantized in the GEMM), M=16": (
+        16, 14336, 4096, _tiles(16, 64, 256, 3, 4), dict(_DYNAMIC, gated=True), "HMMA"),
+    # fused split/cat output map (MLA kv_b_proj, DeepSeek-V3: 128 heads of 128 + 128, rope 64)
+    "split/cat bf16 TMA loads 128x128x64, M=1024": (
+        1024, 32768, 512, _tiles(128, 128, 64, 4, TMA=True), dict(split_cat=(128, 128, 64)), "HGMMA"),
+    "split/cat fp8 pointer loads, M=16": (
+        16, 32768, 512, _tiles(16, 64, 128, 4, 4), dict(_FP8, split_cat=(128, 128, 64)), "HMMA"),
 }
 _MMA = ("HGMMA", "QGMMA", "IGMMA", "HMMA", "IMMA")
 
@@ -267,7 +294,12 @@ def _formats(kw: dict):
     x_dtype = kw.get("x_dtype", torch.bfloat16)
     w_dtype = kw.get("w_dtype") or x_dtype
     a = quantized_in_kernel(x_dtype, w_dtype, kw["a_quant"], 128) if kw.get("a_quant") else dense(x_dtype)
-    return a, dense(w_dtype)  # (scales take no shared memory)
+    b = dense(w_dtype)
+    if kw.get("gated"):  # two B tiles per K step
+        import dataclasses
+
+        b = dataclasses.replace(b, bits=2 * b.bits)
+    return a, b  # (scales take no shared memory)
 
 
 def check(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
@@ -285,7 +317,8 @@ def check(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
     if kw.get("a_quant") and kw.get("w_dtype") == torch.int8:  # round-half-even by adding and subtracting 1.5 * 2^23: both kept
         ok = ok and b.sass.count("12582912") >= 2 and "-12582912" in b.sass
     loop = ""
-    plain_loop = not (kw.get("a_quant") or kw.get("exact") or "kblock" in (kw.get("a_scale"), kw.get("b_scale")))
+    plain_loop = not (kw.get("a_quant") or kw.get("exact") or kw.get("gated") or kw.get("split_cat")
+                      or "kblock" in (kw.get("a_scale"), kw.get("b_scale")))
     if "tile_map" not in kw and cfg.TMA and cfg.PERSISTENT and not cfg.STREAM_K and cfg.SPLIT_K == 1 and plain_loop:
         same, loop = _compare_bare(b, M, N, K, cfg, kw, dev)
         ok = ok and same

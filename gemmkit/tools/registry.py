@@ -248,6 +248,162 @@ OPS = {
 }
 
 
+# fused feed-forward and fused-epilogue GEMMs (issue 14) -----------------------------------------
+# ff_gated / ff_gated_fp8 take (M, N, K) = (tokens, intermediate size I, hidden size H): the
+# block's weights are gate/up (2I, H) and down (H, I); models.json's "<model>-mlp" entries list
+# (I, H). FLOPs: 2 M (2 I H + I H).
+
+
+@dataclass(frozen=True)
+class FeedForwardToolOp(ToolOp):
+    """A gated MLP block: three (I, H) weight matrices, (M, H) in and out."""
+
+    def flops(self, M, N, K) -> float:
+        return 2.0 * M * 3 * N * K
+
+    def nbytes(self, M, N, K) -> float:
+        a, b = self.formats
+        return 2 * M * K * a.bytes + 3 * N * K * b.bytes + M * K * self.out_bytes
+
+
+def _ff_inputs(M, N, K, dtype, device):
+    dt = DTYPES[dtype]
+    return {"x": _rand((M, K), device).to(dt), "w_gate_up": (_rand((2 * N, K), device) / K**0.5).to(dt),
+            "w_down": (_rand((K, N), device) / N**0.5).to(dt)}
+
+
+def _ff_run(inp, config=None):
+    from ..ops.fused import ff_a16w16_gated
+
+    return ff_a16w16_gated(inp["x"], inp["w_gate_up"], inp["w_down"], config=config)
+
+
+def _ff_torch(inp):
+    gate, up = _F.linear(inp["x"], inp["w_gate_up"]).chunk(2, dim=-1)
+    return _F.linear(_F.silu(gate) * up, inp["w_down"])
+
+
+def _ff_reference(inp, wgu="w_gate_up", wd="w_down"):
+    gate, up = (inp["x"].float() @ inp[wgu].float().T).chunk(2, dim=-1)
+    return (_F.silu(gate) * up) @ inp[wd].float().T
+
+
+def _ff_fp8_inputs(M, N, K, dtype, device):
+    from ..quant import quantize_fp8
+
+    x, wgu, wd = _rand((M, K), device).to(torch.bfloat16), _rand((2 * N, K), device) / K**0.5, _rand((K, N), device) / N**0.5
+    (wq, ws), (dq, ds) = quantize_fp8(wgu, "row"), quantize_fp8(wd, "row")
+    return {"x": x, "w_gate_up": wq, "ws": ws.reshape(-1), "w_down": dq, "ds": ds.reshape(-1)}
+
+
+def _ff_fp8_run(inp, config=None):
+    from ..ops.fused import ff_a8w8_gated
+
+    return ff_a8w8_gated(inp["x"], inp["w_gate_up"], inp["ws"], inp["w_down"], inp["ds"], config=config)
+
+
+def _torch_quantize_rows(t):
+    a = t.float()
+    s = a.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / 448.0
+    return (a / s).clamp(-448, 448).to(torch.float8_e4m3fn), s
+
+
+def _ff_fp8_torch(inp):
+    """The unfused FP8 block: quantize, _scaled_mm, silu * mul, quantize, _scaled_mm."""
+    xq, xs = _torch_quantize_rows(inp["x"])
+    h = torch._scaled_mm(xq, inp["w_gate_up"].t(), scale_a=xs, scale_b=inp["ws"].reshape(1, -1),
+                         out_dtype=torch.bfloat16, use_fast_accum=True)
+    gate, up = h.chunk(2, dim=-1)
+    hq, hs = _torch_quantize_rows(_F.silu(gate) * up)
+    return torch._scaled_mm(hq, inp["w_down"].t(), scale_a=hs, scale_b=inp["ds"].reshape(1, -1),
+                            out_dtype=torch.bfloat16, use_fast_accum=True)
+
+
+def _ff_fp8_reference(inp):
+    x = inp["x"].float()
+    gate, up = (x @ (inp["w_gate_up"].float() * inp["ws"][:, None]).T).chunk(2, dim=-1)
+    return (_F.silu(gate) * up) @ (inp["w_down"].float() * inp["ds"][:, None]).T
+
+
+def _mul_add_inputs(M, N, K, dtype, device):
+    inp = _a16w16_inputs(M, N, K, dtype, device)
+    return dict(inp, a=torch.rand(M, 1, device=device) + 0.5, b=_rand((M, N), device).to(DTYPES[dtype]))
+
+
+def _mul_add_run(inp, config=None):
+    from ..ops.fused import fused_gemm_a16w16_mul_add
+
+    return fused_gemm_a16w16_mul_add(inp["x"], inp["w"], inp["a"], inp["b"], config=config)
+
+
+# split_cat: (M, N, K) with N = heads * (d1 + d2); MLA kv_b_proj (DeepSeek-V3: d1 = qk_nope 128,
+# d2 = v 128, d3 = rope 64), heads = N // 256
+_SPLIT = (128, 128, 64)
+
+
+def _split_cat_inputs(M, N, K, dtype, device):
+    d1, d2, d3 = _SPLIT
+    heads = max(1, N // (d1 + d2))
+    inp = _a16w16_inputs(M, heads * (d1 + d2), K, dtype, device)
+    return dict(inp, y=_rand((M, heads, d3), device).to(DTYPES[dtype]))
+
+
+def _split_cat_run(inp, config=None):
+    from ..ops.fused import fused_gemm_a16w16_split_cat
+
+    heads = inp["y"].shape[1]
+    return _Pair(*fused_gemm_a16w16_split_cat(inp["x"], inp["w"], inp["y"], heads, *_SPLIT[:2], config=config))
+
+
+def _split_cat_torch(inp):
+    heads = inp["y"].shape[1]
+    p = _F.linear(inp["x"], inp["w"]).view(inp["x"].shape[0], heads, -1)
+    a, b = p.split(list(_SPLIT[:2]), dim=-1)
+    return _Pair(torch.cat([a, inp["y"]], dim=-1), b.contiguous())
+
+
+def _split_cat_reference(inp):
+    heads = inp["y"].shape[1]
+    p = (inp["x"].float() @ inp["w"].float().T).view(inp["x"].shape[0], heads, -1)
+    a, b = p.split(list(_SPLIT[:2]), dim=-1)
+    return torch.cat([torch.cat([a, inp["y"].float()], dim=-1).flatten(), b.flatten()])
+
+
+class _Pair:
+    """Two outputs, compared with the reference flattened into one vector."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def float(self):
+        return torch.cat([self.a.float().flatten(), self.b.float().flatten()])
+
+
+_BF16 = dense(torch.bfloat16)
+_FUSED_OPS = {
+    "ff_gated": FeedForwardToolOp(
+        "ff_gated", ("bf16", "fp16"), _ff_inputs, _ff_run, _ff_torch,
+        "F.linear to 2I, chunk, silu(g) * u, F.linear (cuBLAS + torch eager)", _ff_reference, 2e-2, 2, 2, 16,
+        "ff_gated_a16w16",
+        formats=(_BF16, _BF16)),
+    "ff_gated_fp8": FeedForwardToolOp(
+        "ff_gated_fp8", ("e4m3",), _ff_fp8_inputs, _ff_fp8_run, _ff_fp8_torch,
+        "torch eager per-token quantize, _scaled_mm row-wise, silu * mul, quantize, _scaled_mm", _ff_fp8_reference,
+        8e-2, 1, 2, 8, "ff_gated_a8w8",
+        formats=(quantized_in_kernel(torch.bfloat16, torch.float8_e4m3fn, "row"), dense(torch.float8_e4m3fn, Scale.ROW))),
+    "mul_add": ToolOp(
+        "mul_add", ("bf16", "fp16"), _mul_add_inputs, _mul_add_run,
+        lambda i: _F.linear(i["x"], i["w"]) * i["a"] + i["b"], "F.linear (cuBLAS), then * a + b in torch eager",
+        lambda i: (i["x"].float() @ i["w"].float().T) * i["a"] + i["b"].float(), 1e-2, 2, 2, 16, None,
+        formats=(_BF16, _BF16)),
+    "split_cat": ToolOp(
+        "split_cat", ("bf16", "fp16"), _split_cat_inputs, _split_cat_run, _split_cat_torch,
+        "F.linear, view, split, torch.cat (and .contiguous() of the second part)", _split_cat_reference, 1e-2, 2, 2,
+        16, None, formats=(_BF16, _BF16)),
+}
+OPS.update(_FUSED_OPS)
+
+
 def op_dtype(op: ToolOp, requested: str | None) -> str:
     """The --dtype to use: the requested one if the op has it (else SystemExit), or its first."""
     dtype = requested or op.dtypes[0]
