@@ -66,9 +66,9 @@ def test_fp8_type_pairs(x_dtype, w_dtype):
     assert_close(gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws), reference(xd, wd))
 
 
-@pytest.mark.parametrize("out_dtype", [BF16, FP16, FP32])
+@pytest.mark.parametrize("out_dtype,bias_dtype", [(BF16, BF16), (FP16, FP16), (FP32, FP32), (BF16, None),
+                                                  (FP16, FP32), (FP32, BF16)])
 @pytest.mark.parametrize("activation", [None, "relu", "gelu_tanh", "silu"])
-@pytest.mark.parametrize("bias_dtype", [None, BF16, FP16, FP32])
 def test_out_dtype_bias_activation(out_dtype, activation, bias_dtype):
     M, N, K = sizes((17, 48, 192), (257, 520, 1024))
     xq, xs, wq, ws, xd, wd = operands(M, N, K)
