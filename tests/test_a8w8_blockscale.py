@@ -305,11 +305,11 @@ def test_a8w8_exact_accumulation_matches_scaled_mm_at_long_k():
     """K = 16384: gemmkit's fast_accum=False error against float64 within 2x of
     torch._scaled_mm(use_fast_accum=False)'s on the same FP8 inputs."""
     M, N, K = 256, 1024, 16384
-    x = randn(M, K, dtype=FP32)
-    w = randn(N, K, dtype=FP32)
-    xq, xs = quant.quantize_fp8(x, "row")
-    wq, ws = quant.quantize_fp8(w, "row")
-    ws = ws.reshape(1, N)
+    x = randn(M, K, dtype=FP32) + 0.5  # a nonzero mean: the sums grow along K, as accumulation errors show
+    w = randn(N, K, dtype=FP32) + 0.5
+    # tensor-wise scales: _scaled_mm writes fp32 with those (row-wise takes a bf16 output only)
+    xq, xs = quant.quantize_fp8(x, "tensor")
+    wq, ws = quant.quantize_fp8(w, "tensor")
     ref = reference(xq, wq, x_scale=xs, w_scale=ws)
     ours = gemmkit.gemm_a8w8(xq, wq, xs, ws, out_dtype=FP32, fast_accum=False)
     torch_out = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=FP32, use_fast_accum=False)
