@@ -36,7 +36,9 @@ def gemm_a8w8_blockscale(x, w, x_scale, w_scale, bias=None, *, activation=None, 
     (*, G), G = ceil(K / 128): one scale per token and 128-wide K group, in any 2-D layout
     (row-major, or column-major as engines store it for TMA: `s.t().contiguous().t()`).
     w: (N, K) fp8, K-contiguous; w_scale: float32 (ceil(N / 128), G), any layout.
-    Dynamic form: x in bf16/fp16 with x_scale=None, quantized per 1 x 128 group inside the GEMM.
+    Dynamic form: x in bf16/fp16 with x_scale=None, quantized to w's type per 1 x 128 group:
+    inside the GEMM when called eagerly with M <= FUSED_QUANT_MAX_M, else (and under CUDA-graph
+    capture) by quantize_fp8_blockwise first; both round the same way.
     Each 128-wide K block's partial product is promoted to fp32 and multiplied by its two scales
     in the K loop (exactly the block structure; ragged last groups of K and N included).
     bias: (N,) bf16/fp16/fp32. activation: None, "relu", "gelu_tanh", "silu". out_dtype: bf16
