@@ -111,7 +111,8 @@ def test_compile_fullgraph(backend):
     args = (x, *quantize_fp8_blockwise(x, (1, 128), scale_layout="col"), *quantize_fp8_blockwise(w, (128, 128)),
             *quant.quantize_fp8(w, "row"), randn(N, dtype=DT))
     y = check_compiles(_program, args, (3, N), backend)
-    torch.testing.assert_close(y, gemmkit.gemm_a8w8_blockscale(*args[1:5], out_dtype=torch.float32))
+    _, xq, xs, wq, ws, *_ = args
+    torch.testing.assert_close(y, gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws, out_dtype=torch.float32))
 
 
 # gemmkit.nn --------------------------------------------------------------------------------------
