@@ -8,7 +8,10 @@ stay plain Python functions (no dispatcher cost).
 Ops (outputs contiguous; the fake implementations take shapes and dtypes from
 gemmkit.core.outputs):
   gemm_a16w16(x, w, bias, activation, out_dtype) -> y           and gemm_a16w16_out(..., y) -> ()
-  gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype) -> y   and gemm_a8w8_out(..., y) -> ()
+  gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, fast_accum=True) -> y
+                                                                    and gemm_a8w8_out(..., y) -> ()
+  gemm_a8w8_blockscale(x, w, x_scale, w_scale, bias, activation, out_dtype) -> y
+                                                                    and gemm_a8w8_blockscale_out(..., y) -> ()
   quantize_fp8(t, granularity, dtype, scale) -> (q, scale)
   quantize_int8(t, granularity, scale) -> (q, scale)
 A custom op may not return an alias of an input, so a preallocated y goes through the `_out`
@@ -25,7 +28,7 @@ import torch
 from . import quant
 from .core import validate as v
 from .core.outputs import gemm_output, quantize_output
-from .ops import a8w8, a16w16
+from .ops import a8w8, a8w8_blockscale, a16w16
 
 LIB = "gemmkit"
 
@@ -100,34 +103,83 @@ def traced_gemm_a16w16(x, w, bias, activation, out_dtype, y, config):
 
 @torch.library.custom_op(f"{LIB}::gemm_a8w8", mutates_args=())
 def _a8w8(x: torch.Tensor, w: torch.Tensor, x_scale: Optional[torch.Tensor], w_scale: torch.Tensor,
-          bias: Optional[torch.Tensor], activation: Optional[str], out_dtype: Optional[torch.dtype]) -> torch.Tensor:
-    return a8w8.gemm_a8w8(x, w, x_scale, w_scale, bias, activation=activation, out_dtype=out_dtype)
+          bias: Optional[torch.Tensor], activation: Optional[str], out_dtype: Optional[torch.dtype],
+          fast_accum: bool = True) -> torch.Tensor:
+    return a8w8.gemm_a8w8(x, w, x_scale, w_scale, bias, activation=activation, out_dtype=out_dtype,
+                          fast_accum=fast_accum)
 
 
 @torch.library.custom_op(f"{LIB}::gemm_a8w8_out", mutates_args=("y",))
 def _a8w8_out(x: torch.Tensor, w: torch.Tensor, x_scale: Optional[torch.Tensor], w_scale: torch.Tensor,
               bias: Optional[torch.Tensor], activation: Optional[str], out_dtype: Optional[torch.dtype],
-              y: torch.Tensor) -> None:
-    a8w8.gemm_a8w8(x, w, x_scale, w_scale, bias, activation=activation, out_dtype=out_dtype, y=y)
+              y: torch.Tensor, fast_accum: bool = True) -> None:
+    a8w8.gemm_a8w8(x, w, x_scale, w_scale, bias, activation=activation, out_dtype=out_dtype, y=y,
+                   fast_accum=fast_accum)
 
 
 @_a8w8.register_fake
-def _(x, w, x_scale, w_scale, bias, activation, out_dtype):
+def _(x, w, x_scale, w_scale, bias, activation, out_dtype, fast_accum=True):
     return _fake_output(_a8w8_output(x, w, out_dtype), x)
 
 
 @_a8w8_out.register_fake
-def _(x, w, x_scale, w_scale, bias, activation, out_dtype, y):
+def _(x, w, x_scale, w_scale, bias, activation, out_dtype, y, fast_accum=True):
     _check_fake_out(y, _a8w8_output(x, w, out_dtype))
 
 
-def traced_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config):
+def traced_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config, fast_accum=True):
     """gemm_a8w8 through torch.ops.gemmkit (what the public op calls while being traced)."""
     _check_no_config(config)
     if y is None:
-        return torch.ops.gemmkit.gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype)
+        return torch.ops.gemmkit.gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, fast_accum)
     torch.ops.gemmkit.gemm_a8w8_out(x, w, x_scale, w_scale, bias, activation,
-                                    y.dtype if out_dtype is None else out_dtype, y)
+                                    y.dtype if out_dtype is None else out_dtype, y, fast_accum)
+    return y
+
+
+# ---------------------------------------------------------------------------------------------
+# gemm_a8w8_blockscale
+
+
+@torch.library.custom_op(f"{LIB}::gemm_a8w8_blockscale", mutates_args=())
+def _a8w8_blockscale(x: torch.Tensor, w: torch.Tensor, x_scale: Optional[torch.Tensor], w_scale: torch.Tensor,
+                     bias: Optional[torch.Tensor], activation: Optional[str],
+                     out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return a8w8_blockscale.gemm_a8w8_blockscale(x, w, x_scale, w_scale, bias, activation=activation,
+                                                out_dtype=out_dtype)
+
+
+@torch.library.custom_op(f"{LIB}::gemm_a8w8_blockscale_out", mutates_args=("y",))
+def _a8w8_blockscale_out(x: torch.Tensor, w: torch.Tensor, x_scale: Optional[torch.Tensor], w_scale: torch.Tensor,
+                         bias: Optional[torch.Tensor], activation: Optional[str], out_dtype: Optional[torch.dtype],
+                         y: torch.Tensor) -> None:
+    a8w8_blockscale.gemm_a8w8_blockscale(x, w, x_scale, w_scale, bias, activation=activation, out_dtype=out_dtype,
+                                         y=y)
+
+
+def _a8w8_blockscale_output(x, w, out_dtype):
+    v.check_tensor("x", x, a8w8_blockscale.FP8 + (torch.bfloat16, torch.float16))
+    v.check_tensor("w", w, a8w8_blockscale.FP8)
+    return gemm_output(x.shape, w.shape, v.check_out_dtype(out_dtype, None, torch.bfloat16), torch.bfloat16)
+
+
+@_a8w8_blockscale.register_fake
+def _(x, w, x_scale, w_scale, bias, activation, out_dtype):
+    return _fake_output(_a8w8_blockscale_output(x, w, out_dtype), x)
+
+
+@_a8w8_blockscale_out.register_fake
+def _(x, w, x_scale, w_scale, bias, activation, out_dtype, y):
+    _check_fake_out(y, _a8w8_blockscale_output(x, w, out_dtype))
+
+
+def traced_gemm_a8w8_blockscale(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config):
+    """gemm_a8w8_blockscale through torch.ops.gemmkit (what the public op calls while being traced)."""
+    _check_no_config(config)
+    if y is None:
+        return torch.ops.gemmkit.gemm_a8w8_blockscale(x, w, x_scale, w_scale, bias, activation, out_dtype)
+    torch.ops.gemmkit.gemm_a8w8_blockscale_out(x, w, x_scale, w_scale, bias, activation,
+                                               y.dtype if out_dtype is None else out_dtype, y)
     return y
 
 

@@ -19,7 +19,7 @@ class OpEntry:
 OPS = {
     "gemm_a16w16": OpEntry("gemmkit.ops.a16w16", ("a16w16",)),
     "gemm_a8w8": OpEntry("gemmkit.ops.a8w8", ("a8w8_fp8", "a8w8_int8", "a8w8_fp8_dynamic")),
-    "gemm_a8w8_blockscale": OpEntry("gemmkit.ops.a8w8_blockscale", ("a8w8_blockscale",)),
+    "gemm_a8w8_blockscale": OpEntry("gemmkit.ops.a8w8_blockscale", ("a8w8_blockscale", "a8w8_blockscale_dynamic")),
     # MoE / batched family: configs derived from the device until their ToolOps (and tables) exist
     "grouped_gemm_a16w16": OpEntry("gemmkit.ops.grouped"),
     "grouped_gemm_a8w8": OpEntry("gemmkit.ops.grouped"),

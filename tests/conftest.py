@@ -102,3 +102,25 @@ def assert_close(out, ref, dtype=None, tol=None):
 def _seed(request):
     # fresh data per test, reproducible per test id
     torch.manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+def check_refused(monkeypatch, op, args, exc, word):
+    """op(*args) raises `exc` matching `word` (the argument's name) before any kernel launch."""
+    from gemmkit.core import launcher
+
+    monkeypatch.setattr(launcher, "launch_jit", lambda *a: pytest.fail("launched"))
+    with pytest.raises(exc, match=word):
+        op(*args)
+
+
+def check_compiles(program, args, y_shape, backend):
+    """`program(*args, y)` traces with no graph break and, compiled with fullgraph=True, returns
+    what it does eagerly; returns the compiled call's y (its preallocated output)."""
+    ref = program(*args, torch.empty(y_shape, device=DEVICE))
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(program)(*args, torch.empty(y_shape, device=DEVICE)).graph_break_count == 0
+    torch._dynamo.reset()
+    y = torch.empty(y_shape, device=DEVICE)
+    out = torch.compile(program, fullgraph=True, backend=backend)(*args, y)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    return y

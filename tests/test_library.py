@@ -7,7 +7,7 @@ import gemmkit
 from gemmkit import library, quant
 from gemmkit.core.outputs import gemm_output, quantize_output
 from gemmkit.ops import a8w8, a16w16
-from conftest import DEVICE, ON_GPU, randn, sizes
+from conftest import DEVICE, ON_GPU, check_compiles, randn, sizes
 
 M, N, K = sizes((5, 48, 64), (300, 512, 1024))
 OPS = torch.ops.gemmkit
@@ -128,13 +128,7 @@ BACKENDS = sizes(["eager", "aot_eager"], ["eager", "aot_eager", "inductor"])
 def test_compile_fullgraph(backend):
     x, w = randn(3, K, dtype=torch.bfloat16), randn(N, K, dtype=torch.bfloat16)
     args = (x, w, randn(N, dtype=torch.bfloat16), torch.tensor([0.02], device=DEVICE))
-    ref = _program(*args, torch.empty(3, N, device=DEVICE))
-    torch._dynamo.reset()
-    assert torch._dynamo.explain(_program)(*args, torch.empty(3, N, device=DEVICE)).graph_break_count == 0
-    torch._dynamo.reset()
-    y = torch.empty(3, N, device=DEVICE)
-    out = torch.compile(_program, fullgraph=True, backend=backend)(*args, y)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    y = check_compiles(_program, args, (3, N), backend)
     torch.testing.assert_close(y, gemmkit.gemm_a16w16(x, w, out_dtype=torch.float32))
 
 

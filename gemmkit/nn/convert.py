@@ -8,7 +8,7 @@ import warnings
 
 from torch import nn
 
-from .layers import FP8Linear, Int8Linear, Linear
+from .layers import BlockFP8Linear, FP8Linear, Int8Linear, Linear
 from .mlp import SCHEMES as MLP_SCHEMES, GatedMLP, mlp_linears
 
 # scheme name -> layer class (with from_linear(linear, **options) and unsupported(linear));
@@ -17,6 +17,7 @@ SCHEMES = {
     "bf16": Linear,
     "fp8": FP8Linear,
     "int8": Int8Linear,
+    "fp8_block": BlockFP8Linear,
 }
 
 
@@ -80,7 +81,7 @@ def convert(model: nn.Module, scheme: str = "fp8", skip=None, fuse_mlp: bool = F
     """Replace every nn.Linear in `model` (exactly nn.Linear, not subclasses, which may be used
     by their parent in other ways) by the scheme's gemmkit layer, in place.
 
-    scheme: a key of SCHEMES ("bf16", "fp8", "int8"). skip: fnmatch patterns on qualified module
+    scheme: a key of SCHEMES ("bf16", "fp8", "int8", "fp8_block"). skip: fnmatch patterns on qualified module
     names (e.g. ["lm_head", "*.gate"]) or a predicate (name, module) -> bool; those stay
     nn.Linear. Layers the scheme cannot take (e.g. 8-bit with in/out features not multiples of
     16) stay too, with one warning naming them. options: passed to the layer's from_linear

@@ -14,6 +14,7 @@ from torch import nn
 
 from .. import quant
 from ..ops.a8w8 import gemm_a8w8
+from ..ops.a8w8_blockscale import gemm_a8w8_blockscale
 from ..ops.a16w16 import gemm_a16w16
 
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -181,3 +182,41 @@ def _unaligned(linear) -> str | None:
         return (f"in_features={linear.in_features}, out_features={linear.out_features}: 8-bit layers need "
                 f"multiples of {ALIGN}")
     return None
+
+
+class BlockFP8Linear(GemmLayer):
+    """DeepSeek-V3 block-wise FP8: weight (N, K) float8_e4m3fn quantized per 128x128 block,
+    weight_scale (ceil(N / 128), ceil(K / 128)) float32 (scale_format="float32", or "ue8m0":
+    powers of two); activations quantized per token and 128-wide K group inside the op
+    (dynamic). gemm_a8w8_blockscale, fp32 accumulation with the block scales applied per
+    K block. Output: the layer's dtype."""
+
+    weight_dtype = torch.float8_e4m3fn
+    BLOCK = 128
+
+    def __init__(self, in_features, out_features, bias=True, *, dtype=torch.bfloat16, device=None,
+                 scale_format="float32"):
+        super().__init__(in_features, out_features, bias, dtype=dtype, device=device)
+        if scale_format not in ("float32", "ue8m0"):
+            raise ValueError(f"scale_format must be 'float32' or 'ue8m0', got {scale_format!r}")
+        self.scale_format = scale_format
+        blocks = (-(-out_features // self.BLOCK), -(-in_features // self.BLOCK))
+        self.register_buffer("weight_scale", torch.ones(blocks, dtype=torch.float32, device=device))
+
+    @property
+    def scheme(self):
+        return (f"fp8 e4m3 block-wise (weight 128x128 blocks, {self.scale_format} scales; "
+                "activations dynamic per 1x128 group)")
+
+    @classmethod
+    def unsupported(cls, linear):
+        return _unaligned(linear)
+
+    def _set_weight(self, w):
+        wq, ws = quant.quantize_fp8_blockwise(w, (self.BLOCK, self.BLOCK), scale_format=self.scale_format)
+        self.weight.copy_(wq)
+        self.weight_scale.copy_(ws)
+
+    def forward(self, x):
+        self._check_input(x)
+        return gemm_a8w8_blockscale(x, self.weight, None, self.weight_scale, self.bias, out_dtype=self.dtype)

@@ -51,7 +51,8 @@ def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=t
     accumulation. INT8 accumulation is exact either way.
     """
     if _is_compiling():  # torch.compile records torch.ops.gemmkit.gemm_a8w8 (gemmkit.library)
-        return _library().traced_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config)
+        return _library().traced_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config,
+                                           fast_accum)
     cfg_key = None if config is None else v.config_key(config)
     key = plan_key((x, w, x_scale, w_scale, bias, y), (activation, out_dtype, cfg_key, fast_accum))
     try:

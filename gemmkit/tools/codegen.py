@@ -72,13 +72,14 @@ def _arg_type(value):
 def compile_gemm(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16, w_dtype=None,
                  out_dtype=torch.bfloat16, a_scale: str = "", b_scale: str = "", a_quant: str = "",
                  activation: str = "none", exact: bool = False, dev: DeviceInfo = H100, gated: bool = False,
-                 split_cat: tuple | None = None) -> Binary:
+                 split_cat: tuple | None = None, a_scale_col: bool = False) -> Binary:
     """Compile gemm_kernel for sm_90 as a launch of this problem would. a_scale / b_scale: "",
     "tensor", "vector" (per row) or "kblock" (1x128 / 128x128 block scales); a_quant: "" or how a
     16-bit x is quantized to w's type in the kernel ("row", "group"); exact: fp32 promotion of
     each K tile (gemm_a8w8's fast_accum=False); gated: the fused feed-forward's gated GEMM (w as
     both the gate and the up weight, SiLU); split_cat: (d1, d2, d3) of the split/cat output map
-    (N = heads * (d1 + d2))."""
+    (N = heads * (d1 + d2)); a_scale_col: a "kblock" x_scale stored column-major (what
+    quantize_fp8_blockwise(..., scale_layout="col") returns)."""
     from ..core.dense import DensePlan, _jit_kernel
     from ..core.epilogue import EpilogueSpec
     from ..core.formats import Scale, dense, quantized_in_kernel
@@ -98,6 +99,8 @@ def compile_gemm(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16
     scales = {"": None, "tensor": torch.empty((), dtype=torch.float32)}
     a_s = scales.get(a_scale, torch.empty(M, g, dtype=torch.float32) if a_scale == "kblock"
                      else torch.empty(M, dtype=torch.float32))
+    if a_scale_col:
+        a_s = torch.empty(g, M, dtype=torch.float32).t()
     b_s = scales.get(b_scale, torch.empty(-(-N // 128), g, dtype=torch.float32) if b_scale == "kblock"
                      else torch.empty(N, dtype=torch.float32))
     spec = EpilogueSpec("silu", gated=True) if gated else EpilogueSpec(activation)
@@ -253,6 +256,8 @@ CHECKS = {
     "fp8 blockscale (1x128 / 128x128 scales) persistent TMA 128x128x128": (
         4096, 7168, 7168, _tiles(128, 128, 128, 4, **_PERSISTENT), _BLOCK, "QGMMA"),
     "fp8 blockscale, pointer loads, M=16": (16, 7168, 2048, _tiles(16, 64, 128, 4, 4), _BLOCK, "HMMA"),
+    "fp8 blockscale, column-major x_scale (dynamic x quantized first, large M), persistent TMA 128x128x128": (
+        4096, 7168, 7168, _tiles(128, 128, 128, 4, **_PERSISTENT), dict(_BLOCK, a_scale_col=True), "QGMMA"),
     "dynamic fp8 blockscale (x quantized per 1x128 group in the GEMM), M=64": (
         64, 7168, 7168, _tiles(64, 128, 128, 3, 4), dict(w_dtype=torch.float8_e4m3fn, a_quant="group",
                                                            b_scale="kblock"), "QGMMA"),

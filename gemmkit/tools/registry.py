@@ -87,10 +87,10 @@ def _a8w8_inputs(granularity):
     return make
 
 
-def _a8w8_run(inp, config=None):
+def _a8w8_run(inp, config=None, fast_accum=True):
     from ..ops.a8w8 import gemm_a8w8
 
-    return gemm_a8w8(inp["x"], inp["w"], inp["xs"], inp["ws"], config=config)
+    return gemm_a8w8(inp["x"], inp["w"], inp["xs"], inp["ws"], config=config, fast_accum=fast_accum)
 
 
 def _scaled_mm(inp, fast_accum=True):
@@ -167,6 +167,43 @@ def _blockscale_reference(inp):
     return dequantize_fp8_blockwise(inp["x"], inp["xs"]) @ dequantize_fp8_blockwise(inp["w"], inp["ws"], (128, 128)).T
 
 
+def _blockscale_dynamic_inputs(M, N, K, dtype, device):
+    """bf16 x (what the dynamic op quantizes per 1x128 group) and its block-quantized form (the
+    static op's input, the baseline), the block-quantized weight."""
+    from ..quant import quantize_fp8_blockwise
+
+    x, w = _rand((M, K), device).to(torch.bfloat16), _rand((N, K), device) / K**0.5
+    xq, xs = quantize_fp8_blockwise(x, (1, 128), scale_layout="col")
+    wq, ws = quantize_fp8_blockwise(w, (128, 128))
+    return {"x16": x, "x": xq, "xs": xs, "w": wq, "ws": ws}
+
+
+def _blockscale_dynamic_run(inp, config=None):
+    """The public call on bf16 x (eagerly: in-kernel quantization for small M; captured: quantizer
+    + GEMM); with a config (the tuner), always the GEMM that quantizes x itself."""
+    from ..ops.a8w8_blockscale import _dynamic_path, gemm_a8w8_blockscale
+
+    if config is None:
+        return gemm_a8w8_blockscale(inp["x16"], inp["w"], None, inp["ws"])
+    return _dynamic_path(inp["x16"], inp["w"], inp["ws"], "fused", config=config)
+
+
+def _blockscale_fused_run(inp, config=None):
+    from ..ops.a8w8_blockscale import _dynamic_path
+
+    return _dynamic_path(inp["x16"], inp["w"], inp["ws"], "fused", config=config)
+
+
+def _blockscale_dynamic_op(name, run, baseline_name):
+    """Dynamic blockscale against the static op on the pre-quantized x: the ratio is the cost of
+    quantizing x in the call (dynamic / static)."""
+    return ToolOp(name, ("e4m3",), _blockscale_dynamic_inputs, run, _blockscale_run, baseline_name,
+                  _blockscale_reference, 1e-2, 1, 2, 8, "a8w8_blockscale_dynamic",
+                  formats=(quantized_in_kernel(torch.bfloat16, torch.float8_e4m3fn, "group", 128),
+                           dense(torch.float8_e4m3fn, Scale.KBLOCK, 128, 128)),
+                  reads=(("x16", "w", "ws"), ("x", "xs", "w", "ws")))
+
+
 def _blockscale_op(name, baseline, baseline_name, reads):
     return ToolOp(name, ("e4m3",), _blockscale_inputs, _blockscale_run, baseline, baseline_name,
                   _blockscale_reference, 1e-2, 1, 2, 8, "a8w8_blockscale",
@@ -217,9 +254,10 @@ OPS = {
         "torch._scaled_mm row-wise (cuBLASLt/CUTLASS, use_fast_accum=True)", _a8w8_reference, 1e-2, 1, 2, 8,
         "a8w8_fp8", formats=_FP8_ROW),
     "a8w8_default_accum": ToolOp(
-        "a8w8_default_accum", ("e4m3",), _a8w8_inputs("row"), _a8w8_run, lambda i: _scaled_mm(i, False),
-        "torch._scaled_mm row-wise with its default use_fast_accum=False (gemmkit keeps Triton's fast "
-        "accumulation)", _a8w8_reference, 1e-2, 1, 2, 8, "a8w8_fp8", formats=_FP8_ROW),
+        "a8w8_default_accum", ("e4m3",), _a8w8_inputs("row"), lambda i, config=None: _a8w8_run(i, config, False),
+        lambda i: _scaled_mm(i, False), "torch._scaled_mm row-wise with its default use_fast_accum=False (gemmkit "
+        "with fast_accum=False: the same fp32 promotion per K tile)", _a8w8_reference, 1e-2, 1, 2, 8, "a8w8_fp8",
+        formats=_FP8_ROW),
     "a8w8_tensor": ToolOp(
         "a8w8_tensor", ("e4m3",), _a8w8_inputs("tensor"), _a8w8_run, _scaled_mm,
         "torch._scaled_mm tensor-wise (cuBLASLt, use_fast_accum=True)", _a8w8_reference, 1e-2, 1, 2, 8, "a8w8_fp8",
@@ -242,6 +280,12 @@ OPS = {
     "a8w8_blockscale_vs_bf16": _blockscale_op(
         "a8w8_blockscale_vs_bf16", lambda i: _F.linear(i["x16"], i["w16"]), "F.linear bf16 (cuBLAS) on the same values",
         ("x16", "w16")),
+    "a8w8_blockscale_dynamic": _blockscale_dynamic_op(
+        "a8w8_blockscale_dynamic", _blockscale_dynamic_run,
+        "gemmkit's static gemm_a8w8_blockscale on x quantized beforehand (the dynamic op's own GEMM)"),
+    "a8w8_blockscale_dynamic_fused": _blockscale_dynamic_op(
+        "a8w8_blockscale_dynamic_fused", _blockscale_fused_run,
+        "gemmkit's static gemm_a8w8_blockscale on x quantized beforehand (x quantized inside the GEMM, always)"),
     "quant_fp8_row": ToolOp(
         "quant_fp8_row", ("bf16",), _quant_inputs, _quant_run, _quant_torch,
         "torch eager: absmax, divide, clamp, cast", lambda i: i["x"].float(), 0.08, 2, 1, 16, None, gemm=False),
