@@ -156,6 +156,9 @@ class GemmConfig:
             loop = (a_tile + b_tile) * lagged
         else:
             loop = (a_tile + b_tile) * self.num_stages
+        for f, rows in ((a, self.BLOCK_M), (b, self.BLOCK_N)):  # 4-bit: the 16-bit tile dequantized for the dot
+            if f.bits < f.dot_bits:
+                loop += rows * self.BLOCK_K * f.dot_bits // 8
         epilogue = self.BLOCK_M * self.BLOCK_N * out_bytes
         if self.EPILOGUE_SUBTILE:
             epilogue //= 2
