@@ -8,7 +8,7 @@ import warnings
 
 from torch import nn
 
-from .layers import FP8Linear, Int8Linear, Linear
+from .layers import FP8Linear, Int4Linear, Int8Linear, Linear, MXFP4Linear
 
 # scheme name -> layer class (with from_linear(linear, **options) and unsupported(linear));
 # a new scheme ("fp8_block", "int4", ...) is one entry here.
@@ -16,6 +16,8 @@ SCHEMES = {
     "bf16": Linear,
     "fp8": FP8Linear,
     "int8": Int8Linear,
+    "int4": Int4Linear,  # options: group_size=128, symmetric=False
+    "mxfp4": MXFP4Linear,
 }
 
 
@@ -55,7 +57,7 @@ def convert(model: nn.Module, scheme: str = "fp8", skip=None, **options) -> Conv
     """Replace every nn.Linear in `model` (exactly nn.Linear, not subclasses, which may be used
     by their parent in other ways) by the scheme's gemmkit layer, in place.
 
-    scheme: a key of SCHEMES ("bf16", "fp8", "int8"). skip: fnmatch patterns on qualified module
+    scheme: a key of SCHEMES ("bf16", "fp8", "int8", "int4", "mxfp4"). skip: fnmatch patterns on qualified module
     names (e.g. ["lm_head", "*.gate"]) or a predicate (name, module) -> bool; those stay
     nn.Linear. Layers the scheme cannot take (e.g. 8-bit with in/out features not multiples of
     16) stay too, with one warning naming them. options: passed to the layer's from_linear
@@ -76,7 +78,7 @@ def convert(model: nn.Module, scheme: str = "fp8", skip=None, **options) -> Conv
             report.skipped.append(name)
         elif type(module) is not nn.Linear:
             report.unsupported[name] = f"{type(module).__name__} is a subclass of nn.Linear"
-        elif why := layer_cls.unsupported(module):
+        elif why := layer_cls.unsupported(module, **options):
             report.unsupported[name] = why
         else:
             parent_name, _, attr = name.rpartition(".")
