@@ -31,3 +31,14 @@ def quantize_output(t_shape, granularity: str, qdtype: torch.dtype):
         raise ValueError(f"granularity={granularity!r} must be 'row' or 'tensor'")
     scale_shape = (*t_shape[:-1], 1) if granularity == "row" else ()
     return (tuple(t_shape), qdtype), (scale_shape, torch.float32)
+
+
+def packed_gemm_output(x_shape, w_shape, out_dtype, default_dtype, x_packed: bool = False):
+    """(shape, dtype) of a GEMM with a packed 4-bit weight w (N, K // 2) (two values per byte):
+    x (*, K), or (*, K // 2) itself packed (x_packed) -> (*, N)."""
+    if len(x_shape) == 0:
+        raise ValueError("x must have at least 1 dimension, got a 0-d tensor")
+    K = 2 * x_shape[-1] if x_packed else x_shape[-1]
+    if len(w_shape) != 2 or 2 * w_shape[1] != K:
+        raise ValueError(f"w has shape {tuple(w_shape)}: for K={K} it must be (N, K // 2)")
+    return (*x_shape[:-1], w_shape[0]), default_dtype if out_dtype is None else out_dtype
