@@ -106,7 +106,10 @@ class DensePlan(PlanBase):
     plan key guarantees it). `out_shape`: the shape returned to the user ((M, N) or (*, N)); x is
     reshaped to (M, K) when `flatten_x`. `exact_accumulation`: float dots promote each K tile's
     partial sum to fp32 (PROMOTE_TILE) instead of accumulating in the tensor cores (FP8's fast
-    accumulation); K-block scales always promote.
+    accumulation); K-block scales always promote. 4-bit operands (formats with bits=4, see
+    formats.packed4): w (and x) are the packed uint8 (rows, K/2) tensors, read through pointers;
+    "b_zero" in `inputs` (INT4 zero points), passed per call as run(..., b_zero=); `logical_k`:
+    K when x is packed.
     """
 
     def __init__(self, x2, w, y2, a_fmt: OperandFormat, b_fmt: OperandFormat, epilogue: EpilogueSpec,
