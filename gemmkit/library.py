@@ -220,15 +220,19 @@ def _(x, w_q, w_scale, w_zero, group_size, bias, activation, out_dtype, y):
     _check_fake_out(y, _a16w4_output(x, w_q, out_dtype))
 
 
+def _traced(name, args, out_dtype, y, config):
+    """torch.ops.gemmkit.<name>(*args, out_dtype), or its _out variant writing y."""
+    _check_no_config(config)
+    if y is None:
+        return getattr(torch.ops.gemmkit, name)(*args, out_dtype)
+    getattr(torch.ops.gemmkit, name + "_out")(*args, y.dtype if out_dtype is None else out_dtype, y)
+    return y
+
+
 def traced_gemm_a16w4(x, w_q, w_scale, w_zero, group_size, bias, activation, out_dtype, y, config):
     """gemm_a16w4 through torch.ops.gemmkit (what the public op calls while being traced)."""
-    _check_no_config(config)
     group_size = None if group_size == -1 else group_size
-    if y is None:
-        return torch.ops.gemmkit.gemm_a16w4(x, w_q, w_scale, w_zero, group_size, bias, activation, out_dtype)
-    torch.ops.gemmkit.gemm_a16w4_out(x, w_q, w_scale, w_zero, group_size, bias, activation,
-                                     y.dtype if out_dtype is None else out_dtype, y)
-    return y
+    return _traced("gemm_a16w4", (x, w_q, w_scale, w_zero, group_size, bias, activation), out_dtype, y, config)
 
 
 @torch.library.custom_op(f"{LIB}::gemm_a16wfp4", mutates_args=())
@@ -255,12 +259,7 @@ def _(x, w, w_scale, bias, activation, out_dtype, y):
 
 def traced_gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype, y, config):
     """gemm_a16wfp4 through torch.ops.gemmkit."""
-    _check_no_config(config)
-    if y is None:
-        return torch.ops.gemmkit.gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype)
-    torch.ops.gemmkit.gemm_a16wfp4_out(x, w, w_scale, bias, activation, y.dtype if out_dtype is None else out_dtype,
-                                       y)
-    return y
+    return _traced("gemm_a16wfp4", (x, w, w_scale, bias, activation), out_dtype, y, config)
 
 
 @torch.library.custom_op(f"{LIB}::gemm_afp4wfp4", mutates_args=())
@@ -295,9 +294,4 @@ def _(x, w, x_scale, w_scale, bias, activation, out_dtype, y):
 
 def traced_gemm_afp4wfp4(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config):
     """gemm_afp4wfp4 through torch.ops.gemmkit."""
-    _check_no_config(config)
-    if y is None:
-        return torch.ops.gemmkit.gemm_afp4wfp4(x, w, x_scale, w_scale, bias, activation, out_dtype)
-    torch.ops.gemmkit.gemm_afp4wfp4_out(x, w, x_scale, w_scale, bias, activation,
-                                        y.dtype if out_dtype is None else out_dtype, y)
-    return y
+    return _traced("gemm_afp4wfp4", (x, w, x_scale, w_scale, bias, activation), out_dtype, y, config)

@@ -82,6 +82,21 @@ def check_group_tensor(name: str, t, shape, dtypes, what: str) -> None:
         raise ValueError(f"{name} has shape {tuple(t.shape)}; expected {tuple(shape)} ({what})")
 
 
+def output_checks(x2, lead, N: int, K: int, bias, y, out_dtype, default_dtype, device, activation):
+    """(out_dtype, y as (M, N) or None, a DegeneratePlan when M, N or K is 0 else None) after
+    checking bias, out_dtype, y and x's layout."""
+    M = x2.shape[0]
+    v.check_bias(bias, N, _BIAS_DTYPES)
+    out_dtype = v.check_out_dtype(out_dtype, y, default_dtype)
+    y2 = v.check_out(y, lead, M, N, out_dtype, device)
+    if M == 0 or N == 0 or K == 0:
+        return out_dtype, y2, v.DegeneratePlan((*lead, N), out_dtype, device, activation)
+    v.check_layout("x", x2)
+    if y2 is not None:
+        v.check_layout("y", y2)
+    return out_dtype, y2, None
+
+
 def _make_plan(x, w_q, w_scale, w_zero, group_size, bias, y, activation, out_dtype, config):
     v.check_tensor("x", x, _IN_DTYPES)
     activation = v.check_activation(activation)
@@ -96,14 +111,9 @@ def _make_plan(x, w_q, w_scale, w_zero, group_size, bias, y, activation, out_dty
     check_group_tensor("w_scale", w_scale, (N, groups), _SCALE_DTYPES, what)
     if w_zero is not None:
         check_group_tensor("w_zero", w_zero, (N, groups), (torch.uint8,), what + ", uint8 zero points")
-    v.check_bias(bias, N, _BIAS_DTYPES)
-    out_dtype = v.check_out_dtype(out_dtype, y, x.dtype)
-    y2 = v.check_out(y, lead, M, N, out_dtype, device)
-    if M == 0 or N == 0 or K == 0:
-        return v.DegeneratePlan((*lead, N), out_dtype, device, activation)
-    v.check_layout("x", x2)
-    if y2 is not None:
-        v.check_layout("y", y2)
+    out_dtype, y2, degenerate = output_checks(x2, lead, N, K, bias, y, out_dtype, x.dtype, device, activation)
+    if degenerate:
+        return degenerate
     dev = device_info(device)
     a_fmt = dense(x.dtype)
     b_fmt = packed4(x.dtype, Scale.GROUP, g if g != K else next_pow2(K))

@@ -18,11 +18,10 @@ from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense, packed4
 from ..core.plan import PlanCache, plan_key
 from ..core.tracing import is_compiling as _is_compiling, library as _library
-from .a16w4 import check_group_tensor, check_packed_weight
+from .a16w4 import check_group_tensor, check_packed_weight, output_checks
 
 MX_BLOCK = 32
 _IN_DTYPES = (torch.bfloat16, torch.float16)
-_BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _plans = PlanCache()
 
 
@@ -36,13 +35,7 @@ def gemm_a16wfp4(x, w, w_scale, *, bias=None, activation=None, out_dtype=None, y
     """
     if _is_compiling():  # torch.compile records torch.ops.gemmkit.gemm_a16wfp4 (gemmkit.library)
         return _library().traced_gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype, y, config)
-    key = plan_key((x, w, w_scale, bias, y), ("a16", activation, out_dtype,
-                                              None if config is None else v.config_key(config)))
-    try:
-        plan = _plans.lookup(key)
-    except (KeyError, TypeError):  # a new plan (validates), or no key (bad input)
-        plan = _plans.plan_for(key, _make_plan, x, None, w, w_scale, bias, y, activation, out_dtype, config)
-    return plan.run(x, w, bias, y, None, w_scale)
+    return _run(x, None, w, w_scale, bias, y, activation, out_dtype, config)
 
 
 def gemm_afp4wfp4(x, w, x_scale, w_scale, *, bias=None, activation=None, out_dtype=torch.bfloat16, y=None,
@@ -56,8 +49,13 @@ def gemm_afp4wfp4(x, w, x_scale, w_scale, *, bias=None, activation=None, out_dty
     """
     if _is_compiling():  # torch.compile records torch.ops.gemmkit.gemm_afp4wfp4 (gemmkit.library)
         return _library().traced_gemm_afp4wfp4(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config)
-    key = plan_key((x, w, x_scale, w_scale, bias, y), ("fp4", activation, out_dtype,
-                                                       None if config is None else v.config_key(config)))
+    return _run(x, x_scale, w, w_scale, bias, y, activation, out_dtype, config)
+
+
+def _run(x, x_scale, w, w_scale, bias, y, activation, out_dtype, config):
+    """The cached plan's call (x_scale None: a 16-bit x)."""
+    key = plan_key((x, x_scale, w, w_scale, bias, y),
+                   (activation, out_dtype, None if config is None else v.config_key(config)))
     try:
         plan = _plans.lookup(key)
     except (KeyError, TypeError):  # a new plan (validates), or no key (bad input)
@@ -89,14 +87,10 @@ def _make_plan(x, x_scale, w, w_scale, bias, y, activation, out_dtype, config):
             raise ValueError("x must be contiguous along K (stride 1 along its bytes; call .contiguous())")
         check_group_tensor("x_scale", x_scale, (*lead, K // MX_BLOCK), (torch.uint8,), what)
         xs2 = x_scale if x_scale.ndim == 2 else x_scale.reshape(M, -1)
-    v.check_bias(bias, N, _BIAS_DTYPES)
-    out_dtype = v.check_out_dtype(out_dtype, y, torch.bfloat16 if fp4_x else x.dtype)
-    y2 = v.check_out(y, lead, M, N, out_dtype, device)
-    if M == 0 or N == 0 or K == 0:
-        return v.DegeneratePlan((*lead, N), out_dtype, device, activation)
-    v.check_layout("x", x2)
-    if y2 is not None:
-        v.check_layout("y", y2)
+    out_dtype, y2, degenerate = output_checks(x2, lead, N, K, bias, y, out_dtype, torch.bfloat16 if fp4_x else x.dtype,
+                                              device, activation)
+    if degenerate:
+        return degenerate
     dev = device_info(device)
     dot = torch.bfloat16 if fp4_x else x.dtype
     a_fmt = packed4(dot, Scale.MX, MX_BLOCK) if fp4_x else dense(x.dtype)
