@@ -264,7 +264,8 @@ def traced_gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype, y, config):
 
 @torch.library.custom_op(f"{LIB}::gemm_afp4wfp4", mutates_args=())
 def _afp4wfp4(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
-              bias: Optional[torch.Tensor], activation: Optional[str], out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+              bias: Optional[torch.Tensor], activation: Optional[str],
+              out_dtype: Optional[torch.dtype]) -> torch.Tensor:
     return fp4.gemm_afp4wfp4(x, w, x_scale, w_scale, bias=bias, activation=activation, out_dtype=out_dtype)
 
 

@@ -228,7 +228,7 @@ class DensePlan(PlanBase):
         CachedLaunch.direct_parts, after the first launch): call Triton's C launcher with raw
         pointers, what every later call on the plan's device does; eagerly, a decode-sized GEMM
         costs the host more than the GPU (README, "Host cost")."""
-        M, N, K, idx, device = self.M, self.N, self.K, self.device_index, self.device
+        M, N, idx, device = self.M, self.N, self.device_index, self.device
         out_shape, out_dtype, tail = self.out_shape, self.out_dtype, self.tail
         flatten_x, view_out = self.flatten_x, len(self.out_shape) != 2
         a_desc, b_desc, c_desc = self.a_desc, self.b_desc, self.c_desc

@@ -216,7 +216,8 @@ class Int4Linear(GemmLayer):
     @property
     def scheme(self):
         g = "per-channel" if self.group_size is None else f"group {self.group_size}"
-        return f"int4 ({g}, {'symmetric' if self.symmetric else 'asymmetric'}{', act-order' if self.perm is not None else ''})"
+        order = ", act-order" if self.perm is not None else ""
+        return f"int4 ({g}, {'symmetric' if self.symmetric else 'asymmetric'}{order})"
 
     @classmethod
     def unsupported(cls, linear, group_size=128, **options):
