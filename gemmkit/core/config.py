@@ -310,8 +310,12 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
     block_k = max(16, int(128 // dot_bytes))
     if small_m and K >= 8 * block_k:
         block_k *= 2
+    if block_m == 16 and b.bits < b.dot_bits and block_n <= 32 and K >= 16 * block_k:
+        block_k *= 2  # 4-bit weights (dequantized in registers): one 128-byte line of packed bytes per row
     block_k = min(block_k, max(max(a.min_block_k(), b.min_block_k()), next_pow2(K)))
     num_warps = 8 if block_m * block_n >= 128 * 256 else 4
+    if b.bits < b.dot_bits and block_m * block_n >= 128 * 128:
+        num_warps = 8  # 4-bit weights are dequantized in registers: share the tile among more threads
     use_tma = dev.has_tma and M >= TMA_MIN_M
     work = tiles(block_n)
     split_k = 1

@@ -254,14 +254,14 @@ CHECKS = {
     "dynamic INT8 (quantized in the GEMM), M=16": (
         16, 6144, 4096, _tiles(16, 64, 256, 3, 4), dict(_DYNAMIC, w_dtype=torch.int8), "IMMA"),
     # 4-bit weights (issue 17): packed tiles dequantized in registers, 16-bit dots
-    "int4 weights (group 128), M=16, pointer loads 16x32x128": (
-        16, 4096, 4096, _tiles(16, 32, 128, 4, 4), dict(packed="int4"), "HMMA"),
+    "int4 weights (group 128), M=16, pointer loads 16x32x256 (derived for decode)": (
+        16, 4096, 4096, _tiles(16, 32, 256, 6, 4), dict(packed="int4"), "HMMA"),
     "int4 weights (group 32: 4 groups per K tile), M=16, split-K 16x64x128": (
         16, 4096, 14336, _tiles(16, 64, 128, 3, 4, SPLIT_K=4), dict(packed="int4", group=32), "HMMA"),
     "int4 weights (group 128), M=1024, 128x128x64, TMA x": (
         1024, 4096, 4096, _tiles(128, 128, 64, 3, 8, TMA=True), dict(packed="int4"), "HGMMA"),
-    "mxfp4 weights, M=16, pointer loads 16x32x128": (
-        16, 4096, 4096, _tiles(16, 32, 128, 4, 4), dict(packed="mxfp4"), "HMMA"),
+    "mxfp4 weights, M=16, pointer loads 16x32x256 (derived for decode)": (
+        16, 4096, 4096, _tiles(16, 32, 256, 6, 4), dict(packed="mxfp4"), "HMMA"),
     "mxfp4 weights, M=1024, 128x128x64, TMA x": (
         1024, 4096, 4096, _tiles(128, 128, 64, 3, 8, TMA=True), dict(packed="mxfp4"), "HGMMA"),
     "afp4wfp4 (both MXFP4), M=1024, 128x128x64": (

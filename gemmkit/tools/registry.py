@@ -218,16 +218,21 @@ def _a16w4_inputs(M, N, K, dtype, device):
     baseline), plus tinygemm's packing of the same values where this torch build has it."""
     from ..quant import dequantize_int4, quantize_int4
 
-    dt = DTYPES[dtype]
+    dt, g = DTYPES[dtype], _int4_group(K)
     x, w = _rand((M, K), device).to(dt), (_rand((N, K), device) / K**0.5).to(dt)
-    wq, ws, wz = quantize_int4(w, INT4_GROUP)
-    return {"x": x, "wq": wq, "ws": ws, "wz": wz, "w16": dequantize_int4(wq, ws, wz, INT4_GROUP, dt)}
+    wq, ws, wz = quantize_int4(w, g)
+    return {"x": x, "wq": wq, "ws": ws, "wz": wz, "w16": dequantize_int4(wq, ws, wz, g, dt)}
+
+
+def _int4_group(K):
+    """128, or the largest of 64, 32 dividing a K that 128 does not."""
+    return next(g for g in (INT4_GROUP, 64, 32) if K % g == 0 or g == 32)
 
 
 def _tinygemm_inputs(M, N, K, dtype, device):
     """_a16w4_inputs plus tinygemm's form of the same weight: torch._convert_weight_to_int4pack
     of uint8 (N, K/2) with element 2j in the HIGH nibble (torch's order), and scales_and_zeros
-    (K/128, N, 2) bf16 with w = (q - 8) * s + zero, zero = (8 - z) * s. CUDA only: elsewhere the
+    (K/group, N, 2) bf16 with w = (q - 8) * s + zero, zero = (8 - z) * s. CUDA only: elsewhere the
     baseline fails (bench reports it and goes on)."""
     inp = _a16w4_inputs(M, N, K, dtype, device)
     wq, ws, wz = inp["wq"], inp["ws"], inp["wz"]
@@ -244,23 +249,25 @@ def _tinygemm_inputs(M, N, K, dtype, device):
 def _a16w4_run(inp, config=None):
     from ..ops.a16w4 import gemm_a16w4
 
-    return gemm_a16w4(inp["x"], inp["wq"], inp["ws"], inp["wz"], group_size=INT4_GROUP, config=config)
+    return gemm_a16w4(inp["x"], inp["wq"], inp["ws"], inp["wz"], group_size=_int4_group(inp["x"].shape[1]),
+                      config=config)
 
 
 def _tinygemm(inp):
     if inp["w_tiny"] is None:
         raise RuntimeError("torch._convert_weight_to_int4pack is not available on this device")
-    return torch._weight_int4pack_mm(inp["x"], inp["w_tiny"], INT4_GROUP, inp["sz"])
+    return torch._weight_int4pack_mm(inp["x"], inp["w_tiny"], _int4_group(inp["x"].shape[1]), inp["sz"])
 
 
 def _a16w4_dequant_linear(inp):
     from ..quant import dequantize_int4
 
-    return _F.linear(inp["x"], dequantize_int4(inp["wq"], inp["ws"], inp["wz"], INT4_GROUP, inp["x"].dtype))
+    g = _int4_group(inp["x"].shape[1])
+    return _F.linear(inp["x"], dequantize_int4(inp["wq"], inp["ws"], inp["wz"], g, inp["x"].dtype))
 
 
 def _int4_scale_bytes(M, N, K):
-    return N * (K // INT4_GROUP) * (2 + 1)  # 16-bit scales, uint8 zero points
+    return N * (K // _int4_group(K)) * (2 + 1)  # 16-bit scales, uint8 zero points
 
 
 def _a16w4_op(name, dtypes, make_inputs, baseline, baseline_name, reads):
@@ -284,6 +291,23 @@ def _a16wfp4_run(inp, config=None):
 
     return gemm_a16wfp4(inp["x"], inp["wq"], inp["ws"], config=config)
 
+
+def _afp4wfp4_inputs(M, N, K, dtype, device):
+    from ..quant import dequantize_mxfp4, quantize_mxfp4
+
+    inp = _a16wfp4_inputs(M, N, K, dtype, device)
+    inp["xq"], inp["xs"] = quantize_mxfp4(inp["x"])
+    inp["x16"] = dequantize_mxfp4(inp["xq"], inp["xs"], torch.bfloat16)
+    return inp
+
+
+def _afp4wfp4_run(inp, config=None):
+    from ..ops.fp4 import gemm_afp4wfp4
+
+    return gemm_afp4wfp4(inp["xq"], inp["wq"], inp["xs"], inp["ws"], config=config)
+
+
+_MX4 = packed4(torch.bfloat16, Scale.MX, 32)
 
 _FP8_ROW = (dense(torch.float8_e4m3fn, Scale.ROW), dense(torch.float8_e4m3fn, Scale.ROW))
 
@@ -332,8 +356,13 @@ OPS = {
     "a16wfp4": ToolOp(
         "a16wfp4", ("bf16", "fp16"), _a16wfp4_inputs, _a16wfp4_run, lambda i: _F.linear(i["x"], i["w16"]),
         "F.linear bf16 (cuBLAS) on the dequantized weight", lambda i: i["x"].float() @ i["w16"].float().T, 1e-2,
-        2, 2, 16, "a16wfp4", formats=(dense(torch.bfloat16), packed4(torch.bfloat16, Scale.MX, 32)),
+        2, 2, 16, "a16wfp4", formats=(dense(torch.bfloat16), _MX4),
         reads=(("x", "wq", "ws"), ("x", "w16")), scale_bytes=lambda M, N, K: N * (K // 32)),
+    "afp4wfp4": ToolOp(
+        "afp4wfp4", ("bf16",), _afp4wfp4_inputs, _afp4wfp4_run, lambda i: _F.linear(i["x16"], i["w16"]),
+        "F.linear bf16 (cuBLAS) on the dequantized operands", lambda i: i["x16"].float() @ i["w16"].float().T,
+        1e-2, 0.5, 2, 16, "afp4wfp4", formats=(_MX4, _MX4), reads=(("xq", "xs", "wq", "ws"), ("x16", "w16")),
+        scale_bytes=lambda M, N, K: (M + N) * (K // 32)),
     "quant_fp8_row": ToolOp(
         "quant_fp8_row", ("bf16",), _quant_inputs, _quant_run, _quant_torch,
         "torch eager: absmax, divide, clamp, cast", lambda i: i["x"].float(), 0.08, 2, 1, 16, None, gemm=False),
