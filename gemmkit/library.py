@@ -12,6 +12,9 @@ gemmkit.core.outputs):
                                                                     and gemm_a8w8_out(..., y) -> ()
   gemm_a8w8_blockscale(x, w, x_scale, w_scale, bias, activation, out_dtype) -> y
                                                                     and gemm_a8w8_blockscale_out(..., y) -> ()
+  gemm_a16w4(x, w_q, w_scale, w_zero, group_size, bias, activation, out_dtype) -> y   (and _out)
+  gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype) -> y                     (and _out)
+  gemm_afp4wfp4(x, w, x_scale, w_scale, bias, activation, out_dtype) -> y           (and _out)
   quantize_fp8(t, granularity, dtype, scale) -> (q, scale)
   quantize_int8(t, granularity, scale) -> (q, scale)
 A custom op may not return an alias of an input, so a preallocated y goes through the `_out`
@@ -27,8 +30,8 @@ import torch
 
 from . import quant
 from .core import validate as v
-from .core.outputs import gemm_output, quantize_output
-from .ops import a8w8, a8w8_blockscale, a16w16
+from .core.outputs import gemm_output, packed_gemm_output, quantize_output
+from .ops import a8w8, a8w8_blockscale, a16w4, a16w16, fp4
 
 LIB = "gemmkit"
 
@@ -344,3 +347,116 @@ def _(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype):
 def traced_fused_gemm_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config):
     _check_no_config(config)
     return torch.ops.gemmkit.fused_gemm_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype)
+
+
+# 4-bit weights: gemm_a16w4, gemm_a16wfp4, gemm_afp4wfp4 (each with an _out variant)
+
+
+@torch.library.custom_op(f"{LIB}::gemm_a16w4", mutates_args=())
+def _a16w4(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, w_zero: Optional[torch.Tensor],
+           group_size: Optional[int], bias: Optional[torch.Tensor], activation: Optional[str],
+           out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return a16w4.gemm_a16w4(x, w_q, w_scale, w_zero, group_size=group_size, bias=bias, activation=activation,
+                            out_dtype=out_dtype)
+
+
+@torch.library.custom_op(f"{LIB}::gemm_a16w4_out", mutates_args=("y",))
+def _a16w4_out(x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, w_zero: Optional[torch.Tensor],
+               group_size: Optional[int], bias: Optional[torch.Tensor], activation: Optional[str],
+               out_dtype: Optional[torch.dtype], y: torch.Tensor) -> None:
+    a16w4.gemm_a16w4(x, w_q, w_scale, w_zero, group_size=group_size, bias=bias, activation=activation,
+                     out_dtype=out_dtype, y=y)
+
+
+def _a16w4_output(x, w, out_dtype):
+    v.check_tensor("x", x, a16w4._IN_DTYPES)
+    v.check_tensor("w", w, (torch.uint8,))
+    return packed_gemm_output(x.shape, w.shape, v.check_out_dtype(out_dtype, None, x.dtype), x.dtype)
+
+
+@_a16w4.register_fake
+def _(x, w_q, w_scale, w_zero, group_size, bias, activation, out_dtype):
+    return _fake_output(_a16w4_output(x, w_q, out_dtype), x)
+
+
+@_a16w4_out.register_fake
+def _(x, w_q, w_scale, w_zero, group_size, bias, activation, out_dtype, y):
+    _check_fake_out(y, _a16w4_output(x, w_q, out_dtype))
+
+
+def _traced(name, args, out_dtype, y, config):
+    """torch.ops.gemmkit.<name>(*args, out_dtype), or its _out variant writing y."""
+    _check_no_config(config)
+    if y is None:
+        return getattr(torch.ops.gemmkit, name)(*args, out_dtype)
+    getattr(torch.ops.gemmkit, name + "_out")(*args, y.dtype if out_dtype is None else out_dtype, y)
+    return y
+
+
+def traced_gemm_a16w4(x, w_q, w_scale, w_zero, group_size, bias, activation, out_dtype, y, config):
+    """gemm_a16w4 through torch.ops.gemmkit (what the public op calls while being traced)."""
+    group_size = None if group_size == -1 else group_size
+    return _traced("gemm_a16w4", (x, w_q, w_scale, w_zero, group_size, bias, activation), out_dtype, y, config)
+
+
+@torch.library.custom_op(f"{LIB}::gemm_a16wfp4", mutates_args=())
+def _a16wfp4(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor],
+             activation: Optional[str], out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return fp4.gemm_a16wfp4(x, w, w_scale, bias=bias, activation=activation, out_dtype=out_dtype)
+
+
+@torch.library.custom_op(f"{LIB}::gemm_a16wfp4_out", mutates_args=("y",))
+def _a16wfp4_out(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: Optional[torch.Tensor],
+                 activation: Optional[str], out_dtype: Optional[torch.dtype], y: torch.Tensor) -> None:
+    fp4.gemm_a16wfp4(x, w, w_scale, bias=bias, activation=activation, out_dtype=out_dtype, y=y)
+
+
+@_a16wfp4.register_fake
+def _(x, w, w_scale, bias, activation, out_dtype):
+    return _fake_output(_a16w4_output(x, w, out_dtype), x)
+
+
+@_a16wfp4_out.register_fake
+def _(x, w, w_scale, bias, activation, out_dtype, y):
+    _check_fake_out(y, _a16w4_output(x, w, out_dtype))
+
+
+def traced_gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype, y, config):
+    """gemm_a16wfp4 through torch.ops.gemmkit."""
+    return _traced("gemm_a16wfp4", (x, w, w_scale, bias, activation), out_dtype, y, config)
+
+
+@torch.library.custom_op(f"{LIB}::gemm_afp4wfp4", mutates_args=())
+def _afp4wfp4(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+              bias: Optional[torch.Tensor], activation: Optional[str],
+              out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return fp4.gemm_afp4wfp4(x, w, x_scale, w_scale, bias=bias, activation=activation, out_dtype=out_dtype)
+
+
+@torch.library.custom_op(f"{LIB}::gemm_afp4wfp4_out", mutates_args=("y",))
+def _afp4wfp4_out(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                  bias: Optional[torch.Tensor], activation: Optional[str], out_dtype: Optional[torch.dtype],
+                  y: torch.Tensor) -> None:
+    fp4.gemm_afp4wfp4(x, w, x_scale, w_scale, bias=bias, activation=activation, out_dtype=out_dtype, y=y)
+
+
+def _afp4wfp4_output(x, w, out_dtype):
+    v.check_tensor("x", x, (torch.uint8,))
+    v.check_tensor("w", w, (torch.uint8,))
+    return packed_gemm_output(x.shape, w.shape, v.check_out_dtype(out_dtype, None, torch.bfloat16), torch.bfloat16,
+                              x_packed=True)
+
+
+@_afp4wfp4.register_fake
+def _(x, w, x_scale, w_scale, bias, activation, out_dtype):
+    return _fake_output(_afp4wfp4_output(x, w, out_dtype), x)
+
+
+@_afp4wfp4_out.register_fake
+def _(x, w, x_scale, w_scale, bias, activation, out_dtype, y):
+    _check_fake_out(y, _afp4wfp4_output(x, w, out_dtype))
+
+
+def traced_gemm_afp4wfp4(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config):
+    """gemm_afp4wfp4 through torch.ops.gemmkit."""
+    return _traced("gemm_afp4wfp4", (x, w, x_scale, w_scale, bias, activation), out_dtype, y, config)

@@ -296,7 +296,7 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
     """Pack integers 0..15 (N, K) (K even, any integer dtype) into uint8 (N, K // 2): element
     2j in the low nibble of byte j, element 2j + 1 in the high nibble."""
     q = q.to(torch.uint8)
-    return q[:, 0::2] | (q[:, 1::2] << 4)
+    return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
 
 
 def unpack_int4(w_q: torch.Tensor) -> torch.Tensor:

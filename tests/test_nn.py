@@ -137,8 +137,8 @@ def test_convert_skip_predicate_and_errors():
     model = _Model()
     report = gnn.convert(model, "bf16", skip=lambda name, m: m.bias is None or name == "head")
     assert sorted(report.skipped) == ["head", "mlp.gate"] and report.converted == ["up", "mlp.down"]
-    with pytest.raises(ValueError, match="scheme='int4'"):
-        gnn.convert(_Model(), "int4")
+    with pytest.raises(ValueError, match="scheme='int3'"):
+        gnn.convert(_Model(), "int3")
     with pytest.raises(TypeError, match="itself an nn.Linear"):
         gnn.convert(_linear(), "fp8")
     mha = nn.Sequential(nn.MultiheadAttention(K, 2, device=DEVICE, dtype=DT))
@@ -215,4 +215,4 @@ def test_bench_model_smoke(capsys):
     assert "gemmkit fp8" in out and "| ok |" in out and "FAIL" not in out
     assert ("No CUDA GPU" in out) != ON_GPU
     with pytest.raises(SystemExit):
-        cli.main(["bench-model", "--schemes", "int4"])
+        cli.main(["bench-model", "--schemes", "int3"])

@@ -156,6 +156,9 @@ class GemmConfig:
             loop = (a_tile + b_tile) * lagged
         else:
             loop = (a_tile + b_tile) * self.num_stages
+        for f, rows in ((a, self.BLOCK_M), (b, self.BLOCK_N)):  # 4-bit: the 16-bit tile dequantized for the dot
+            if f.bits < f.dot_bits:
+                loop += rows * self.BLOCK_K * f.dot_bits // 8
         epilogue = self.BLOCK_M * self.BLOCK_N * out_bytes
         if self.EPILOGUE_SUBTILE:
             epilogue //= 2
@@ -316,8 +319,12 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
     block_k = max(16, int(128 // dot_bytes))
     if small_m and K >= 8 * block_k:
         block_k *= 2
+    if block_m == 16 and b.bits < b.dot_bits and block_n <= 32 and K >= 16 * block_k:
+        block_k *= 2  # 4-bit weights (dequantized in registers): one 128-byte line of packed bytes per row
     block_k = min(block_k, max(max(a.min_block_k(), b.min_block_k()), next_pow2(K)))
     num_warps = 8 if block_m * block_n >= 128 * 256 else 4
+    if b.bits < b.dot_bits and block_m * block_n >= 128 * 128:
+        num_warps = 8  # 4-bit weights are dequantized in registers: share the tile among more threads
     use_tma = dev.has_tma and M >= TMA_MIN_M
     # two programs per SM: each gets half the SM's shared memory (the per-block limit + 1 KB) less
     # the 1 KB reserved per block; a slightly low estimate then costs the second program, not a launch

@@ -13,7 +13,7 @@ from ..kernels import modes
 from .config import GemmConfig
 from .device import DeviceInfo
 from .epilogue import EpilogueSpec
-from .formats import OperandFormat, Scale
+from .formats import OperandFormat, Scale, packed_producer
 from .launcher import CachedLaunch, hook_set, launch_hooks
 from .plan import (PlanBase, TensorFacts, _get_device, contiguous_strides, kernel_tail, overlapping_input,
                    split_k_counters)
@@ -129,12 +129,16 @@ class DensePlan(PlanBase):
     plan key guarantees it). `out_shape`: the shape returned to the user ((M, N) or (*, N)); x is
     reshaped to (M, K) when `flatten_x`. `exact_accumulation`: float dots promote each K tile's
     partial sum to fp32 (PROMOTE_TILE) instead of accumulating in the tensor cores (FP8's fast
-    accumulation); K-block scales always promote.
+    accumulation); K-block scales always promote. 4-bit operands (formats with bits=4, see
+    formats.packed4): w (and x) are the packed uint8 (rows, K/2) tensors, read through pointers;
+    "b_zero" in `inputs` (INT4 zero points), passed per call as run(..., b_zero=); `logical_k`:
+    K when x is packed.
     """
 
     def __init__(self, x2, w, y2, a_fmt: OperandFormat, b_fmt: OperandFormat, epilogue: EpilogueSpec,
                  cfg: GemmConfig, dev: DeviceInfo, *, out_dtype, out_shape, flatten_x: bool, inputs=None,
-                 auto_config: bool = False, exact_accumulation: bool = False, up_scale=(0, 0), split_cat=None):
+                 auto_config: bool = False, exact_accumulation: bool = False, up_scale=(0, 0), split_cat=None,
+                 logical_k: int | None = None):
         inputs = inputs or {}
         self.up_scale = up_scale  # GATED: (offset, stride) of the up projection's per-channel scales
         # fused split/cat (OUT_MAP 1): dict(d1, dh, d3, out1, out2, src) with example tensors
@@ -142,6 +146,8 @@ class DensePlan(PlanBase):
         self.x, self.w, self.y = TensorFacts(x2), TensorFacts(w), TensorFacts(y2)
         self.inputs = {k: (None if t is None else TensorFacts(t)) for k, t in inputs.items()}
         self.M, self.K = x2.shape
+        if logical_k is not None:  # a packed (4-bit) x stores K / 2 bytes per row
+            self.K = logical_k
         self.N = w.shape[0]
         self.formats, self.epilogue, self.dev, self.auto_config = (a_fmt, b_fmt), epilogue, dev, auto_config
         self.out_dtype, self.out_shape, self.flatten_x = out_dtype, tuple(out_shape), flatten_x
@@ -162,8 +168,10 @@ class DensePlan(PlanBase):
 
         x_layout, w_layout = operand_layout(x2), operand_layout(w)
         want_tma = cfg.TMA and dev.has_tma
-        self.a_desc = _operand_descriptor(x2, x_layout, bm, bk) if want_tma and not quant_a else None
-        self.b_desc = _operand_descriptor(w, w_layout, bn, bk) if want_tma else None
+        a_packed, b_packed = packed_producer(a_fmt, "a"), packed_producer(b_fmt, "b")  # 4-bit: pointer loads
+        self.a_desc = (_operand_descriptor(x2, x_layout, bm, bk) if want_tma and not quant_a and a_packed is None
+                       else None)
+        self.b_desc = _operand_descriptor(w, w_layout, bn, bk) if want_tma and b_packed is None else None
         # GATED: the up weight (inputs["b2"]) has w's facts, so the same descriptor layout
         self.b2_desc = self.b_desc if self.epilogue.gated else None
         self.c_desc = None
@@ -198,18 +206,27 @@ class DensePlan(PlanBase):
         s_asm, s_ask = _strides_2d(inputs.get("a_scale")) if a_fmt.scale == Scale.KBLOCK else (0, 0)
         s_bsn, s_bsk = _strides_2d(inputs.get("b_scale")) if b_fmt.scale == Scale.KBLOCK else (0, 0)
         s_mul, s_add = _strides_2d(inputs.get("mul")), _strides_2d(inputs.get("add"))
+        s_bzn, s_bzk = _strides_2d(inputs.get("b_zero"))
+        if a_packed is not None:
+            s_asm, s_ask = _strides_2d(inputs.get("a_scale"))
+        if b_packed is not None:  # group scales / zero points with one column: one group per channel
+            s_bsn, s_bsk = _strides_2d(inputs.get("b_scale"))
+            s_bsk = 0 if inputs["b_scale"].shape[1] == 1 else s_bsk
+            s_bzk = 0 if inputs.get("b_zero") is not None and inputs["b_zero"].shape[1] == 1 else s_bzk
         # accumulate in int32 only where no scale joins inside the K loop
         acc_int = a_fmt.integer and b_fmt.integer and not kblock
         self.tail = kernel_tail(_jit_kernel(), PER_CALL, dict(
             M=M, N=N, K=K, stride_am=s_am, stride_ak=s_ak, stride_bn=s_bn, stride_bk=s_bk, stride_cm=s_cm,
             stride_cn=s_cn, stride_asm=s_asm, stride_ask=s_ask, stride_bsn=s_bsn, stride_bsk=s_bsk,
             stride_mul_m=s_mul[0], stride_mul_n=s_mul[1], stride_add_m=s_add[0], stride_add_n=s_add[1],
+            stride_bzn=s_bzn, stride_bzk=s_bzk,
             sk_tiles=sk_tiles, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.GROUP_M, SPLIT_K=split_k,
             STREAM_K=self.stream_k, TILE_MAP=modes.MAP_DENSE.value,
             A_TMA=self.a_desc is not None, A_K_MAJOR=a_km, B_TMA=self.b_desc is not None, B_K_MAJOR=b_km,
             C_TMA=self.c_desc is not None, EVEN_K=K % bk == 0, INDEX_64=index_64,
-            A_PRODUCER={"": modes.A_DENSE, "row": modes.A_QUANT_ROW, "group": modes.A_QUANT_GROUP}[quant_a].value,
-            B_PRODUCER=modes.B_DENSE.value, QUANT=a_fmt.quant_target, ACC_INT=acc_int,
+            A_PRODUCER=(a_packed if a_packed is not None else
+                        {"": modes.A_DENSE, "row": modes.A_QUANT_ROW, "group": modes.A_QUANT_GROUP}[quant_a].value),
+            B_PRODUCER=modes.B_DENSE.value if b_packed is None else b_packed, QUANT=a_fmt.quant_target, ACC_INT=acc_int,
             PROMOTE=(modes.PROMOTE_KBLOCK if kblock else modes.PROMOTE_TILE if self.exact_accumulation and not acc_int
                      else modes.PROMOTE_NONE).value,
             A_SCALE=int(a_fmt.scale), B_SCALE=int(b_fmt.scale),
@@ -228,12 +245,12 @@ class DensePlan(PlanBase):
         self._bind()
 
     def head(self, x, w, c, ws, counters, bias, a_scale, b_scale, mul, add, checked: bool = True, c2=None,
-             b2=None, cat_src=None) -> tuple:
+             b2=None, cat_src=None, b_zero=None) -> tuple:
         """gemm_kernel's per-call arguments (PER_CALL order) for the regular (Triton) launch."""
         a_desc, b_desc, c_desc, b2_desc = self.a_desc, self.b_desc, self.c_desc, self.b2_desc
         return (x if a_desc is None else a_desc(x, checked), w if b_desc is None else b_desc(w, checked),
                 c if c_desc is None else c_desc(c, checked), ws, counters, bias, a_scale, b_scale, mul, add,
-                None, c2, None, None, None, None, b2 if b2_desc is None or b2 is None else b2_desc(b2, checked),
+                b_zero, c2, None, None, None, None, b2 if b2_desc is None or b2 is None else b2_desc(b2, checked),
                 cat_src)
 
     def _per_call(self, direct=None):
@@ -243,7 +260,7 @@ class DensePlan(PlanBase):
         CachedLaunch.direct_parts, after the first launch): call Triton's C launcher with raw
         pointers, what every later call on the plan's device does; eagerly, a decode-sized GEMM
         costs the host more than the GPU (README, "Host cost")."""
-        M, N, K, idx, device = self.M, self.N, self.K, self.device_index, self.device
+        M, N, idx, device = self.M, self.N, self.device_index, self.device
         out_shape, out_dtype, tail = self.out_shape, self.out_dtype, self.tail
         flatten_x, view_out = self.flatten_x, len(self.out_shape) != 2
         a_desc, b_desc, c_desc, b2_desc = self.a_desc, self.b_desc, self.c_desc, self.b2_desc
@@ -258,9 +275,9 @@ class DensePlan(PlanBase):
             launch, gx, gy, gz, function, lead = direct
             stream, hook, slow = torch._C._cuda_getCurrentRawStream, launch_hooks(), self._call
 
-        def per_call(x, w, bias, y, a_scale, b_scale, mul=None, add=None, c2=None, b2=None, cat_src=None):
+        def per_call(x, w, bias, y, a_scale, b_scale, mul=None, add=None, c2=None, b2=None, cat_src=None, b_zero=None):
             if flat and (_get_device() != idx or hook_set(hook)):  # another device current, or a profiler
-                return slow(x, w, bias, y, a_scale, b_scale, mul, add, c2, b2, cat_src)
+                return slow(x, w, bias, y, a_scale, b_scale, mul, add, c2, b2, cat_src, b_zero)
             if y is not None:
                 clash = overlapping_input(y, y_extent, (("x", x, x_ext), ("w", w, w_ext), ("bias", bias, bias_ext),
                                                         ("x_scale", a_scale, as_ext), ("w_scale", b_scale, bs_ext),
@@ -270,7 +287,7 @@ class DensePlan(PlanBase):
                     raise ValueError(f"y shares memory with {clash}: the output must not overlap an input "
                                      "(other programs would still read what one has written)")
             if flatten_x:
-                x = x.reshape(M, K)
+                x = x.reshape(M, -1)
             out = empty(out_shape, out_strides, dtype=out_dtype, device=device) if y is None else y
             c = out.view(M, N) if view_out else out
             if pieces:  # (both held until the launch is queued: a freed block may be handed out again)
@@ -290,14 +307,15 @@ class DensePlan(PlanBase):
                        None if b_scale is None else b_scale.data_ptr(),
                        None if mul is None else mul.data_ptr(),
                        None if add is None else add.data_ptr(),
-                       None, None if c2 is None else c2.data_ptr(), None, None, None, None,
+                       None if b_zero is None else b_zero.data_ptr(), None if c2 is None else c2.data_ptr(),
+                       None, None, None, None,
                        None if b2 is None else (b2.data_ptr() if b2_desc is None else b2_desc(b2, True)),
                        None if cat_src is None else cat_src.data_ptr(),
                        *tail)
             else:
                 # layouts were validated when the first call built the descriptors
                 launch_regular(head(x, w, c, ws, counters, bias, a_scale, b_scale, mul, add,
-                                    launch_regular.kernel is not None, c2, b2, cat_src), tail)
+                                    launch_regular.kernel is not None, c2, b2, cat_src, b_zero), tail)
             return out
 
         return per_call

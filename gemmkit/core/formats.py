@@ -22,6 +22,8 @@ class Scale(enum.IntEnum):
     TENSOR = modes.SCALE_TENSOR.value  # one value
     ROW = modes.SCALE_ROW.value  # one per row: per token (A), per output channel (B)
     KBLOCK = modes.SCALE_KBLOCK.value  # one per (group_rows rows, group_k columns) block, in the K loop
+    GROUP = modes.SCALE_GROUP.value  # 4-bit INT4: one per row and group_k columns (+ zero points), in the producer
+    MX = modes.SCALE_MX.value  # 4-bit MXFP4: one e8m0 per row and 32 columns, in the producer
 
 
 _QUANT_TARGET = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2", torch.int8: "int8"}
@@ -95,3 +97,20 @@ def check_block_k(block_k: int, *formats: OperandFormat) -> str | None:
         if most and (block_k > most or most % block_k):
             return f"BLOCK_K={block_k} must divide the {most}-wide K groups of the scales"
     return None
+
+
+def packed4(dtype: torch.dtype, scale: Scale, group_k: int) -> OperandFormat:
+    """A 4-bit operand stored two per byte (INT4 with Scale.GROUP, MXFP4 with Scale.MX), dequantized
+    in registers to `dtype` (the 16-bit type the tensor cores see). group_k: the scales' K group
+    (a power of two; per-channel INT4 passes next_pow2(K)); BLOCK_K and the group divide one
+    another, so no BLOCK_K limit."""
+    return OperandFormat(dtype, 4, scale, group_k, 1)
+
+
+def packed_producer(fmt: OperandFormat, operand: str) -> int:
+    """The producer of a 4-bit operand (kernels/modes.py), "a" or "b"; None if not packed."""
+    if fmt.bits != 4:
+        return None
+    if operand == "a":
+        return modes.A_MXFP4.value
+    return {Scale.GROUP: modes.B_INT4, Scale.MX: modes.B_MXFP4}[fmt.scale].value

@@ -57,3 +57,14 @@ def split_cat_output(x_shape, w_shape, y_shape, heads: int, d1: int, d2: int, ou
         raise ValueError(f"w has shape {tuple(w_shape)}: expected ({heads * (d1 + d2)}, {x_shape[1]})")
     M = x_shape[0]
     return ((M, heads, d1 + y_shape[2]), (M, heads, d2)), out_dtype
+
+
+def packed_gemm_output(x_shape, w_shape, out_dtype, default_dtype, x_packed: bool = False):
+    """(shape, dtype) of a GEMM with a packed 4-bit weight w (N, K // 2) (two values per byte):
+    x (*, K), or (*, K // 2) itself packed (x_packed) -> (*, N)."""
+    if len(x_shape) == 0:
+        raise ValueError("x must have at least 1 dimension, got a 0-d tensor")
+    K = 2 * x_shape[-1] if x_packed else x_shape[-1]
+    if len(w_shape) != 2 or 2 * w_shape[1] != K:
+        raise ValueError(f"w has shape {tuple(w_shape)}: for K={K} it must be (N, K // 2)")
+    return (*x_shape[:-1], w_shape[0]), default_dtype if out_dtype is None else out_dtype

@@ -111,6 +111,7 @@ def gemm_kernel(
     stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn,
     stride_asm, stride_ask, stride_bsn, stride_bsk,  # K-block scales (SCALE_KBLOCK)
     stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,
+    stride_bzn, stride_bzk,  # 4-bit weights (INT4 groups): B's zero points (b_zero)
     sk_tiles,  # STREAM_K: how many of the last tiles (in schedule order) are shared out by K iterations
     # MoE / batched family (TILE_MAP MAP_GROUPED / MAP_BATCHED): the groups (experts, batch entries)
     # and each operand's stride between groups (0: shared by every group)
@@ -212,8 +213,8 @@ def gemm_kernel(
         acc = k_range_product(a_t, b_t, a_scale, b_scale, off_m, off_n, k_lo, k_hi, m_hi, N, K, stride_am, stride_ak,
                               stride_bn, stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk,
                               BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64, ACC_INT,
-                              A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N, a_idx,
-                              b2=b2, GATED=GATED)
+                              A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N,
+                              b_zero, stride_bzn, stride_bzk, a_idx, b2=b2, GATED=GATED)
 
         work_c += num_programs
         pid_m, pid_n, pid_k = work_item(work_c, num_pid_m, num_pid_n, num_tiles, GROUP_M, TILE_MAP)
@@ -266,7 +267,8 @@ def gemm_kernel(
                                   tl.minimum(it_hi - t_start, k_tiles), M, N, K, stride_am, stride_ak, stride_bn,
                                   stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk,
                                   BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64,
-                                  ACC_INT, A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N)
+                                  ACC_INT, A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N,
+                                  b_zero, stride_bzn, stride_bzk)
             # the tile's pieces come from programs p_first..p_last (shares are contiguous)
             p_first = t_start // share
             n_parts = (t_start + k_tiles - 1) // share - p_first + 1

@@ -11,8 +11,9 @@ import triton
 import triton.language as tl
 
 from .memory import load_k_tile, load_rows_k_tile
-from .modes import (A_GATHER, A_QUANT_GROUP, A_QUANT_ROW, B_DENSE, PROMOTE_KBLOCK, PROMOTE_NONE,
+from .modes import (A_GATHER, A_MXFP4, A_QUANT_GROUP, A_QUANT_ROW, B_DENSE, B_INT4, B_MXFP4, PROMOTE_KBLOCK, PROMOTE_NONE,
                     PROMOTE_TILE, SCALE_KBLOCK)
+from .packed import int4_tile, mxfp4_tile
 from .quant import quantize_values, rows_absmax, scales_from_absmax
 
 
@@ -98,8 +99,8 @@ def k_range_product(
     A_TMA: tl.constexpr, A_K_MAJOR: tl.constexpr, B_TMA: tl.constexpr, B_K_MAJOR: tl.constexpr,
     EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, ACC_INT: tl.constexpr,
     A_PRODUCER: tl.constexpr, B_PRODUCER: tl.constexpr, PROMOTE: tl.constexpr, QUANT: tl.constexpr,
-    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, a_idx=None,
-    b2=None, GATED: tl.constexpr = False,
+    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
+    b_zero, stride_bzn, stride_bzk, a_idx=None, b2=None, GATED: tl.constexpr = False,
 ):
     """(sum over the K tiles k_lo <= ki < k_hi of A[off_m:, k] @ B[off_n:, k]^T, the rows' scales):
     fp32, or int32 with ACC_INT (8-bit integer dots, PROMOTE_NONE). With A_QUANT_ROW the sum comes
@@ -121,10 +122,22 @@ def k_range_product(
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for ki in range(k_lo, k_hi):
         off_k = ki * BLOCK_K
-        x, a_rows = produce_a(a, off_m, off_k, M, K, stride_am, stride_ak, row_inv, BLOCK_M, BLOCK_K, A_TMA, A_K_MAJOR,
-                              EVEN_K, INDEX_64, A_PRODUCER, QUANT, a_idx)
-        w = produce_b(b, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K,
-                      INDEX_64, B_PRODUCER)
+        if A_PRODUCER == A_MXFP4:  # 4-bit A (packed, pointer loads): decoded to bf16 in registers
+            x = mxfp4_tile(a, a_scale, off_m, off_k, M, K, stride_am, stride_ak, stride_asm, stride_ask, BLOCK_M,
+                           BLOCK_K, EVEN_K, INDEX_64).to(tl.bfloat16)
+            a_rows = row_inv
+        else:
+            x, a_rows = produce_a(a, off_m, off_k, M, K, stride_am, stride_ak, row_inv, BLOCK_M, BLOCK_K, A_TMA,
+                                  A_K_MAJOR, EVEN_K, INDEX_64, A_PRODUCER, QUANT, a_idx)
+        if B_PRODUCER == B_INT4:  # 4-bit B (packed, pointer loads): dequantized to A's type in registers
+            w = int4_tile(b, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bk, stride_bsn, stride_bsk,
+                          stride_bzn, stride_bzk, BLOCK_N, BLOCK_K, GROUP_K, EVEN_K, INDEX_64).to(x.dtype)
+        elif B_PRODUCER == B_MXFP4:
+            w = mxfp4_tile(b, b_scale, off_n, off_k, N, K, stride_bn, stride_bk, stride_bsn, stride_bsk, BLOCK_N,
+                           BLOCK_K, EVEN_K, INDEX_64).to(x.dtype)
+        else:
+            w = produce_b(b, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K,
+                          INDEX_64, B_PRODUCER)
         if ACC_INT:
             acc += tl.dot(x, w.T, out_dtype=tl.int32)
         elif PROMOTE == PROMOTE_NONE:

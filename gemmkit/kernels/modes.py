@@ -14,15 +14,22 @@ SCALE_NONE = tl.constexpr(0)
 SCALE_TENSOR = tl.constexpr(1)
 SCALE_ROW = tl.constexpr(2)
 SCALE_KBLOCK = tl.constexpr(3)
+# 4-bit operands (issue 17): scales per row and K group applied to the unpacked values in the
+# producer, before the dot: GROUP (INT4, with zero points), MX (e8m0 2^(e - 127) per 32 along K).
+SCALE_GROUP = tl.constexpr(4)
+SCALE_MX = tl.constexpr(5)
 
 # A producers (A_PRODUCER): how the K loop gets its A tile.
 A_DENSE = tl.constexpr(0)  # loaded as stored (TMA or pointers)
 A_QUANT_ROW = tl.constexpr(1)  # 16-bit, quantized per row over the tile's K range (absmax prologue)
 A_QUANT_GROUP = tl.constexpr(2)  # 16-bit, quantized per row and BLOCK_K-wide K group (no prologue)
 A_GATHER = tl.constexpr(3)  # rows gathered through `a_rows` (MoE: sorted position -> token row), pointer loads
+A_MXFP4 = tl.constexpr(4)  # packed e2m1 (M, K/2) + e8m0 scales, decoded to bf16 in registers
 
 # B producers (B_PRODUCER): how the K loop gets its B tile.
 B_DENSE = tl.constexpr(0)
+B_INT4 = tl.constexpr(1)  # packed uint4 (N, K/2) with group scales / zero points, dequantized in registers
+B_MXFP4 = tl.constexpr(2)  # packed e2m1 (N, K/2) with e8m0 scales per 32, decoded in registers
 
 # Accumulation (PROMOTE): how each K tile's product joins the accumulator.
 PROMOTE_NONE = tl.constexpr(0)  # acc = dot(a, b, acc): the tensor cores' own accumulation

@@ -8,7 +8,7 @@ import warnings
 
 from torch import nn
 
-from .layers import BlockFP8Linear, FP8Linear, Int8Linear, Linear
+from .layers import BlockFP8Linear, FP8Linear, Int4Linear, Int8Linear, Linear, MXFP4Linear
 from .mlp import SCHEMES as MLP_SCHEMES, GatedMLP, mlp_linears
 
 # scheme name -> layer class (with from_linear(linear, **options) and unsupported(linear));
@@ -18,6 +18,8 @@ SCHEMES = {
     "fp8": FP8Linear,
     "int8": Int8Linear,
     "fp8_block": BlockFP8Linear,
+    "int4": Int4Linear,  # options: group_size=128, symmetric=False
+    "mxfp4": MXFP4Linear,
 }
 
 
@@ -81,7 +83,8 @@ def convert(model: nn.Module, scheme: str = "fp8", skip=None, fuse_mlp: bool = F
     """Replace every nn.Linear in `model` (exactly nn.Linear, not subclasses, which may be used
     by their parent in other ways) by the scheme's gemmkit layer, in place.
 
-    scheme: a key of SCHEMES ("bf16", "fp8", "int8", "fp8_block"). skip: fnmatch patterns on qualified module
+    scheme: a key of SCHEMES ("bf16", "fp8", "int8", "fp8_block", "int4", "mxfp4"). skip: fnmatch patterns on
+    qualified module
     names (e.g. ["lm_head", "*.gate"]) or a predicate (name, module) -> bool; those stay
     nn.Linear. Layers the scheme cannot take (e.g. 8-bit with in/out features not multiples of
     16) stay too, with one warning naming them. options: passed to the layer's from_linear
@@ -109,7 +112,7 @@ def convert(model: nn.Module, scheme: str = "fp8", skip=None, fuse_mlp: bool = F
             report.skipped.append(name)
         elif type(module) is not nn.Linear:
             report.unsupported[name] = f"{type(module).__name__} is a subclass of nn.Linear"
-        elif why := layer_cls.unsupported(module):
+        elif why := layer_cls.unsupported(module, **options):
             report.unsupported[name] = why
         else:
             parent_name, _, attr = name.rpartition(".")

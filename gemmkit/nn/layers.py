@@ -16,6 +16,8 @@ from .. import quant
 from ..ops.a8w8 import gemm_a8w8
 from ..ops.a8w8_blockscale import gemm_a8w8_blockscale
 from ..ops.a16w16 import gemm_a16w16
+from ..ops.a16w4 import gemm_a16w4
+from ..ops.fp4 import gemm_a16wfp4
 
 _DTYPES = (torch.bfloat16, torch.float16)
 
@@ -47,8 +49,8 @@ class GemmLayer(nn.Module):
         self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
 
     @classmethod
-    def unsupported(cls, linear: nn.Linear) -> str | None:
-        """Why this layer cannot replace `linear` (None: it can)."""
+    def unsupported(cls, linear: nn.Linear, **options) -> str | None:
+        """Why this layer cannot replace `linear` with these from_linear options (None: it can)."""
         return None
 
     @classmethod
@@ -58,7 +60,7 @@ class GemmLayer(nn.Module):
         subclass's constructor options (e.g. FP8Linear's act_scale)."""
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"from_linear takes an nn.Linear, got {type(linear).__name__}")
-        reason = cls.unsupported(linear)
+        reason = cls.unsupported(linear, **options)
         if reason:
             raise ValueError(f"{cls.__name__} cannot replace this layer: {reason}")
         dtype = linear.weight.dtype if dtype is None else dtype
@@ -112,7 +114,7 @@ class _QuantizedLayer(GemmLayer):
         self.register_buffer("weight_scale", torch.ones(out_features, dtype=torch.float32, device=device))
 
     @classmethod
-    def unsupported(cls, linear):
+    def unsupported(cls, linear, **options):
         return _unaligned(linear)
 
     def _set_weight(self, w):
@@ -220,3 +222,129 @@ class BlockFP8Linear(GemmLayer):
     def forward(self, x):
         self._check_input(x)
         return gemm_a8w8_blockscale(x, self.weight, None, self.weight_scale, self.bias, out_dtype=self.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4-bit weights (issue 17)
+
+
+class Int4Linear(GemmLayer):
+    """INT4 weight in groups along K (GPTQ/AWQ-compatible), bf16/fp16 activations (gemm_a16w4).
+
+    Buffers: weight uint8 (N, K // 2) (two 4-bit values per byte, gemmkit.quant.quantize_int4's
+    packing), weight_scale (N, K // group_size) in scale_dtype (default: the layer's dtype),
+    weight_zero uint8 (N, K // group_size) or None (symmetric: zero point 8), and with act_order
+    perm int64 (K,): GPTQ's act-order, applied to the activations (y = x[..., perm] @ w.T).
+    group_size: 32, 64, 128 or None / -1 (one group per output channel)."""
+
+    def __init__(self, in_features, out_features, bias=True, *, dtype=torch.bfloat16, device=None, group_size=128,
+                 symmetric: bool = False, act_order: bool = False, scale_dtype=None):
+        super().__init__(in_features, out_features, bias, dtype=dtype, device=device)
+        if in_features % 2:
+            raise ValueError(f"in_features={in_features} must be even (two 4-bit values per byte)")
+        g = quant._group_size(group_size, in_features)
+        self.group_size, self.symmetric = (None if g == in_features else g), symmetric
+        groups = in_features // g
+        self.register_buffer("weight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8, device=device))
+        self.register_buffer("weight_scale", torch.ones(out_features, groups, dtype=scale_dtype or dtype,
+                                                        device=device))
+        self.register_buffer("weight_zero", None if symmetric else
+                             torch.zeros(out_features, groups, dtype=torch.uint8, device=device))
+        self.register_buffer("perm", torch.arange(in_features, device=device) if act_order else None)
+
+    @property
+    def scheme(self):
+        g = "per-channel" if self.group_size is None else f"group {self.group_size}"
+        order = ", act-order" if self.perm is not None else ""
+        return f"int4 ({g}, {'symmetric' if self.symmetric else 'asymmetric'}{order})"
+
+    @classmethod
+    def unsupported(cls, linear, group_size=128, **options):
+        K = linear.in_features
+        if K % 2 or (group_size not in (None, -1) and K % group_size):
+            return f"in_features={K} is not a multiple of the group size {group_size} (and even)"
+        return None
+
+    @classmethod
+    def from_linear(cls, linear, *, dtype=None, group_size=128, symmetric: bool = False):
+        """INT4-quantize an nn.Linear's weight (gemmkit.quant.quantize_int4) in groups along K
+        (group_size 32, 64, 128 or None / -1: per channel)."""
+        return super().from_linear(linear, dtype=dtype, group_size=group_size, symmetric=symmetric)
+
+    def _set_weight(self, w):
+        q, s, z = quant.quantize_int4(w.to(self.dtype), self.group_size, self.symmetric)
+        self.weight.copy_(q)
+        self.weight_scale.copy_(s)
+        if z is not None:
+            self.weight_zero.copy_(z)
+
+    @classmethod
+    def _from_packed(cls, imported, bias, dtype):
+        w_q, w_scale, w_zero, gs, perm = imported
+        dtype = w_scale.dtype if dtype is None else dtype
+        if dtype not in _DTYPES:
+            raise TypeError(f"the scales are {_name(w_scale.dtype)}: pass dtype=torch.bfloat16 or torch.float16 "
+                            "(the activations' dtype)")
+        N, K = w_q.shape[0], 2 * w_q.shape[1]
+        layer = cls(K, N, bias is not None, dtype=dtype, device=w_q.device, group_size=gs if gs != K else None,
+                    act_order=perm is not None, scale_dtype=w_scale.dtype)
+        with torch.no_grad():
+            layer.weight.copy_(w_q)
+            layer.weight_scale.copy_(w_scale)
+            layer.weight_zero.copy_(w_zero)
+            if perm is not None:
+                layer.perm.copy_(perm)
+            if bias is not None:
+                layer.bias.copy_(bias)
+        return layer
+
+    @classmethod
+    def from_gptq(cls, qweight, qzeros, scales, g_idx=None, bias=None, *, dtype=None):
+        """A layer from a GPTQ checkpoint's tensors (gemmkit.quant.from_gptq: qweight int32
+        (K // 8, N), qzeros int32 (G, N // 8), scales (G, N), g_idx (K,) or None); act-order
+        checkpoints keep their permutation and apply it to the activations. dtype: the
+        activations' (default: the scales')."""
+        return cls._from_packed(quant.from_gptq(qweight, qzeros, scales, g_idx), bias, dtype)
+
+    @classmethod
+    def from_awq(cls, qweight, qzeros, scales, bias=None, *, dtype=None):
+        """A layer from an AWQ checkpoint's tensors (gemmkit.quant.from_awq: qweight int32
+        (K, N // 8), qzeros int32 (G, N // 8), scales (G, N))."""
+        return cls._from_packed(quant.from_awq(qweight, qzeros, scales), bias, dtype)
+
+    def forward(self, x):
+        self._check_input(x)
+        if self.perm is not None:
+            x = x[..., self.perm]
+        return gemm_a16w4(x, self.weight, self.weight_scale, self.weight_zero, group_size=self.group_size,
+                          bias=self.bias)
+
+
+class MXFP4Linear(GemmLayer):
+    """MXFP4 weight (OCP MX: e2m1 values, one e8m0 scale per 32 along K), bf16/fp16 activations
+    (gemm_a16wfp4). Buffers: weight uint8 (N, K // 2) e2m1 codes, weight_scale uint8 (N, K // 32)."""
+
+    scheme = "mxfp4 (weight e2m1, e8m0 scale per 32)"
+
+    def __init__(self, in_features, out_features, bias=True, *, dtype=torch.bfloat16, device=None):
+        super().__init__(in_features, out_features, bias, dtype=dtype, device=device)
+        if in_features % quant.MX_BLOCK:
+            raise ValueError(f"in_features={in_features} must be a multiple of {quant.MX_BLOCK}")
+        self.register_buffer("weight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8, device=device))
+        self.register_buffer("weight_scale", torch.full((out_features, in_features // quant.MX_BLOCK), 127,
+                                                        dtype=torch.uint8, device=device))
+
+    @classmethod
+    def unsupported(cls, linear, **options):
+        if linear.in_features % quant.MX_BLOCK:
+            return f"in_features={linear.in_features} is not a multiple of {quant.MX_BLOCK}"
+        return None
+
+    def _set_weight(self, w):
+        q, s = quant.quantize_mxfp4(w)
+        self.weight.copy_(q)
+        self.weight_scale.copy_(s)
+
+    def forward(self, x):
+        self._check_input(x)
+        return gemm_a16wfp4(x, self.weight, self.weight_scale, bias=self.bias)

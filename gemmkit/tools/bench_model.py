@@ -26,7 +26,7 @@ from torch import nn
 from .bench import _triton_version, append_markdown, commit_id, geomean
 
 # logit error (norm of the difference over the reference's) a correct conversion stays under
-TOLERANCE = {"bf16": 2e-2, "fp8": 0.15, "int8": 0.1}
+TOLERANCE = {"bf16": 2e-2, "fp8": 0.15, "int8": 0.1, "int4": 0.4, "mxfp4": 0.4}
 
 
 @dataclasses.dataclass

@@ -27,7 +27,8 @@ from ..core.device import DeviceInfo, known_device
 
 H100 = known_device("NVIDIA_H100_80GB_HBM3")
 _TT_TYPES = {torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5", torch.bfloat16: "bf16",
-             torch.float16: "fp16", torch.float32: "fp32", torch.int8: "i8", torch.int32: "i32"}
+             torch.float16: "fp16", torch.float32: "fp32", torch.int8: "i8", torch.int32: "i32",
+             torch.uint8: "u8"}
 
 
 @dataclass
@@ -151,6 +152,42 @@ def compile_grouped(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloa
             torch.empty(M, dtype=torch.float32) if grouped and scatter else None,
             torch.empty(experts + 1, dtype=torch.int32) if grouped else None, None, None)
     return _compile(_jit_kernel(), (*head, *plan.tail), plan.cfg)
+
+
+def compile_packed(M: int, N: int, K: int, cfg: GemmConfig, packed: str, x_dtype=torch.bfloat16,
+                   out_dtype=torch.bfloat16, group: int = 128, dev: DeviceInfo = H100) -> Binary:
+    """Compile gemm_kernel for sm_90 with 4-bit operands: packed "int4" (group scales, zero
+    points) or "mxfp4" weights with a 16-bit x, or "afp4wfp4" (both MXFP4)."""
+    from ..core.dense import DensePlan, _jit_kernel
+    from ..core.epilogue import EpilogueSpec
+
+    a_fmt, b_fmt = packed_formats(packed, x_dtype, group)
+    fp4_x = packed == "afp4wfp4"
+    x = torch.empty(M, K // 2 if fp4_x else K, dtype=torch.uint8 if fp4_x else x_dtype)
+    w = torch.empty(N, K // 2, dtype=torch.uint8)
+    y = torch.empty(M, N, dtype=out_dtype)
+    if packed == "int4":
+        b_s, b_z, a_s = torch.empty(N, K // group, dtype=x_dtype), torch.empty(N, K // group, dtype=torch.uint8), None
+    else:
+        b_s, b_z = torch.empty(N, K // 32, dtype=torch.uint8), None
+        a_s = torch.empty(M, K // 32, dtype=torch.uint8) if fp4_x else None
+    plan = DensePlan(x, w, y, a_fmt, b_fmt, EpilogueSpec("none"), cfg, dev, out_dtype=out_dtype, out_shape=(M, N),
+                     flatten_x=False, inputs=dict(a_scale=a_s, b_scale=b_s, b_zero=b_z), logical_k=K)
+    head = plan.head(x, w, y, torch.empty(plan.ws_shape, dtype=plan.ws_dtype) if plan.pieces else None,
+                     torch.empty(plan.num_tiles, dtype=torch.int32) if plan.pieces else None, None, a_s, b_s, None,
+                     None, checked=False, b_zero=b_z)
+    return _compile(_jit_kernel(), (*head, *plan.tail), cfg)
+
+
+def packed_formats(packed: str, x_dtype=torch.bfloat16, group: int = 128):
+    """(A, B) OperandFormats of a 4-bit problem of compile_packed."""
+    from ..core.formats import Scale, dense, packed4
+
+    if packed == "int4":
+        return dense(x_dtype), packed4(x_dtype, Scale.GROUP, group)
+    if packed == "mxfp4":
+        return dense(x_dtype), packed4(x_dtype, Scale.MX, 32)
+    return packed4(torch.bfloat16, Scale.MX, 32), packed4(torch.bfloat16, Scale.MX, 32)
 
 
 def compile_bare(M: int, N: int, K: int, cfg: GemmConfig, dtype=torch.float8_e4m3fn, out_dtype=torch.bfloat16,
@@ -287,6 +324,19 @@ CHECKS = {
         1024, 32768, 512, _tiles(128, 128, 64, 4, TMA=True), dict(split_cat=(128, 128, 64)), "HGMMA"),
     "split/cat fp8 pointer loads, M=16": (
         16, 32768, 512, _tiles(16, 64, 128, 4, 4), dict(_FP8, split_cat=(128, 128, 64)), "HMMA"),
+    # 4-bit weights (issue 17): packed tiles dequantized in registers, 16-bit dots
+    "int4 weights (group 128), M=16, pointer loads 16x32x256 (derived for decode)": (
+        16, 4096, 4096, _tiles(16, 32, 256, 6, 4), dict(packed="int4"), "HMMA"),
+    "int4 weights (group 32: 4 groups per K tile), M=16, split-K 16x64x128": (
+        16, 4096, 14336, _tiles(16, 64, 128, 3, 4, SPLIT_K=4), dict(packed="int4", group=32), "HMMA"),
+    "int4 weights (group 128), M=1024, 128x128x64, TMA x": (
+        1024, 4096, 4096, _tiles(128, 128, 64, 3, 8, TMA=True), dict(packed="int4"), "HGMMA"),
+    "mxfp4 weights, M=16, pointer loads 16x32x256 (derived for decode)": (
+        16, 4096, 4096, _tiles(16, 32, 256, 6, 4), dict(packed="mxfp4"), "HMMA"),
+    "mxfp4 weights, M=1024, 128x128x64, TMA x": (
+        1024, 4096, 4096, _tiles(128, 128, 64, 3, 8, TMA=True), dict(packed="mxfp4"), "HGMMA"),
+    "afp4wfp4 (both MXFP4), M=1024, 128x128x64": (
+        1024, 4096, 4096, _tiles(128, 128, 64, 3, 8), dict(packed="afp4wfp4"), "HGMMA"),
 }
 _MMA = ("HGMMA", "QGMMA", "IGMMA", "HMMA", "IMMA")
 
@@ -297,6 +347,8 @@ def _formats(kw: dict):
     from ..core.formats import dense, quantized_in_kernel
 
     x_dtype = kw.get("x_dtype", torch.bfloat16)
+    if kw.get("packed"):
+        return packed_formats(kw["packed"], x_dtype, kw.get("group", 128))
     w_dtype = kw.get("w_dtype") or x_dtype
     a = quantized_in_kernel(x_dtype, w_dtype, kw["a_quant"], 128) if kw.get("a_quant") else dense(x_dtype)
     b = dense(w_dtype)
@@ -314,7 +366,10 @@ def check(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
     (the estimate that the tuner's search space and fit_to_smem rely on)."""
     M, N, K, cfg, kw, mma = CHECKS[name]
     cfg = GemmConfig.from_dict(cfg)
-    b = compile_grouped(M, N, K, cfg, **kw) if "tile_map" in kw else compile_gemm(M, N, K, cfg, **kw)
+    if "tile_map" in kw:
+        b = compile_grouped(M, N, K, cfg, **kw)
+    else:
+        b = compile_packed(M, N, K, cfg, **kw) if kw.get("packed") else compile_gemm(M, N, K, cfg, **kw)
     estimate = cfg.smem_bytes(*_formats(kw), kw.get("out_dtype", torch.bfloat16).itemsize)
     found = {op: b.count(op) for op in _MMA if b.count(op)}
     ok = (b.local_bytes == 0 and b.registers <= 255 and mma in found and b.shared_bytes <= dev.smem_per_block
@@ -322,7 +377,7 @@ def check(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
     if kw.get("a_quant") and kw.get("w_dtype") == torch.int8:  # round-half-even by adding and subtracting 1.5 * 2^23: both kept
         ok = ok and b.sass.count("12582912") >= 2 and "-12582912" in b.sass
     loop = ""
-    plain_loop = not (kw.get("a_quant") or kw.get("exact") or kw.get("gated") or kw.get("split_cat")
+    plain_loop = not (kw.get("a_quant") or kw.get("exact") or kw.get("gated") or kw.get("split_cat") or kw.get("packed")
                       or "kblock" in (kw.get("a_scale"), kw.get("b_scale")))
     if "tile_map" not in kw and cfg.TMA and cfg.PERSISTENT and not cfg.STREAM_K and cfg.SPLIT_K == 1 and plain_loop:
         same, loop = _compare_bare(b, M, N, K, cfg, kw, dev)

@@ -13,7 +13,7 @@ import torch
 
 from ..core.config import GemmConfig, TMA_MIN_M
 from ..core.device import DeviceInfo
-from ..core.formats import OperandFormat, Scale, check_block_k, dense, quantized_in_kernel
+from ..core.formats import OperandFormat, Scale, check_block_k, dense, packed4, quantized_in_kernel
 
 # --dtype names of the tools, by torch dtype
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
@@ -40,6 +40,8 @@ class ToolOp:
     # (inputs gemmkit reads, inputs the baseline reads) where they differ: the timing rotation
     # must exceed the L2 for each side (None: both read all of make_inputs' tensors)
     reads: tuple | None = None
+    # bytes of scales and zero points gemmkit reads beyond its operands, (M, N, K) -> bytes (4-bit weights)
+    scale_bytes: Callable | None = None
 
     def flops(self, M, N, K) -> float:
         return 2.0 * M * N * K if self.gemm else 0.0
@@ -48,7 +50,8 @@ class ToolOp:
         """Bytes gemmkit's call must move at least: its operands read once, the output written."""
         if self.gemm:
             a, b = self.formats
-            return M * K * a.bytes + N * K * b.bytes + M * N * self.out_bytes
+            extra = self.scale_bytes(M, N, K) if self.scale_bytes else 0
+            return M * K * a.bytes + N * K * b.bytes + M * N * self.out_bytes + extra
         return M * K * (self.in_bytes + self.out_bytes) + 4 * M
 
 
@@ -242,6 +245,107 @@ class _Quantized:
         return self.dequantize(self.q, self.s)
 
 
+# 4-bit weights (INT4 groups of 128, MXFP4) ------------------------------------------------------
+
+INT4_GROUP = 128
+
+
+def _a16w4_inputs(M, N, K, dtype, device):
+    """x, the INT4 weight (asymmetric, groups of 128) and its bf16 dequantization (the F.linear
+    baseline), plus tinygemm's packing of the same values where this torch build has it."""
+    from ..quant import dequantize_int4, quantize_int4
+
+    dt, g = DTYPES[dtype], _int4_group(K)
+    x, w = _rand((M, K), device).to(dt), (_rand((N, K), device) / K**0.5).to(dt)
+    wq, ws, wz = quantize_int4(w, g)
+    return {"x": x, "wq": wq, "ws": ws, "wz": wz, "w16": dequantize_int4(wq, ws, wz, g, dt)}
+
+
+def _int4_group(K):
+    """128, or the largest of 64, 32 dividing a K that 128 does not."""
+    return next(g for g in (INT4_GROUP, 64, 32) if K % g == 0 or g == 32)
+
+
+def _tinygemm_inputs(M, N, K, dtype, device):
+    """_a16w4_inputs plus tinygemm's form of the same weight: torch._convert_weight_to_int4pack
+    of uint8 (N, K/2) with element 2j in the HIGH nibble (torch's order), and scales_and_zeros
+    (K/group, N, 2) bf16 with w = (q - 8) * s + zero, zero = (8 - z) * s. CUDA only: elsewhere the
+    baseline fails (bench reports it and goes on)."""
+    inp = _a16w4_inputs(M, N, K, dtype, device)
+    wq, ws, wz = inp["wq"], inp["ws"], inp["wz"]
+    swapped = ((wq & 15) << 4) | (wq >> 4)
+    try:
+        inp["w_tiny"] = torch._convert_weight_to_int4pack(swapped, 8)
+    except (RuntimeError, NotImplementedError):
+        inp["w_tiny"] = None
+    zero = (8.0 - wz.float()) * ws.float()
+    inp["sz"] = torch.stack((ws.float().T, zero.T), dim=-1).to(torch.bfloat16).contiguous()
+    return inp
+
+
+def _a16w4_run(inp, config=None):
+    from ..ops.a16w4 import gemm_a16w4
+
+    return gemm_a16w4(inp["x"], inp["wq"], inp["ws"], inp["wz"], group_size=_int4_group(inp["x"].shape[1]),
+                      config=config)
+
+
+def _tinygemm(inp):
+    if inp["w_tiny"] is None:
+        raise RuntimeError("torch._convert_weight_to_int4pack is not available on this device")
+    return torch._weight_int4pack_mm(inp["x"], inp["w_tiny"], _int4_group(inp["x"].shape[1]), inp["sz"])
+
+
+def _a16w4_dequant_linear(inp):
+    from ..quant import dequantize_int4
+
+    g = _int4_group(inp["x"].shape[1])
+    return _F.linear(inp["x"], dequantize_int4(inp["wq"], inp["ws"], inp["wz"], g, inp["x"].dtype))
+
+
+def _int4_scale_bytes(M, N, K):
+    return N * (K // _int4_group(K)) * (2 + 1)  # 16-bit scales, uint8 zero points
+
+
+def _a16w4_op(name, dtypes, make_inputs, baseline, baseline_name, reads):
+    return ToolOp(name, dtypes, make_inputs, _a16w4_run, baseline, baseline_name,
+                  lambda i: i["x"].float() @ i["w16"].float().T, 1e-2, 2, 2, 16, "a16w4",
+                  formats=(dense(torch.bfloat16), packed4(torch.bfloat16, Scale.GROUP, INT4_GROUP)),
+                  reads=(("x", "wq", "ws", "wz"), reads), scale_bytes=_int4_scale_bytes)
+
+
+def _a16wfp4_inputs(M, N, K, dtype, device):
+    from ..quant import dequantize_mxfp4, quantize_mxfp4
+
+    dt = DTYPES[dtype]
+    x, w = _rand((M, K), device).to(dt), _rand((N, K), device) / K**0.5
+    wq, ws = quantize_mxfp4(w)
+    return {"x": x, "wq": wq, "ws": ws, "w16": dequantize_mxfp4(wq, ws, dt)}
+
+
+def _a16wfp4_run(inp, config=None):
+    from ..ops.fp4 import gemm_a16wfp4
+
+    return gemm_a16wfp4(inp["x"], inp["wq"], inp["ws"], config=config)
+
+
+def _afp4wfp4_inputs(M, N, K, dtype, device):
+    from ..quant import dequantize_mxfp4, quantize_mxfp4
+
+    inp = _a16wfp4_inputs(M, N, K, dtype, device)
+    inp["xq"], inp["xs"] = quantize_mxfp4(inp["x"])
+    inp["x16"] = dequantize_mxfp4(inp["xq"], inp["xs"], torch.bfloat16)
+    return inp
+
+
+def _afp4wfp4_run(inp, config=None):
+    from ..ops.fp4 import gemm_afp4wfp4
+
+    return gemm_afp4wfp4(inp["xq"], inp["wq"], inp["xs"], inp["ws"], config=config)
+
+
+_MX4 = packed4(torch.bfloat16, Scale.MX, 32)
+
 _FP8_ROW = (dense(torch.float8_e4m3fn, Scale.ROW), dense(torch.float8_e4m3fn, Scale.ROW))
 
 OPS = {
@@ -286,6 +390,23 @@ OPS = {
     "a8w8_blockscale_dynamic_fused": _blockscale_dynamic_op(
         "a8w8_blockscale_dynamic_fused", _blockscale_fused_run,
         "gemmkit's static gemm_a8w8_blockscale on x quantized beforehand (x quantized inside the GEMM, always)"),
+    "a16w4": _a16w4_op("a16w4", ("bf16", "fp16"), _a16w4_inputs, lambda i: _F.linear(i["x"], i["w16"]),
+                       "F.linear bf16 (cuBLAS) on the dequantized weight", ("x", "w16")),
+    "a16w4_tinygemm": _a16w4_op("a16w4_tinygemm", ("bf16",), _tinygemm_inputs, _tinygemm,
+                                "torch._weight_int4pack_mm (tinygemm, group 128) on the same values",
+                                ("x", "w_tiny", "sz")),
+    "a16w4_dequant": _a16w4_op("a16w4_dequant", ("bf16", "fp16"), _a16w4_inputs, _a16w4_dequant_linear,
+                               "dequantize_int4 then F.linear (cuBLAS)", ("x", "wq", "ws", "wz")),
+    "a16wfp4": ToolOp(
+        "a16wfp4", ("bf16", "fp16"), _a16wfp4_inputs, _a16wfp4_run, lambda i: _F.linear(i["x"], i["w16"]),
+        "F.linear bf16 (cuBLAS) on the dequantized weight", lambda i: i["x"].float() @ i["w16"].float().T, 1e-2,
+        2, 2, 16, "a16wfp4", formats=(dense(torch.bfloat16), _MX4),
+        reads=(("x", "wq", "ws"), ("x", "w16")), scale_bytes=lambda M, N, K: N * (K // 32)),
+    "afp4wfp4": ToolOp(
+        "afp4wfp4", ("bf16",), _afp4wfp4_inputs, _afp4wfp4_run, lambda i: _F.linear(i["x16"], i["w16"]),
+        "F.linear bf16 (cuBLAS) on the dequantized operands", lambda i: i["x16"].float() @ i["w16"].float().T,
+        1e-2, 0.5, 2, 16, "afp4wfp4", formats=(_MX4, _MX4), reads=(("xq", "xs", "wq", "ws"), ("x16", "w16")),
+        scale_bytes=lambda M, N, K: (M + N) * (K // 32)),
     "quant_fp8_row": ToolOp(
         "quant_fp8_row", ("bf16",), _quant_inputs, _quant_run, _quant_torch,
         "torch eager: absmax, divide, clamp, cast", lambda i: i["x"].float(), 0.08, 2, 1, 16, None, gemm=False),
