@@ -95,6 +95,7 @@ class GroupedPlan(PlanBase):
             stride_asg=gs.get("stride_asg", 0), stride_bsg=gs.get("stride_bsg", 0),
             stride_biasg=gs.get("stride_biasg", 0),
             NUM_GROUPS_P2=max(2, 1 << max(0, (E - 1).bit_length())) if self.tile_map == modes.MAP_GROUPED else 1,
+            stride_bzn=0, stride_bzk=0,  # (packed 4-bit B's zero points: not with these maps)
             **fused_args(),
         ))
         self.grid = grid

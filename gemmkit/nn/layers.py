@@ -211,7 +211,7 @@ class BlockFP8Linear(GemmLayer):
                 "activations dynamic per 1x128 group)")
 
     @classmethod
-    def unsupported(cls, linear):
+    def unsupported(cls, linear, **options):
         return _unaligned(linear)
 
     def _set_weight(self, w):
