@@ -135,8 +135,8 @@ def _bad_cases():
     q, s, z, _ = int4_weight(N, K, 64)
     return [
         (TypeError, "w_q has dtype", (x, q.to(torch.int8), s, z), {}),
-        (ValueError, "two 4-bit values per byte", (x, torch.zeros(N, K, dtype=torch.uint8), s, z), {}),
-        (ValueError, "contiguous along K", (x, torch.zeros(K // 2, N, dtype=torch.uint8).t(), s, z), {}),
+        (ValueError, "two 4-bit values per byte", (x, torch.zeros(N, K, dtype=torch.uint8, device=DEVICE), s, z), {}),
+        (ValueError, "contiguous along K", (x, torch.zeros(K // 2, N, dtype=torch.uint8, device=DEVICE).t(), s, z), {}),
         (ValueError, "w_scale has shape", (x, q, s[:, :1], z), {}),
         (ValueError, "w_scale has shape", (x, q, s, z), dict(group_size=32)),
         (TypeError, "w_zero has dtype", (x, q, s, z.to(torch.int32)), {}),

@@ -266,6 +266,13 @@ def test_bad_bias_out_dtype_activation():
 A8W8_PATHS = {k: v for k, v in kernel_paths(gpu_block_k=128).items() if k != "tma_warp_specialized"}
 
 
+# fast_accum=False promotes each K tile's partial sum to fp32; inside a tile (at most 128 of K) the
+# Hopper FP8 tensor cores still accumulate with their reduced precision (as DeepGEMM's 128-wide
+# promotion and cuBLASLt's do): above the fp32 tolerance on the H100 at K = 4096, where fast
+# accumulation over all of K is allowed 2e-3 (tests/test_a8w8.py); the interpreter is exact.
+EXACT_TOL = 5e-4
+
+
 @pytest.mark.parametrize("path", list(A8W8_PATHS))
 def test_a8w8_exact_accumulation_paths(path):
     M, N, K = sizes((33, 40, 200), (300, 500, 4096))
@@ -276,7 +283,7 @@ def test_a8w8_exact_accumulation_paths(path):
     y = poisoned((M, N), FP32)
     out = gemmkit.gemm_a8w8(x, w, xs, ws, bias, out_dtype=FP32, y=y, config=A8W8_PATHS[path], fast_accum=False)
     assert out is y
-    assert_close(out, reference(x, w, bias, x_scale=xs, w_scale=ws))  # fp32 tolerance, also on the GPU
+    assert_close(out, reference(x, w, bias, x_scale=xs, w_scale=ws), tol=EXACT_TOL)
 
 
 def test_a8w8_exact_accumulation_dynamic_and_bad_flag():
@@ -286,7 +293,7 @@ def test_a8w8_exact_accumulation_dynamic_and_bad_flag():
     ws = torch.rand(1, N, device=DEVICE) + 0.5
     xq, xs = quant.quantize_fp8(x, "row")
     out = gemmkit.gemm_a8w8(x, w, None, ws, out_dtype=FP32, fast_accum=False)
-    assert_close(out, reference(xq, w, x_scale=xs, w_scale=ws))
+    assert_close(out, reference(xq, w, x_scale=xs, w_scale=ws), tol=EXACT_TOL)
     with pytest.raises(TypeError, match="fast_accum"):
         gemmkit.gemm_a8w8(xq, w, xs, ws, fast_accum="no")
 

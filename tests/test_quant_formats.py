@@ -204,7 +204,7 @@ def test_int4_round_trip(dtype, group_size, symmetric):
     wg = w.float().reshape(N, G, gs)
     if symmetric:
         s_true = wg.abs().amax(-1) / 7
-        zf = torch.full((N, G, 1), 8.0)
+        zf = torch.full((N, G, 1), 8.0, device=w.device)
     else:
         lo, hi = wg.amin(-1).clamp(max=0), wg.amax(-1).clamp(min=0)
         s_true = (hi - lo) / 15

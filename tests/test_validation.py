@@ -137,7 +137,7 @@ def test_clear_caches_drops_plans(tmp_path, monkeypatch):
     def write(block_m):
         cfg = {"BLOCK_M": block_m, "BLOCK_N": 16, "BLOCK_K": 16}
         (tmp_path / dev.name).mkdir(exist_ok=True)
-        (tmp_path / dev.name / "a16w16.json").write_text(json.dumps({"buckets": {"any": cfg}}))
+        (tmp_path / dev.name / "a16w16.json").write_text(json.dumps({"buckets": {"M_LEQ_16": cfg, "any": cfg}}))
 
     monkeypatch.setenv("GEMMKIT_CONFIG_DIR", str(tmp_path))
     try:
