@@ -380,7 +380,10 @@ def mxfp4_reference(t):
     """(codes (*, K) int64, scale exponents (*, K // 32)) by the OCP rule, nearest value by search."""
     x = t.double().reshape(*t.shape[:-1], -1, 32)
     amax = x.abs().amax(-1)
-    e = torch.where(amax > 0, torch.floor(torch.log2(amax)) - 2, torch.full_like(amax, -127)).clamp(-127, 127)
+    # floor(log2(amax)) exactly, from the binary exponent (CUDA's double log2 returned
+    # 5.999999999999999 for 64.0 on the H100, which floor turns into 5)
+    floor_log2 = (torch.frexp(amax).exponent - 1).to(amax.dtype)
+    e = torch.where(amax > 0, floor_log2 - 2, torch.full_like(amax, -127)).clamp(-127, 127)
     v = x / torch.pow(2.0, e)[..., None]
     dist = (v.abs()[..., None] - E2M1.to(v.device)).abs()
     tie = dist == dist.amin(-1, keepdim=True)
