@@ -77,9 +77,15 @@ def test_gated_gemm_refuses_split_k():
 # feed-forward ops
 
 
+@pytest.mark.parametrize("two_gemms", [False, True], ids=["gated_gemm", "two_gemms"])
 @pytest.mark.parametrize("layout", ["concat", "interleaved", "separate"])
 @pytest.mark.parametrize("M", sizes([1, 13], [1, 16, 300]))
-def test_ff_a16w16_gated(layout, M):
+def test_ff_a16w16_gated(layout, M, two_gemms, monkeypatch):
+    """Both ways of the gated product: the one-launch gated GEMM and, from TWO_GEMMS_MIN_M rows,
+    up = x @ w_up^T then act(x @ w_gate^T) * up in the second GEMM's epilogue."""
+    from gemmkit.ops import fused
+
+    monkeypatch.setattr(fused, "TWO_GEMMS_MIN_M", 1 if two_gemms else 1 << 40)
     _, I, H = MLP
     w_gate_up, w_up, lay, gate, up = layouts(I, H, BF16, scale=0.2)[layout]
     w_down = randn(H + 8, I, dtype=BF16, scale=0.2)

@@ -199,8 +199,32 @@ def ff_a16w16_gated(x, w_gate_up, w_down, activation="silu", *, w_up=None, layou
         return _library().traced_ff_a16w16_gated(x, w_gate_up, w_down, activation, w_up, layout, out_dtype, y,
                                                  config, down_config)
     gate, up = gate_up_views(w_gate_up, w_up, layout)
-    h = gated_gemm(x, gate, up, activation=activation, config=config)
+    if config is None and isinstance(x, torch.Tensor) and x.ndim and x.numel() >= TWO_GEMMS_MIN_M * x.shape[-1]:
+        h = _gated_two_gemms(x, gate, up, activation)
+    else:
+        h = gated_gemm(x, gate, up, activation=activation, config=config)
     return a16w16.gemm_a16w16(h, w_down, out_dtype=out_dtype, y=y, config=down_config)
+
+
+# From this many rows on, the gated product is two dense GEMMs through the tuned a16w16 tables:
+# up = x @ w_up^T, then act(x @ w_gate^T) * up with `up` read in the second GEMM's epilogue (the
+# (M, I) up, not the (M, 2I) intermediate, crosses memory once each way). The one-launch gated
+# GEMM, bandwidth-bound at small M, wins below it; it has no tuned table and its two
+# accumulators limit its tiles, so it lost at M >= 256 (BENCHMARKS.md, ff_gated).
+TWO_GEMMS_MIN_M = 256
+
+
+def _gated_two_gemms(x, gate, up, activation):
+    """act(x @ gate^T) * (x @ up^T), (*, I) in x's dtype, as two gemm_a16w16 launches."""
+    u = a16w16.gemm_a16w16(x, up)
+    x2, _ = v.as_rows("x", x)
+    u2 = u.reshape(x2.shape[0], up.shape[0])
+    key = plan_key((x, gate, u2), ("act_mul", activation))
+    try:
+        plan = _plans.lookup(key)
+    except (KeyError, TypeError):
+        plan = _plans.plan_for(key, a16w16._make_plan, x, gate, None, None, activation, None, None, u2, None)
+    return plan.run(x, gate, None, None, None, None, u2, None)
 
 
 def ff_a16w16(x, w_up, w_down, activation="silu", *, out_dtype=None, y=None, config=None, down_config=None):
