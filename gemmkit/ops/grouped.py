@@ -176,7 +176,8 @@ def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_
     v.check_layout("w[0]", w[0])
     dev = device_info(device)
     a_fmt, b_fmt = dense(x.dtype, a_scale), dense(w.dtype, b_scale)
-    cfg = family_config_for(config, max(1, -(-R // E)), N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
+    cfg = family_config_for(config, max(1, -(-R // E)), N, K, dev, a_fmt, b_fmt, out_dtype.itemsize,
+                            "grouped_" + kind)
     plan = GroupedPlan(modes.MAP_GROUPED, x, w, (R, N), (N, 1), R, E, a_fmt, b_fmt,
                        EpilogueSpec(activation, bias is not None), cfg, dev, out_dtype=out_dtype,
                        group_strides=dict(stride_asg=s_asg, stride_bsg=s_bsg, stride_biasg=stride_biasg),
