@@ -41,6 +41,7 @@ def test_routing_flops_bytes():
     assert counts[0] > 4 * counts[32] and counts[0] > 4000 * 8 / 64  # skewed towards low ids
     op = registry.get_op("grouped_a16w16@deepseek-v3-moe")
     assert op.flops(64, 4096, 7168) == 2 * 64 * 8 * 4096 * 7168
+    assert all(op.table_m(op.problem_m(m)) == m for m in (1, 2, 16, 100, 1024))  # the autotune hook's problem
     assert op.touched(1) == 8 and op.touched(64) == 256 and op.table_m(64) == 2 and op.table_m(4096) == 128
     # 1 token touches 8 experts' weights, 64 tokens all 256 (balanced)
     assert op.nbytes(1, 4096, 7168) == 8 * 4096 * 7168 * 2 + 8 * 7168 * 2 + 8 * 4096 * 2 + 4 * 8

@@ -77,6 +77,9 @@ class MoEToolOp(ToolOp):
     def table_m(self, M: int) -> int:
         return max(1, -(-M * self.top_k // self.experts))
 
+    def problem_m(self, table_m: int) -> int:
+        return max(1, table_m * self.experts // self.top_k)
+
     def flops(self, M, N, K) -> float:
         return 2.0 * M * self.top_k * N * K * (3 if self.block else 1)
 
@@ -100,18 +103,23 @@ def _grouped_inputs(op):
         E = op.experts
         dt = DTYPES[dtype]
         inp = _sorted(op.ids(M), E, device)
-        x = _randn((M, K), torch.bfloat16, device)
-        w = _randn((E, N, K), torch.bfloat16, device, K ** -0.5)
+        x = _randn((M, K), dt, device)  # (bf16 for the FP8 op, quantized below)
+        w = _randn((E, N, K), dt, device, K ** -0.5)
         if dt == torch.float8_e4m3fn:
             from ..quant import quantize_fp8
 
             xq, xs = quantize_fp8(x, "row")
-            wq, ws = quantize_fp8(w.view(E * N, K), "row")
-            inp.update(x=xq, xs=xs.reshape(M).contiguous(), w=wq.view(E, N, K), ws=ws.reshape(E, N).contiguous())
+            wq = torch.empty((E, N, K), dtype=torch.float8_e4m3fn, device=device)
+            ws = torch.empty((E, N), dtype=torch.float32, device=device)
+            for e in range(E):  # one expert at a time: no float32 copy of every weight (DeepSeek-V3: 7.5 G values)
+                q, s = quantize_fp8(w[e], "row")
+                wq[e], ws[e] = q, s.reshape(N)
+            del w
+            inp.update(x=xq, xs=xs.reshape(M).contiguous(), w=wq, ws=ws)
             inp["x_sorted"] = xq[inp["g"].long()]
             inp["xs_sorted"] = inp["xs"][inp["g"].long()]
         else:
-            inp.update(x=x.to(dt), w=w.to(dt))
+            inp.update(x=x, w=w)
             inp["x_sorted"] = inp["x"][inp["g"].long()]
         return inp
     return make
@@ -128,13 +136,16 @@ def _grouped_torch(inp):
 
 
 def _grouped_reference(inp):
-    x, w, o = inp["x"].float(), inp["w"].float(), inp["o"].tolist()
+    """float32, one expert's weight at a time (no float32 copy of all experts)."""
+    x, w, o = inp["x"].float(), inp["w"], inp["o"].tolist()
     if "xs" in inp:
-        x, w = x * inp["xs"][:, None], w * inp["ws"][:, :, None]
+        x = x * inp["xs"][:, None]
     xs = x[inp["g"].long()]
     out = torch.empty(xs.shape[0], w.shape[1], device=x.device)
     for e in range(w.shape[0]):
-        out[o[e]:o[e + 1]] = xs[o[e]:o[e + 1]] @ w[e].T
+        if o[e + 1] > o[e]:
+            we = w[e].float() if "ws" not in inp else w[e].float() * inp["ws"][e][:, None]
+            out[o[e]:o[e + 1]] = xs[o[e]:o[e + 1]] @ we.T
     return out
 
 
@@ -181,12 +192,12 @@ def _mlp_torch(inp, reference=False):
                               out_int32=True)
     xs = x[order // k]
     if reference:
-        o = [0] + ends.tolist()
-        xs, wgu, wd = xs.float(), wgu.float(), wd.float()
-        h = torch.cat([xs[o[e]:o[e + 1]] @ wgu[e].T for e in range(E)])
+        o = [0] + ends.tolist()  # float32, one expert at a time
+        xs = xs.float()
+        h = torch.cat([xs[o[e]:o[e + 1]] @ wgu[e].float().T for e in range(E)])
         gate, up = h.chunk(2, dim=-1)
         a = _F.silu(gate) * up
-        y = torch.cat([a[o[e]:o[e + 1]] @ wd[e].T for e in range(E)])
+        y = torch.cat([a[o[e]:o[e + 1]] @ wd[e].float().T for e in range(E)])
     else:
         h = torch._grouped_mm(xs, wgu.transpose(-2, -1), offs=ends, out_dtype=x.dtype)
         gate, up = h.chunk(2, dim=-1)

@@ -58,6 +58,10 @@ class ToolOp:
         """The M its config table is keyed by (the MoE ops: average rows per expert)."""
         return M
 
+    def problem_m(self, table_m: int) -> int:
+        """An M of this op's problems whose table_m is table_m (the autotune hook's problem)."""
+        return table_m
+
 
 _F = torch.nn.functional
 
