@@ -15,6 +15,12 @@ gemmkit.core.outputs):
   gemm_a16w4(x, w_q, w_scale, w_zero, group_size, bias, activation, out_dtype) -> y   (and _out)
   gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype) -> y                     (and _out)
   gemm_afp4wfp4(x, w, x_scale, w_scale, bias, activation, out_dtype) -> y           (and _out)
+  grouped_gemm_a16w16(x, w, expert_offsets, gather_idx, scatter_idx, routing_weights, bias, activation,
+                      out_dtype) -> y (R, N)    (m_sizes= becomes offsets in torch ops first)
+  grouped_gemm_a8w8(x, w, x_scale, w_scale, expert_offsets, gather_idx, scatter_idx, routing_weights, bias,
+                    activation, out_dtype) -> y (R, N)
+  batched_gemm_a16w16(x, w, bias, activation, out_dtype) -> y (B, M, N)
+  batched_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype) -> y (B, M, N)
   quantize_fp8(t, granularity, dtype, scale) -> (q, scale)
   quantize_int8(t, granularity, scale) -> (q, scale)
 A custom op may not return an alias of an input, so a preallocated y goes through the `_out`
@@ -460,3 +466,110 @@ def _(x, w, x_scale, w_scale, bias, activation, out_dtype, y):
 def traced_gemm_afp4wfp4(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config):
     """gemm_afp4wfp4 through torch.ops.gemmkit."""
     return _traced("gemm_afp4wfp4", (x, w, x_scale, w_scale, bias, activation), out_dtype, y, config)
+
+
+# ---------------------------------------------------------------------------------------------
+# MoE / batched family (issue 13): grouped_gemm_a16w16 / _a8w8, batched_gemm_a16w16 / _a8w8. The
+# output shape depends on shapes only ((R, N) from x or gather_idx), never on routing values.
+
+from .core.outputs import batched_output, grouped_output  # noqa: E402
+from .ops import batched, grouped  # noqa: E402
+
+
+@torch.library.custom_op(f"{LIB}::grouped_gemm_a16w16", mutates_args=())
+def _grouped_a16w16(x: torch.Tensor, w: torch.Tensor, expert_offsets: torch.Tensor, gather_idx: Optional[torch.Tensor],
+                    scatter_idx: Optional[torch.Tensor], routing_weights: Optional[torch.Tensor],
+                    bias: Optional[torch.Tensor], activation: Optional[str],
+                    out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return grouped.grouped_gemm_a16w16(x, w, expert_offsets, gather_idx=gather_idx, scatter_idx=scatter_idx,
+                                       routing_weights=routing_weights, bias=bias, activation=activation,
+                                       out_dtype=out_dtype)
+
+
+@_grouped_a16w16.register_fake
+def _(x, w, expert_offsets, gather_idx, scatter_idx, routing_weights, bias, activation, out_dtype):
+    v.check_tensor("x", x, grouped._IN_DTYPES)
+    v.check_tensor("w", w, grouped._IN_DTYPES)
+    return _fake_output(grouped_output(x.shape, w.shape, None if gather_idx is None else gather_idx.shape,
+                                       v.check_out_dtype(out_dtype, None, x.dtype), x.dtype), x)
+
+
+@torch.library.custom_op(f"{LIB}::grouped_gemm_a8w8", mutates_args=())
+def _grouped_a8w8(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                  expert_offsets: torch.Tensor, gather_idx: Optional[torch.Tensor], scatter_idx: Optional[torch.Tensor],
+                  routing_weights: Optional[torch.Tensor], bias: Optional[torch.Tensor], activation: Optional[str],
+                  out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return grouped.grouped_gemm_a8w8(x, w, x_scale, w_scale, expert_offsets, gather_idx=gather_idx,
+                                     scatter_idx=scatter_idx, routing_weights=routing_weights, bias=bias,
+                                     activation=activation, out_dtype=out_dtype)
+
+
+@_grouped_a8w8.register_fake
+def _(x, w, x_scale, w_scale, expert_offsets, gather_idx, scatter_idx, routing_weights, bias, activation, out_dtype):
+    v.check_tensor("x", x, grouped.FP8 + (torch.int8,))
+    v.check_tensor("w", w, grouped.FP8 + (torch.int8,))
+    return _fake_output(grouped_output(x.shape, w.shape, None if gather_idx is None else gather_idx.shape,
+                                       v.check_out_dtype(out_dtype, None, torch.bfloat16), torch.bfloat16), x)
+
+
+def _traced_offsets(expert_offsets, m_sizes):
+    """The (E + 1,) int32 offsets, from m_sizes with torch ops that trace (no out= view)."""
+    if (expert_offsets is None) == (m_sizes is None):
+        raise ValueError("pass exactly one of expert_offsets ((E + 1,) int32 cumulative) and m_sizes ((E,) int32)")
+    if expert_offsets is not None:
+        return expert_offsets
+    return torch.nn.functional.pad(torch.cumsum(m_sizes, 0), (1, 0)).to(torch.int32)
+
+
+def traced_grouped_gemm_a16w16(x, w, expert_offsets, m_sizes, gather_idx, scatter_idx, routing_weights, bias,
+                               activation, out_dtype, config):
+    """grouped_gemm_a16w16 through torch.ops.gemmkit (what the public op calls while being traced)."""
+    _check_no_config(config)
+    return torch.ops.gemmkit.grouped_gemm_a16w16(x, w, _traced_offsets(expert_offsets, m_sizes), gather_idx,
+                                                 scatter_idx, routing_weights, bias, activation, out_dtype)
+
+
+def traced_grouped_gemm_a8w8(x, w, x_scale, w_scale, expert_offsets, m_sizes, gather_idx, scatter_idx,
+                             routing_weights, bias, activation, out_dtype, config):
+    """grouped_gemm_a8w8 through torch.ops.gemmkit."""
+    _check_no_config(config)
+    return torch.ops.gemmkit.grouped_gemm_a8w8(x, w, x_scale, w_scale, _traced_offsets(expert_offsets, m_sizes),
+                                               gather_idx, scatter_idx, routing_weights, bias, activation, out_dtype)
+
+
+@torch.library.custom_op(f"{LIB}::batched_gemm_a16w16", mutates_args=())
+def _batched_a16w16(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], activation: Optional[str],
+                    out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return batched.batched_gemm_a16w16(x, w, bias, activation=activation, out_dtype=out_dtype)
+
+
+@_batched_a16w16.register_fake
+def _(x, w, bias, activation, out_dtype):
+    v.check_tensor("x", x, grouped._IN_DTYPES)
+    v.check_tensor("w", w, grouped._IN_DTYPES)
+    return _fake_output(batched_output(x.shape, w.shape, v.check_out_dtype(out_dtype, None, x.dtype), x.dtype), x)
+
+
+@torch.library.custom_op(f"{LIB}::batched_gemm_a8w8", mutates_args=())
+def _batched_a8w8(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                  bias: Optional[torch.Tensor], activation: Optional[str],
+                  out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return batched.batched_gemm_a8w8(x, w, x_scale, w_scale, bias, activation=activation, out_dtype=out_dtype)
+
+
+@_batched_a8w8.register_fake
+def _(x, w, x_scale, w_scale, bias, activation, out_dtype):
+    v.check_tensor("x", x, grouped.FP8 + (torch.int8,))
+    v.check_tensor("w", w, grouped.FP8 + (torch.int8,))
+    return _fake_output(batched_output(x.shape, w.shape, v.check_out_dtype(out_dtype, None, torch.bfloat16),
+                                       torch.bfloat16), x)
+
+
+def traced_batched_gemm_a16w16(x, w, bias, activation, out_dtype, config):
+    _check_no_config(config)
+    return torch.ops.gemmkit.batched_gemm_a16w16(x, w, bias, activation, out_dtype)
+
+
+def traced_batched_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, config):
+    _check_no_config(config)
+    return torch.ops.gemmkit.batched_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype)

@@ -20,11 +20,11 @@ OPS = {
     "gemm_a16w16": OpEntry("gemmkit.ops.a16w16", ("a16w16",)),
     "gemm_a8w8": OpEntry("gemmkit.ops.a8w8", ("a8w8_fp8", "a8w8_int8", "a8w8_fp8_dynamic")),
     "gemm_a8w8_blockscale": OpEntry("gemmkit.ops.a8w8_blockscale", ("a8w8_blockscale", "a8w8_blockscale_dynamic")),
-    # MoE / batched family: configs derived from the device until their ToolOps (and tables) exist
-    "grouped_gemm_a16w16": OpEntry("gemmkit.ops.grouped"),
-    "grouped_gemm_a8w8": OpEntry("gemmkit.ops.grouped"),
-    "batched_gemm_a16w16": OpEntry("gemmkit.ops.batched"),
-    "batched_gemm_a8w8": OpEntry("gemmkit.ops.batched"),
+    # MoE / batched family (issue 13): grouped tables keyed by the average rows per expert
+    "grouped_gemm_a16w16": OpEntry("gemmkit.ops.grouped", ("grouped_a16w16",)),
+    "grouped_gemm_a8w8": OpEntry("gemmkit.ops.grouped", ("grouped_a8w8",)),
+    "batched_gemm_a16w16": OpEntry("gemmkit.ops.batched", ("batched_a16w16",)),
+    "batched_gemm_a8w8": OpEntry("gemmkit.ops.batched"),  # derived configs (no ToolOp)
     # fused feed-forward and fused-epilogue GEMMs (issue 14)
     "ff_a16w16_gated": OpEntry("gemmkit.ops.fused", ("ff_gated_a16w16",)),
     "ff_a16w16": OpEntry("gemmkit.ops.fused"),

@@ -185,11 +185,12 @@ def check_8bit_scales(x, w, x_scale, w_scale, x_shapes: tuple, w_shapes: tuple):
 
 
 def family_config_for(config, M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,
-                      out_bytes: int) -> GemmConfig:
-    """The caller's config (checked), else one derived from the device (no tuned tables for this
-    family yet). M: rows per group (grouped: the average per expert)."""
+                      out_bytes: int, table: str | None) -> GemmConfig:
+    """The caller's config (checked), else the table's entry (`gemmkit tune <table's ToolOp>`),
+    else one derived from the device (table None: always derived). M: rows per group (grouped:
+    the average per expert, what the grouped tables are keyed by)."""
     from .config import derive_config, resolve_config
 
-    if config is None:
+    if config is None and table is None:
         return derive_config(M, N, K, dev, a, b, out_bytes)
-    return resolve_config("", config, M, N, K, dev, a, b, out_bytes)
+    return resolve_config(table, config, M, N, K, dev, a, b, out_bytes)

@@ -68,3 +68,25 @@ def packed_gemm_output(x_shape, w_shape, out_dtype, default_dtype, x_packed: boo
     if len(w_shape) != 2 or 2 * w_shape[1] != K:
         raise ValueError(f"w has shape {tuple(w_shape)}: for K={K} it must be (N, K // 2)")
     return (*x_shape[:-1], w_shape[0]), default_dtype if out_dtype is None else out_dtype
+
+
+def grouped_output(x_shape, w_shape, gather_shape, out_dtype, default_dtype):
+    """(shape, dtype) of a grouped GEMM: x (T, K), w (E, N, K), gather_idx None or (R,) ->
+    (R, N) with R = T without gather_idx. Independent of the routing values (offsets, indices)."""
+    if len(x_shape) != 2 or len(w_shape) != 3:
+        raise ValueError(f"x must be 2-D (T, K) and w 3-D (E, N, K), got {tuple(x_shape)} and {tuple(w_shape)}")
+    if w_shape[2] != x_shape[1]:
+        raise ValueError(f"w has shape {tuple(w_shape)}: its K ({w_shape[2]}) differs from x's ({x_shape[1]})")
+    if gather_shape is not None and len(gather_shape) != 1:
+        raise ValueError(f"gather_idx must be 1-D (R,), got shape {tuple(gather_shape)}")
+    R = x_shape[0] if gather_shape is None else gather_shape[0]
+    return (R, w_shape[1]), default_dtype if out_dtype is None else out_dtype
+
+
+def batched_output(x_shape, w_shape, out_dtype, default_dtype):
+    """(shape, dtype) of a batched GEMM: x (B, M, K), w (B, N, K) or (N, K) -> (B, M, N)."""
+    if len(x_shape) != 3 or len(w_shape) not in (2, 3):
+        raise ValueError(f"x must be 3-D (B, M, K) and w (B, N, K) or (N, K), got {tuple(x_shape)}, {tuple(w_shape)}")
+    if w_shape[-1] != x_shape[2] or (len(w_shape) == 3 and w_shape[0] != x_shape[0]):
+        raise ValueError(f"w has shape {tuple(w_shape)}: expected ({x_shape[0]}, N, {x_shape[2]}) or (N, {x_shape[2]})")
+    return (x_shape[0], x_shape[1], w_shape[-2]), default_dtype if out_dtype is None else out_dtype

@@ -10,6 +10,7 @@ from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense
 from ..core.grouped import GroupedPlan, check_8bit_scales, family_config_for, group_bias_stride, index_extent
 from ..core.plan import PlanCache, plan_key
+from ..core.tracing import is_compiling as _is_compiling, library as _library
 from ..kernels import modes
 from .grouped import FP8, _BIAS_DTYPES, _IN_DTYPES, _Degenerate
 
@@ -24,6 +25,8 @@ def batched_gemm_a16w16(x, w, bias=None, *, activation=None, out_dtype=None, con
     batch stride 0 (one weight for every batch entry). Each x[b], w[b] needs a unit-stride
     dimension. bias: (N,) or (B, N) contiguous. Output (B, M, N) contiguous, out_dtype (default x's).
     """
+    if _is_compiling():  # torch.compile records torch.ops.gemmkit.batched_gemm_a16w16 (gemmkit.library)
+        return _library().traced_batched_gemm_a16w16(x, w, bias, activation, out_dtype, config)
     return _batched(x, w, bias, None, None, activation, out_dtype, config, "a16w16")
 
 
@@ -33,6 +36,8 @@ def batched_gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out
     x_scale: one value, or per token (B, M, 1) / (B, M). w_scale: one value, one per batch entry
     (B,) / (B, 1), or per channel (B, 1, N) / (B, N) / (1, N) / (N,) (shared).
     """
+    if _is_compiling():
+        return _library().traced_batched_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, config)
     return _batched(x, w, bias, x_scale, w_scale, activation, out_dtype, config, "a8w8")
 
 
@@ -79,7 +84,7 @@ def _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind
     v.check_layout("w[0]", w[0])
     dev = device_info(device)
     a_fmt, b_fmt = dense(x.dtype, a_kind), dense(w.dtype, b_kind)
-    cfg = family_config_for(config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
+    cfg = family_config_for(config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize, "batched_a16w16" if kind == "a16w16" else None)
     return GroupedPlan(modes.MAP_BATCHED, x[0], w, (B, M, N), (N, 1), M, B, a_fmt, b_fmt,
                        EpilogueSpec(activation, bias is not None), cfg, dev, out_dtype=out_dtype,
                        group_strides=dict(stride_ag=x.stride(0), stride_cg=M * N, stride_asg=s_asg, stride_bsg=s_bsg,

@@ -20,6 +20,7 @@ from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense
 from ..core.grouped import GroupedPlan, check_8bit_scales, family_config_for, group_bias_stride, index_extent
 from ..core.plan import PlanCache, plan_key
+from ..core.tracing import is_compiling as _is_compiling, library as _library
 from ..kernels import modes
 
 _IN_DTYPES = (torch.bfloat16, torch.float16)
@@ -61,6 +62,9 @@ def grouped_gemm_a16w16(x, w, expert_offsets=None, *, m_sizes=None, gather_idx=N
     activation, indexed by the destination row. bias: (E, N) or (N,). Output (R, N), out_dtype
     (default x's). No autograd.
     """
+    if _is_compiling():  # torch.compile records torch.ops.gemmkit.grouped_gemm_a16w16 (gemmkit.library)
+        return _library().traced_grouped_gemm_a16w16(x, w, expert_offsets, m_sizes, gather_idx, scatter_idx,
+                                                     routing_weights, bias, activation, out_dtype, config)
     offsets = _offsets(expert_offsets, m_sizes)
     return _grouped(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, None, None, activation,
                     out_dtype, config, "a16w16")
@@ -76,6 +80,9 @@ def grouped_gemm_a8w8(x, w, x_scale, w_scale, expert_offsets=None, *, m_sizes=No
     expert ((E,) / (E, 1)), or per channel (E, N) / (E, 1, N) (contiguous). FP8 dots use
     Hopper's fast accumulation.
     """
+    if _is_compiling():
+        return _library().traced_grouped_gemm_a8w8(x, w, x_scale, w_scale, expert_offsets, m_sizes, gather_idx,
+                                                   scatter_idx, routing_weights, bias, activation, out_dtype, config)
     offsets = _offsets(expert_offsets, m_sizes)
     return _grouped(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_scale, w_scale, activation,
                     out_dtype, config, "a8w8")
@@ -176,7 +183,8 @@ def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_
     v.check_layout("w[0]", w[0])
     dev = device_info(device)
     a_fmt, b_fmt = dense(x.dtype, a_scale), dense(w.dtype, b_scale)
-    cfg = family_config_for(config, max(1, -(-R // E)), N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
+    cfg = family_config_for(config, max(1, -(-R // E)), N, K, dev, a_fmt, b_fmt, out_dtype.itemsize,
+                            "grouped_" + kind)
     plan = GroupedPlan(modes.MAP_GROUPED, x, w, (R, N), (N, 1), R, E, a_fmt, b_fmt,
                        EpilogueSpec(activation, bias is not None), cfg, dev, out_dtype=out_dtype,
                        group_strides=dict(stride_asg=s_asg, stride_bsg=s_bsg, stride_biasg=stride_biasg),

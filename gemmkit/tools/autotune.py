@@ -64,7 +64,7 @@ def maybe_autotune(table: str, M: int, N: int, K: int, dev: DeviceInfo, dtype=No
     try:
         op = table_op(table)
         dtype = op_dtype(op, DTYPE_NAMES.get(dtype, dtype))
-        tune(op.name, [(M, N, K)], dtype, out, default_cache(dev.name, op.name), workers=0, rep_ms=REP_MS,
+        tune(op.name, [(op.problem_m(M), N, K)], dtype, out, default_cache(dev.name, op.name), workers=0, rep_ms=REP_MS,
              command=f"{ENV}=1 (gemmkit.tools.autotune) on {where} {dtype}", buckets=False, verbose=False)
     except (Exception, SystemExit) as e:  # noqa: BLE001 - tuning must not break the caller's GEMM
         print(f"gemmkit: autotuning {where} failed after {format_seconds(time.time() - t0)}: "

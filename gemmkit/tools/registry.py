@@ -54,6 +54,14 @@ class ToolOp:
             return M * K * a.bytes + N * K * b.bytes + M * N * self.out_bytes + extra
         return M * K * (self.in_bytes + self.out_bytes) + 4 * M
 
+    def table_m(self, M: int) -> int:
+        """The M its config table is keyed by (the MoE ops: average rows per expert)."""
+        return M
+
+    def problem_m(self, table_m: int) -> int:
+        """An M of this op's problems whose table_m is table_m (the autotune hook's problem)."""
+        return table_m
+
 
 _F = torch.nn.functional
 
@@ -568,6 +576,11 @@ _FUSED_OPS = {
 }
 OPS.update(_FUSED_OPS)
 
+# MoE / batched family (issue 13): gemmkit.tools.moe_ops; variants `<op>@<spec>` (get_op)
+from .moe_ops import OPS as _MOE_OPS  # noqa: E402
+
+OPS.update(_MOE_OPS)
+
 
 def op_dtype(op: ToolOp, requested: str | None) -> str:
     """The --dtype to use: the requested one if the op has it (else SystemExit), or its first."""
@@ -578,6 +591,9 @@ def op_dtype(op: ToolOp, requested: str | None) -> str:
 
 
 def get_op(name: str) -> ToolOp:
+    base, _, spec = name.partition("@")
+    if spec and base in OPS and hasattr(OPS[base], "variant"):  # e.g. grouped_a16w16@mixtral-8x7b-moe:zipf
+        return OPS[base].variant(spec)
     if name not in OPS:
         raise SystemExit(f"unknown op {name!r}; known: {', '.join(OPS)}")
     return OPS[name]

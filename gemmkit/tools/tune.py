@@ -225,7 +225,7 @@ def tune(op_name, problems, dtype, out_path: Path, cache_path: Path, workers: in
     say = print if verbose else (lambda *a, **k: None)
 
     problems = list(dict.fromkeys(problems))  # each once
-    todo = {p: [c for c in search_space(op, *p, dev) if (*p, dtype, cfg_key(c)) not in cache] for p in problems}
+    todo = {p: [c for c in search_space(op, op.table_m(p[0]), *p[1:], dev) if (*p, dtype, cfg_key(c)) not in cache] for p in problems}
     jobs = [(M, N, K, dtype, c) for (M, N, K), cands in todo.items() for c in cands]
     say(f"tuning {op_name} ({dtype}) on {dev.name}: {len(problems)} problems, {len(jobs)} candidates to measure "
         f"({sum(1 for k in cache if k[3] == dtype)} cached)", flush=True)
@@ -335,6 +335,8 @@ def write_table(op_name, dtype, cache, out_path: Path, command: str, device_name
     measured on all of them); not written where `buckets` is false (a table of a few shapes
     tuned on demand must not set the configs of all others).
     """
+    table_m = get_op(op_name).table_m  # the M the op's table is keyed by (MoE: rows per expert)
+    cache = {(table_m(M), N, K, dt, ck): rec for (M, N, K, dt, ck), rec in cache.items()}
     table = json.loads(out_path.read_text()) if out_path.is_file() else {}
     table.setdefault("buckets", {})
     table.setdefault("shapes", {})
