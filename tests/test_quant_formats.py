@@ -384,7 +384,9 @@ def mxfp4_reference(t):
     # 5.999999999999999 for 64.0 on the H100, which floor turns into 5)
     floor_log2 = (torch.frexp(amax).exponent - 1).to(amax.dtype)
     e = torch.where(amax > 0, floor_log2 - 2, torch.full_like(amax, -127)).clamp(-127, 127)
-    v = x / torch.pow(2.0, e)[..., None]
+    # x / 2^e exactly: the power of two from its bits (CUDA's pow is not exact for every power of two)
+    pow2 = ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
+    v = x / pow2[..., None]
     dist = (v.abs()[..., None] - E2M1.to(v.device)).abs()
     tie = dist == dist.amin(-1, keepdim=True)
     even = torch.arange(8, device=v.device) % 2 == 0
