@@ -376,6 +376,12 @@ def test_import_bad_input(call, exc, word):
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=torch.float64)
 
 
+def exact_pow2(e):
+    """2^e as float64 from its exponent bits, e integer-valued in [-1022, 1023] (CUDA's pow and
+    exp2 are not exact for every power of two)."""
+    return ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
 def mxfp4_reference(t):
     """(codes (*, K) int64, scale exponents (*, K // 32)) by the OCP rule, nearest value by search."""
     x = t.double().reshape(*t.shape[:-1], -1, 32)
@@ -384,9 +390,7 @@ def mxfp4_reference(t):
     # 5.999999999999999 for 64.0 on the H100, which floor turns into 5)
     floor_log2 = (torch.frexp(amax).exponent - 1).to(amax.dtype)
     e = torch.where(amax > 0, floor_log2 - 2, torch.full_like(amax, -127)).clamp(-127, 127)
-    # x / 2^e exactly: the power of two from its bits (CUDA's pow is not exact for every power of two)
-    pow2 = ((e.to(torch.int64) + 1023) << 52).view(torch.float64)
-    v = x / pow2[..., None]
+    v = x / exact_pow2(e)[..., None]
     dist = (v.abs()[..., None] - E2M1.to(v.device)).abs()
     tie = dist == dist.amin(-1, keepdim=True)
     even = torch.arange(8, device=v.device) % 2 == 0
@@ -417,7 +421,7 @@ def test_mxfp4(dtype, shape):
     assert codes.view(-1, shape[-1])[0, 32:48].tolist() == [0, 10, 2, 12, 4, 14, 6, 15] * 2
     assert s.view(-1, shape[-1] // 32)[0, :2].tolist() == [0, 127]
     d = quant.dequantize_mxfp4(q, s).double()
-    scale = torch.pow(2.0, e_ref.double()).repeat_interleave(32, -1)
+    scale = exact_pow2(e_ref).repeat_interleave(32, -1)
     v = (t.double() / scale).abs()
     half_step = torch.where(v < 2, 0.25, torch.where(v < 4, 0.5, 1.0))
     bound = torch.maximum(half_step, v - 6) * scale  # within half a step, or saturated to 6
