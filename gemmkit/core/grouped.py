@@ -170,6 +170,20 @@ def group_bias_stride(bias, groups: int, N: int, what: str, dtypes) -> int:
     return 0
 
 
+def group_epilogue(kind: str, x, w, bias, x_scale, w_scale, out_dtype, groups: int, N: int, what: str,
+                   x_shapes: tuple, w_shapes: tuple):
+    """(bias group stride, out_dtype, A scale kind, its group stride, B scale kind, its group
+    stride) of a grouped or batched call: "a16w16" (no scales; output x's dtype by default) or
+    "a8w8" (check_8bit_scales with these shape sets; bf16 output by default)."""
+    from . import validate as v
+
+    s_biasg = group_bias_stride(bias, groups, N, what, v.BIAS_DTYPES)
+    out_dtype = v.check_out_dtype(out_dtype, None, x.dtype if kind == "a16w16" else torch.bfloat16)
+    if kind != "a8w8":
+        return s_biasg, out_dtype, Scale.NONE, 0, Scale.NONE, 0
+    return (s_biasg, out_dtype, *check_8bit_scales(x, w, x_scale, w_scale, x_shapes, w_shapes))
+
+
 def check_8bit_scales(x, w, x_scale, w_scale, x_shapes: tuple, w_shapes: tuple):
     """(A scale kind, its group stride, B scale kind, its group stride) of 8-bit operands, which
     must be K-contiguous; `x_shapes` / `w_shapes`: scale_kind's shape sets after the name."""

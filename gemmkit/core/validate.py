@@ -159,23 +159,29 @@ def check_out(y, lead, M: int, N: int, dtype: torch.dtype, device: torch.device)
     return y2
 
 
-def check_inputs(x, w, activation, **others):
+def check_inputs(x, w, activation, k_major: bool = False, **others):
     """(activation, device, x as (M, K), x's leading shape, M, N, K): the checks of the input side
     every GEMM op makes (activation name, one CUDA device for x, w and `others`, no autograd, x
-    (*, K) flattened to rows, w (N, K) of x's K)."""
+    (*, K) flattened to rows, w (N, K) of x's K; with k_major, x and w K-contiguous)."""
     activation = check_activation(activation)
     device = check_devices(x=x, w=w, **others)
     check_no_autograd(x=x, w=w, **others)
     x2, lead = as_rows("x", x)
     M, K = x2.shape
     N = check_weight("w", w, K)
+    if k_major:
+        check_k_major(K, x=x2, w=w)
     return activation, device, x2, tuple(lead), M, N, K
 
 
-def check_output(y, lead, M: int, N: int, K: int, out_dtype, default_dtype, device, activation):
+BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_output(y, lead, M: int, N: int, K: int, out_dtype, default_dtype, device, activation, bias=None):
     """(out_dtype, y as (M, N) or None, a DegeneratePlan when M, N or K is 0 else None): the
-    checks of the output side every GEMM op makes (dtype, shape, device, distinct elements, one
-    unit-stride dimension)."""
+    checks of the output side every GEMM op makes (bias (N,), dtype, shape, device, distinct
+    elements, one unit-stride dimension)."""
+    check_bias(bias, N, BIAS_DTYPES)
     out_dtype = check_out_dtype(out_dtype, y, default_dtype)
     y2 = check_out(y, lead, M, N, out_dtype, device)
     if M == 0 or N == 0 or K == 0:

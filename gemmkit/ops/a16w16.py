@@ -15,7 +15,6 @@ from ..core.tracing import is_compiling as _is_compiling, library as _library
 
 OP = "a16w16"
 _IN_DTYPES = (torch.bfloat16, torch.float16)
-_BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _plans = PlanCache()
 
 
@@ -49,8 +48,7 @@ def _make_plan(x, w, bias, y, activation, out_dtype, config, mul=None, add=None)
     if w.dtype != x.dtype:
         raise TypeError(f"w has dtype {w.dtype} but x has {x.dtype}; both must be the same 16-bit type")
     activation, device, x2, lead, M, N, K = v.check_inputs(x, w, activation, bias=bias, y=y)
-    v.check_bias(bias, N, _BIAS_DTYPES)
-    out_dtype, y2, degenerate = v.check_output(y, lead, M, N, K, out_dtype, x.dtype, device, activation)
+    out_dtype, y2, degenerate = v.check_output(y, lead, M, N, K, out_dtype, x.dtype, device, activation, bias)
     if degenerate:
         return degenerate
     v.check_layout("x", x2)

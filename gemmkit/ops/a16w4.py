@@ -20,7 +20,7 @@ from ..core.tracing import is_compiling as _is_compiling, library as _library
 OP = "a16w4"
 _IN_DTYPES = (torch.bfloat16, torch.float16)
 _SCALE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_BIAS_DTYPES = v.BIAS_DTYPES
 _plans = PlanCache()
 
 

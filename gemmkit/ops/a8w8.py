@@ -16,7 +16,6 @@ from ..core.tracing import is_compiling as _is_compiling, library as _library
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _X_DTYPES = FP8 + (torch.int8, torch.bfloat16, torch.float16)
 _W_DTYPES = FP8 + (torch.int8,)
-_BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Dynamic quantization of a 16-bit x, called eagerly with M <= 16 (or M <= FUSED_QUANT_MAX_M and a
 # weight of at most FUSED_QUANT_MAX_WEIGHT elements): inside the GEMM (one launch: the host's
 # launch cost exceeds the GPU time; see README, "Host cost"), with a config of its own (table
@@ -98,18 +97,17 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, f
         raise ValueError("x_scale is required when x is already quantized")
     if not isinstance(fast_accum, bool):
         raise TypeError(f"fast_accum must be a bool, got {type(fast_accum).__name__}")
-    activation, device, x2, lead, M, N, K = v.check_inputs(x, w, activation, x_scale=x_scale, w_scale=w_scale,
-                                                           bias=bias, y=y)
+    activation, device, x2, lead, M, N, K = v.check_inputs(x, w, activation, k_major=True, x_scale=x_scale,
+                                                           w_scale=w_scale, bias=bias, y=y)
     token_shapes = {(M, 1), (M,), (*lead, 1), lead}  # x (*, K): quantize_fp8's (*, 1) too
     a_kind = Scale.ROW if dynamic else _scale_kind("x_scale", x_scale, token_shapes,
                                                    f"per token: {M} values, ({M}, 1), ({M},) or (*x.shape[:-1], 1)")
     b_fmt = dense(w.dtype, _scale_kind("w_scale", w_scale, {(1, N), (N,), (N, 1)},
                                        f"per channel: (1, {N}), ({N},) or ({N}, 1)"))
-    v.check_bias(bias, N, _BIAS_DTYPES)
-    out_dtype, y2, degenerate = v.check_output(y, lead, M, N, K, out_dtype, torch.bfloat16, device, activation)
+    out_dtype, y2, degenerate = v.check_output(y, lead, M, N, K, out_dtype, torch.bfloat16, device, activation,
+                                               bias)
     if degenerate:
         return degenerate
-    v.check_k_major(K, x=x2, w=w)
     dev = device_info(device)
     op = "a8w8_int8" if w.dtype == torch.int8 else "a8w8_fp8"
     a_fmt = dense(w.dtype if dynamic else x.dtype, a_kind)  # a dynamic x is quantized to w's type

@@ -18,7 +18,6 @@ from ..core.tracing import is_compiling as _is_compiling, library as _library
 OP = "a8w8_blockscale"
 GROUP = 128  # scale block: 1 x 128 of x, 128 x 128 of w
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-_BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Dynamic 1x128 quantization of a 16-bit x, called eagerly with M <= FUSED_QUANT_MAX_M: inside the
 # GEMM (one launch; table "a8w8_blockscale_dynamic"). Otherwise, and always under CUDA-graph
 # capture (where only GPU time counts), quantize_fp8_blockwise (column-major scales) then the
@@ -92,16 +91,15 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
                          "first (gemmkit.quant.quantize_fp8_blockwise)")
     if not dynamic and x_scale is None:
         raise ValueError("x_scale is required when x is already quantized: float32 (M, ceil(K / 128))")
-    activation, device, x2, lead, M, N, K = v.check_inputs(x, w, activation, x_scale=x_scale, w_scale=w_scale,
-                                                           bias=bias, y=y)
+    activation, device, x2, lead, M, N, K = v.check_inputs(x, w, activation, k_major=True, x_scale=x_scale,
+                                                           w_scale=w_scale, bias=bias, y=y)
     G = -(-K // GROUP)
     xs2 = None if dynamic else _check_scale("x_scale", x_scale, (*lead, G))
     ws2 = _check_scale("w_scale", w_scale, (-(-N // GROUP), G))
-    v.check_bias(bias, N, _BIAS_DTYPES)
-    out_dtype, y2, degenerate = v.check_output(y, lead, M, N, K, out_dtype, torch.bfloat16, device, activation)
+    out_dtype, y2, degenerate = v.check_output(y, lead, M, N, K, out_dtype, torch.bfloat16, device, activation,
+                                               bias)
     if degenerate:
         return degenerate
-    v.check_k_major(K, x=x2, w=w)
     dev = device_info(device)
     b_fmt = dense(w.dtype, Scale.KBLOCK, GROUP, GROUP)
     epilogue = EpilogueSpec(activation, bias is not None)

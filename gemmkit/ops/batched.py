@@ -7,12 +7,12 @@ import torch
 from ..core import validate as v
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
-from ..core.formats import Scale, dense
-from ..core.grouped import GroupedPlan, check_8bit_scales, family_config_for, group_bias_stride, index_extent
+from ..core.formats import dense
+from ..core.grouped import GroupedPlan, family_config_for, group_epilogue, index_extent
 from ..core.plan import PlanCache, plan_key
 from ..core.tracing import is_compiling as _is_compiling, library as _library
 from ..kernels import modes
-from .grouped import FP8, _BIAS_DTYPES, _IN_DTYPES, _Degenerate
+from .grouped import FP8, _IN_DTYPES, _Degenerate
 
 _plans = PlanCache()
 
@@ -70,14 +70,9 @@ def _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind
     if w.ndim != 3 or w.shape[0] != B or w.shape[2] != K:
         raise ValueError(f"w must be (B, N, K) = ({B}, N, {K}) or (N, {K}), got shape {tuple(w.shape)}")
     N = w.shape[1]
-    s_biasg = group_bias_stride(bias, B, N, "B", _BIAS_DTYPES)
-    out_dtype = v.check_out_dtype(out_dtype, None, x.dtype if kind == "a16w16" else torch.bfloat16)
-    a_kind = b_kind = Scale.NONE
-    s_asg = s_bsg = 0
-    if kind == "a8w8":
-        a_kind, s_asg, b_kind, s_bsg = check_8bit_scales(
-            x, w, x_scale, w_scale, (set(), {(B, M, 1), (B, M)}, set()),
-            ({(1, N), (N,)}, {(B, 1, N), (B, N)}, {(B,), (B, 1)}))
+    s_biasg, out_dtype, a_kind, s_asg, b_kind, s_bsg = group_epilogue(
+        kind, x, w, bias, x_scale, w_scale, out_dtype, B, N, "B", (set(), {(B, M, 1), (B, M)}, set()),
+        ({(1, N), (N,)}, {(B, 1, N), (B, N)}, {(B,), (B, 1)}))
     if B == 0 or M == 0 or N == 0 or K == 0:
         return _BatchedDegenerate(B, M, N, out_dtype, device, activation)
     v.check_layout("x[0]", x[0])

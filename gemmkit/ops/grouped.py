@@ -17,14 +17,13 @@ import torch
 from ..core import validate as v
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
-from ..core.formats import Scale, dense
-from ..core.grouped import GroupedPlan, check_8bit_scales, family_config_for, group_bias_stride, index_extent
+from ..core.formats import dense
+from ..core.grouped import GroupedPlan, family_config_for, group_epilogue, index_extent
 from ..core.plan import PlanCache, plan_key
 from ..core.tracing import is_compiling as _is_compiling, library as _library
 from ..kernels import modes
 
 _IN_DTYPES = (torch.bfloat16, torch.float16)
-_BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -170,13 +169,10 @@ def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_
         if routing_weights.numel() != R or not routing_weights.is_contiguous():
             raise ValueError(f"routing_weights must be contiguous with {R} values (one per output row, e.g. "
                              f"topk_weights (T, k)), got shape {tuple(routing_weights.shape)}")
-    stride_biasg = group_bias_stride(bias, E, N, "E", _BIAS_DTYPES)
-    out_dtype = v.check_out_dtype(out_dtype, None, x.dtype if kind == "a16w16" else torch.bfloat16)
-    a_scale = b_scale = Scale.NONE
-    s_asg = s_bsg = 0
-    if kind == "a8w8":
-        a_scale, _, b_scale, s_bsg = check_8bit_scales(
-            x, w, x_scale, w_scale, ({(T,), (T, 1)}, set(), set()), (set(), {(E, N), (E, 1, N)}, {(E,), (E, 1)}))
+    stride_biasg, out_dtype, a_scale, _, b_scale, s_bsg = group_epilogue(
+        kind, x, w, bias, x_scale, w_scale, out_dtype, E, N, "E", ({(T,), (T, 1)}, set(), set()),
+        (set(), {(E, N), (E, 1, N)}, {(E,), (E, 1)}))
+    s_asg = 0  # per-token x scales are read through the rows (gathered or not), not per expert
     if R == 0 or N == 0 or E == 0 or K == 0:
         return _Degenerate(R, N, out_dtype, device, activation, bias, E, K)
     v.check_layout("x", x)
