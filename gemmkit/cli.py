@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 USAGE = """usage: gemmkit <command> [options]
@@ -25,6 +26,13 @@ def main(argv=None) -> int:
         print(USAGE)
         return 0
     cmd, rest = argv[0], argv[1:]
+    if cmd in ("bench", "bench-model", "demo") and "triton.language" not in sys.modules:
+        import torch
+
+        if not torch.cuda.is_available():
+            # their CPU fallback runs the kernels interpreted: Triton decides that when it defines
+            # its jit functions (its own triton.language ones too), so before anything imports them
+            os.environ.setdefault("TRITON_INTERPRET", "1")
     if cmd == "bench":
         from .tools.bench import main as run
     elif cmd == "tune":

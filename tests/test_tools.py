@@ -362,3 +362,18 @@ def test_shape_tuned_only_at_small_m_leaves_large_m_to_the_buckets(tmp_path, mon
         assert select_config("a16w16", 4096, 6144, 4096, H100, BF16, BF16, 2).BLOCK_M == 128
     finally:
         cfgmod.clear_caches()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU fallback of `gemmkit bench` (no GPU)")
+def test_cli_bench_cpu_fallback_in_a_fresh_process():
+    """`gemmkit bench` without a GPU and without TRITON_INTERPRET set (the quick start's first
+    command on a CPU machine): the demo must run interpreted, whatever imported Triton first."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-m", "gemmkit", "bench"], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "correct" in run.stdout
