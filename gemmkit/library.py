@@ -87,14 +87,15 @@ def _check_fake_out(y, shape_dtype) -> None:
         raise ValueError(f"y must have shape {tuple(shape)} and dtype {dtype}, got {tuple(y.shape)}, {y.dtype}")
 
 
-@_a16w16.register_fake
-def _(x, w, bias, activation, out_dtype):
-    return _fake_output(_a16w16_output(x, w, out_dtype), x)
+def _register_gemm_fakes(op, op_out, output) -> None:
+    """The fakes of a GEMM op and its _out variant, whose arguments are (x, w, ..., out_dtype) and
+    (x, w, ..., out_dtype, y) (the dispatcher passes them positionally); output(x, w, out_dtype)
+    gives the result's (shape, dtype)."""
+    op.register_fake(lambda x, w, *rest: _fake_output(output(x, w, rest[-1]), x))
+    op_out.register_fake(lambda x, w, *rest: _check_fake_out(rest[-1], output(x, w, rest[-2])))
 
 
-@_a16w16_out.register_fake
-def _(x, w, bias, activation, out_dtype, y):
-    _check_fake_out(y, _a16w16_output(x, w, out_dtype))
+_register_gemm_fakes(_a16w16, _a16w16_out, _a16w16_output)
 
 
 def traced_gemm_a16w16(x, w, bias, activation, out_dtype, y, config):
@@ -172,14 +173,7 @@ def _a8w8_blockscale_output(x, w, out_dtype):
     return gemm_output(x.shape, w.shape, v.check_out_dtype(out_dtype, None, torch.bfloat16), torch.bfloat16)
 
 
-@_a8w8_blockscale.register_fake
-def _(x, w, x_scale, w_scale, bias, activation, out_dtype):
-    return _fake_output(_a8w8_blockscale_output(x, w, out_dtype), x)
-
-
-@_a8w8_blockscale_out.register_fake
-def _(x, w, x_scale, w_scale, bias, activation, out_dtype, y):
-    _check_fake_out(y, _a8w8_blockscale_output(x, w, out_dtype))
+_register_gemm_fakes(_a8w8_blockscale, _a8w8_blockscale_out, _a8w8_blockscale_output)
 
 
 def traced_gemm_a8w8_blockscale(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config):
@@ -380,14 +374,7 @@ def _a16w4_output(x, w, out_dtype):
     return packed_gemm_output(x.shape, w.shape, v.check_out_dtype(out_dtype, None, x.dtype), x.dtype)
 
 
-@_a16w4.register_fake
-def _(x, w_q, w_scale, w_zero, group_size, bias, activation, out_dtype):
-    return _fake_output(_a16w4_output(x, w_q, out_dtype), x)
-
-
-@_a16w4_out.register_fake
-def _(x, w_q, w_scale, w_zero, group_size, bias, activation, out_dtype, y):
-    _check_fake_out(y, _a16w4_output(x, w_q, out_dtype))
+_register_gemm_fakes(_a16w4, _a16w4_out, _a16w4_output)
 
 
 def _traced(name, args, out_dtype, y, config):
@@ -417,14 +404,7 @@ def _a16wfp4_out(x: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, bias: 
     fp4.gemm_a16wfp4(x, w, w_scale, bias=bias, activation=activation, out_dtype=out_dtype, y=y)
 
 
-@_a16wfp4.register_fake
-def _(x, w, w_scale, bias, activation, out_dtype):
-    return _fake_output(_a16w4_output(x, w, out_dtype), x)
-
-
-@_a16wfp4_out.register_fake
-def _(x, w, w_scale, bias, activation, out_dtype, y):
-    _check_fake_out(y, _a16w4_output(x, w, out_dtype))
+_register_gemm_fakes(_a16wfp4, _a16wfp4_out, _a16w4_output)
 
 
 def traced_gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype, y, config):
@@ -453,14 +433,7 @@ def _afp4wfp4_output(x, w, out_dtype):
                               x_packed=True)
 
 
-@_afp4wfp4.register_fake
-def _(x, w, x_scale, w_scale, bias, activation, out_dtype):
-    return _fake_output(_afp4wfp4_output(x, w, out_dtype), x)
-
-
-@_afp4wfp4_out.register_fake
-def _(x, w, x_scale, w_scale, bias, activation, out_dtype, y):
-    _check_fake_out(y, _afp4wfp4_output(x, w, out_dtype))
+_register_gemm_fakes(_afp4wfp4, _afp4wfp4_out, _afp4wfp4_output)
 
 
 def traced_gemm_afp4wfp4(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config):
