@@ -35,12 +35,17 @@ def a_prologue(a, off_m, k_lo, k_hi, M, K, stride_am, stride_ak, BLOCK_M: tl.con
 
 
 @triton.jit
-def produce_a(a, off_m, off_k, M, K, stride_am, stride_ak, row_inv, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-              A_TMA: tl.constexpr, A_K_MAJOR: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr,
-              A_PRODUCER: tl.constexpr, QUANT: tl.constexpr, a_idx=None):
+def produce_a(a, a_scale, off_m, off_k, M, K, stride_am, stride_ak, stride_asm, stride_ask, row_inv,
+              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, A_TMA: tl.constexpr, A_K_MAJOR: tl.constexpr,
+              EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, A_PRODUCER: tl.constexpr, QUANT: tl.constexpr,
+              a_idx=None):
     """(A tile (BLOCK_M, BLOCK_K) for the dot, its per-row scales where the producer made them).
-    A_GATHER: the rows `a_idx` (BLOCK_M,) of A."""
-    if A_PRODUCER == A_GATHER:
+    A_GATHER: the rows `a_idx` (BLOCK_M,) of A. A_MXFP4: packed e2m1 with e8m0 scales `a_scale`
+    (pointer loads), decoded to bf16 in registers."""
+    if A_PRODUCER == A_MXFP4:
+        x = mxfp4_tile(a, a_scale, off_m, off_k, M, K, stride_am, stride_ak, stride_asm, stride_ask, BLOCK_M,
+                       BLOCK_K, EVEN_K, INDEX_64).to(tl.bfloat16)
+    elif A_PRODUCER == A_GATHER:
         x = load_rows_k_tile(a, a_idx, off_k, K, stride_am, stride_ak, BLOCK_K, EVEN_K, INDEX_64)
     else:
         x = load_k_tile(a, off_m, off_k, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_TMA, A_K_MAJOR, EVEN_K,
@@ -57,13 +62,24 @@ def produce_a(a, off_m, off_k, M, K, stride_am, stride_ak, row_inv, BLOCK_M: tl.
 
 
 @triton.jit
-def produce_b(b, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-              B_TMA: tl.constexpr, B_K_MAJOR: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr,
-              B_PRODUCER: tl.constexpr):
-    """B tile (BLOCK_N, BLOCK_K) for the dot."""
-    tl.static_assert(B_PRODUCER == B_DENSE, "unknown B producer")
-    return load_k_tile(b, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K,
-                       INDEX_64)
+def produce_b(b, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bk, stride_bsn, stride_bsk, stride_bzn,
+              stride_bzk, x, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, B_TMA: tl.constexpr,
+              B_K_MAJOR: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, B_PRODUCER: tl.constexpr,
+              GROUP_K: tl.constexpr):
+    """B tile (BLOCK_N, BLOCK_K) for the dot with the A tile `x`: as stored (B_DENSE), or packed 4-bit
+    (pointer loads) dequantized in registers to x's type: B_INT4 ((q - z) * s, group scales
+    `b_scale`, zero points `b_zero`), B_MXFP4 (e2m1 times e8m0 scales `b_scale`)."""
+    if B_PRODUCER == B_INT4:
+        w = int4_tile(b, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bk, stride_bsn, stride_bsk,
+                      stride_bzn, stride_bzk, BLOCK_N, BLOCK_K, GROUP_K, EVEN_K, INDEX_64).to(x.dtype)
+    elif B_PRODUCER == B_MXFP4:
+        w = mxfp4_tile(b, b_scale, off_n, off_k, N, K, stride_bn, stride_bk, stride_bsn, stride_bsk, BLOCK_N,
+                       BLOCK_K, EVEN_K, INDEX_64).to(x.dtype)
+    else:
+        tl.static_assert(B_PRODUCER == B_DENSE, "unknown B producer")
+        w = load_k_tile(b, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K,
+                        INDEX_64)
+    return w
 
 
 @triton.jit
@@ -122,22 +138,10 @@ def k_range_product(
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for ki in range(k_lo, k_hi):
         off_k = ki * BLOCK_K
-        if A_PRODUCER == A_MXFP4:  # 4-bit A (packed, pointer loads): decoded to bf16 in registers
-            x = mxfp4_tile(a, a_scale, off_m, off_k, M, K, stride_am, stride_ak, stride_asm, stride_ask, BLOCK_M,
-                           BLOCK_K, EVEN_K, INDEX_64).to(tl.bfloat16)
-            a_rows = row_inv
-        else:
-            x, a_rows = produce_a(a, off_m, off_k, M, K, stride_am, stride_ak, row_inv, BLOCK_M, BLOCK_K, A_TMA,
-                                  A_K_MAJOR, EVEN_K, INDEX_64, A_PRODUCER, QUANT, a_idx)
-        if B_PRODUCER == B_INT4:  # 4-bit B (packed, pointer loads): dequantized to A's type in registers
-            w = int4_tile(b, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bk, stride_bsn, stride_bsk,
-                          stride_bzn, stride_bzk, BLOCK_N, BLOCK_K, GROUP_K, EVEN_K, INDEX_64).to(x.dtype)
-        elif B_PRODUCER == B_MXFP4:
-            w = mxfp4_tile(b, b_scale, off_n, off_k, N, K, stride_bn, stride_bk, stride_bsn, stride_bsk, BLOCK_N,
-                           BLOCK_K, EVEN_K, INDEX_64).to(x.dtype)
-        else:
-            w = produce_b(b, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K,
-                          INDEX_64, B_PRODUCER)
+        x, a_rows = produce_a(a, a_scale, off_m, off_k, M, K, stride_am, stride_ak, stride_asm, stride_ask, row_inv,
+                              BLOCK_M, BLOCK_K, A_TMA, A_K_MAJOR, EVEN_K, INDEX_64, A_PRODUCER, QUANT, a_idx)
+        w = produce_b(b, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bk, stride_bsn, stride_bsk, stride_bzn,
+                      stride_bzk, x, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64, B_PRODUCER, GROUP_K)
         if ACC_INT:
             acc += tl.dot(x, w.T, out_dtype=tl.int32)
         elif PROMOTE == PROMOTE_NONE:
@@ -150,8 +154,9 @@ def k_range_product(
                                                   stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, A_SCALE,
                                                   B_SCALE, GROUP_K, GROUP_N)
         if GATED:
-            w_up = produce_b(b2, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K,
-                             INDEX_64, B_PRODUCER)
+            w_up = produce_b(b2, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bk, stride_bsn, stride_bsk,
+                             stride_bzn, stride_bzk, x, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64, B_PRODUCER,
+                             GROUP_K)
             if PROMOTE == PROMOTE_NONE:
                 acc_up = tl.dot(x, w_up.T, acc_up)
             else:
