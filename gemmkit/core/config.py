@@ -305,6 +305,8 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
     an SM and one's tensor-core work covers the other's promotion (scripts/accum_probe.py: at
     4096x7168x7168 on the H100 these ran 1.4x the one-program-per-SM 128x256 tiles).
     """
+    if b.bits < b.dot_bits:
+        return _derive_packed(M, N, K, dev, a, b, out_bytes)
     small_m = M <= 64
     promoting = Scale.KBLOCK in (a.scale, b.scale) or a.quantize == "group"
     block_m = min(128, max(16, next_pow2(M)))
@@ -319,12 +321,8 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
     block_k = max(16, int(128 // dot_bytes))
     if small_m and K >= 8 * block_k:
         block_k *= 2
-    if block_m == 16 and b.bits < b.dot_bits and block_n <= 32 and K >= 16 * block_k:
-        block_k *= 2  # 4-bit weights (dequantized in registers): one 128-byte line of packed bytes per row
     block_k = min(block_k, max(max(a.min_block_k(), b.min_block_k()), next_pow2(K)))
     num_warps = 8 if block_m * block_n >= 128 * 256 else 4
-    if b.bits < b.dot_bits and block_m * block_n >= 128 * 128:
-        num_warps = 8  # 4-bit weights are dequantized in registers: share the tile among more threads
     use_tma = dev.has_tma and M >= TMA_MIN_M
     # two programs per SM: each gets half the SM's shared memory (the per-block limit + 1 KB) less
     # the 1 KB reserved per block; a slightly low estimate then costs the second program, not a launch
@@ -340,6 +338,31 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
                                  subtile), dev, a, b, out_bytes)
     stages = cfg.num_stages
     while stages < 6 and dataclasses.replace(cfg, num_stages=stages + 1).smem_bytes(a, b, out_bytes) <= shared - SMEM_SLACK:
+        stages += 1
+    return dataclasses.replace(cfg, num_stages=stages)
+
+
+def _derive_packed(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,
+                   out_bytes: int) -> GemmConfig:
+    """derive_config for a packed 4-bit B (decoded in registers, pointer loads). Up to M = 64 the
+    loop streams weights: 128-row B tiles, 256-wide K tiles (128 packed bytes per row and step),
+    4 warps, split-K until the tiles cover the SMs twice (scripts/w4_probe.py: 2.4-3.0x cuBLAS
+    bf16 at M = 16 on the H100 where 64-row or 128-wide tiles gave 1.8-2.6x). Larger M: 128x128x128
+    tiles with 8 warps, which share out the decoding."""
+    if M <= 64:
+        block_m, block_n, warps = max(16, next_pow2(M)), 128, 4
+    else:
+        block_m, block_n, warps = 128, 128, 8
+    block_n = min(block_n, max(16, next_pow2(N)))
+    block_k = 256 if M <= 64 and K >= 1024 else max(32, min(128, next_pow2(K)))
+    tiles = -(-M // block_m) * -(-N // block_n)
+    k_tiles = -(-K // block_k)
+    split_k = max(1, min(2 * dev.num_sms // tiles, k_tiles // 4, 16)) if tiles < dev.num_sms else 1
+    cfg = fit_to_smem(GemmConfig(block_m, block_n, block_k, 8, split_k, warps, 2, False, False, False, False),
+                      dev, a, b, out_bytes)
+    stages = cfg.num_stages
+    while stages < 4 and (dataclasses.replace(cfg, num_stages=stages + 1).smem_bytes(a, b, out_bytes)
+                          <= dev.smem_per_block - SMEM_SLACK):
         stages += 1
     return dataclasses.replace(cfg, num_stages=stages)
 

@@ -11,7 +11,7 @@ import torch
 
 from ..kernels import modes
 from .config import GemmConfig
-from .device import DeviceInfo
+from .device import DeviceInfo, interpreter_active
 from .epilogue import EpilogueSpec
 from .formats import OperandFormat, Scale, packed_producer
 from .launcher import CachedLaunch, hook_set, launch_hooks
@@ -29,6 +29,17 @@ PER_CALL = ("a", "b", "c", "ws", "counters", "bias", "a_scale", "b_scale", "mul"
 # the MoE / batched family's fixed kernel parameters, for plans of one (M, N) problem
 NO_GROUPS = dict(num_groups=1, stride_ag=0, stride_bg=0, stride_cg=0, stride_asg=0, stride_bsg=0, stride_biasg=0,
                  NUM_GROUPS_P2=1)
+
+
+def packed_args(x2=None, a_k_major: bool = False, stride_am: int = 0, b_packed: bool = False,
+                cuda: bool = False) -> dict:
+    """The 4-bit switches of gemm_kernel (kernels/packed.py): A_WORDS where A's column pairs can be
+    read as 32-bit words (16-bit A, unit stride along K, 4-byte aligned rows), FAST_UNPACK (inline
+    PTX) on CUDA outside the interpreter. Plans without a packed B pass packed_args()."""
+    if not b_packed:
+        return dict(A_WORDS=False, FAST_UNPACK=False)
+    words = x2.element_size() == 2 and a_k_major and x2.data_ptr() % 4 == 0 and stride_am % 2 == 0
+    return dict(A_WORDS=bool(words), FAST_UNPACK=cuda and not interpreter_active())
 
 
 def _jit_kernel():
@@ -169,8 +180,8 @@ class DensePlan(PlanBase):
         x_layout, w_layout = operand_layout(x2), operand_layout(w)
         want_tma = cfg.TMA and dev.has_tma
         a_packed, b_packed = packed_producer(a_fmt, "a"), packed_producer(b_fmt, "b")  # 4-bit: pointer loads
-        self.a_desc = (_operand_descriptor(x2, x_layout, bm, bk) if want_tma and not quant_a and a_packed is None
-                       else None)
+        self.a_desc = (_operand_descriptor(x2, x_layout, bm, bk)
+                       if want_tma and not quant_a and a_packed is None and b_packed is None else None)
         self.b_desc = _operand_descriptor(w, w_layout, bn, bk) if want_tma and b_packed is None else None
         # GATED: the up weight (inputs["b2"]) has w's facts, so the same descriptor layout
         self.b2_desc = self.b_desc if self.epilogue.gated else None
@@ -234,6 +245,7 @@ class DensePlan(PlanBase):
             ACTIVATION=ep.activation, FLATTEN=flatten, WARP_SPECIALIZE=warp_specialize, EPILOGUE_SUBTILE=subtile,
             **NO_GROUPS,
             **fused_args(self.up_scale, ep.gated, self.split_cat),
+            **packed_args(x2, a_km, s_am, b_packed is not None, self.cuda),
         ))
         # partial tiles (kernels/reduce.py): one block per (tile, K slice), or two per program;
         # int32 where the pieces' sums are (unscaled int8 products), else fp32

@@ -68,8 +68,9 @@ class OperandFormat:
         return _QUANT_TARGET[self.dtype] if self.quantize else ""
 
     def min_block_k(self) -> int:
-        """Smallest BLOCK_K its dots take: 8-bit dots need K >= 32 (Triton refuses less)."""
-        return 32 if self.dot_bits <= 8 else 16
+        """Smallest BLOCK_K its dots take: 8-bit dots need K >= 32 (Triton refuses less); a 4-bit
+        operand's K steps feed its even and odd columns to two dots of K / 2 >= 16."""
+        return 32 if self.dot_bits <= 8 or self.bits == 4 else 16
 
     def max_block_k(self) -> int | None:
         """Largest BLOCK_K: a K tile must not straddle two K-block scales."""

@@ -20,7 +20,7 @@ import torch
 
 from ..kernels import modes
 from .config import GemmConfig
-from .dense import _INT32_MAX, PER_CALL, _jit_kernel, fused_args
+from .dense import _INT32_MAX, PER_CALL, _jit_kernel, fused_args, packed_args
 from .device import DeviceInfo
 from .epilogue import EpilogueSpec
 from .formats import OperandFormat, Scale
@@ -97,6 +97,7 @@ class GroupedPlan(PlanBase):
             NUM_GROUPS_P2=max(2, 1 << max(0, (E - 1).bit_length())) if self.tile_map == modes.MAP_GROUPED else 1,
             stride_bzn=0, stride_bzk=0,  # (packed 4-bit B's zero points: not with these maps)
             **fused_args(),
+            **packed_args(),
         ))
         self.grid = grid
         self.launch = CachedLaunch(_jit_kernel(), (grid,), cfg.num_warps, cfg.num_stages, self.device_index)

@@ -11,6 +11,9 @@ Fixed here (seen in triton 3.6; 3.9 has the first two as well):
   into the exponent's low bit), so some values lose up to half their magnitude. Downcasts to bf16
   truncate, where GPUs round to nearest even. Both now go through torch's exact conversions;
   fp8 saturates to the largest finite value, as the GPU's ``cvt.rn.satfinite`` does.
+- Arithmetic on bf16 values (``+ - * /``): the interpreter applies numpy's integer ops to the
+  uint16 bit patterns. We widen both sides to float32 exactly, compute, and round to nearest even
+  as the GPU's bf16 instructions do.
 - ``tl.maximum`` / ``tl.minimum`` on floats (default ``propagate_nan``): numpy's maximum keeps a
   NaN operand, the GPU's ``max.f32`` / ``min.f32`` return the other one (as the interpreter's own
   ``tl.max`` reduction, ``np.nanmax``, already does). Now ``np.fmax`` / ``np.fmin``, so absolute
@@ -85,6 +88,17 @@ def apply_interpreter_fixes() -> None:
             return interp.TensorHandle(out, d.dtype.scalar)
         return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
 
+    def bf16_binary(np_op, original):
+        def op(self, lhs, rhs):
+            if lhs.dtype.scalar == tl.bfloat16:
+                out = np_op(_bf16_bits_to_f32(lhs.data), _bf16_bits_to_f32(rhs.data))
+                return interp.TensorHandle(exact_downcast(out, tl.float32, tl.bfloat16), tl.bfloat16)
+            return original(self, lhs, rhs)
+        return op
+
+    for name, np_op in (("create_fadd", np.add), ("create_fsub", np.subtract), ("create_fmul", np.multiply),
+                        ("create_fdiv", np.divide), ("create_precise_divf", np.divide)):
+        setattr(interp.InterpreterBuilder, name, bf16_binary(np_op, getattr(interp.InterpreterBuilder, name)))
     interp.InterpreterBuilder.create_maxnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmax)
     interp.InterpreterBuilder.create_minnumf = lambda self, lhs, rhs: self.binary_op(lhs, rhs, np.fmin)
     interp.InterpreterBuilder.create_fp_to_fp = create_fp_to_fp

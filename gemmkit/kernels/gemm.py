@@ -132,6 +132,9 @@ def gemm_kernel(
     # last d3 columns (kernels/memory.py store_split_cat; BLOCK_D3 = next power of 2 >= d3, or 0)
     cat_d1, cat_dh, cat_d3, stride_c1m, stride_c1h, stride_c2m, stride_c2h, stride_sm, stride_sh,
     OUT_MAP: tl.constexpr, BLOCK_D3: tl.constexpr,
+    # 4-bit B (kernels/packed.py): A_WORDS loads A's column pairs as 32-bit words; FAST_UNPACK
+    # decodes nibbles with inline PTX (CUDA; the interpreter takes the plain integer ops)
+    A_WORDS: tl.constexpr, FAST_UNPACK: tl.constexpr,
 ):
     """One program per work item (classic grid) or per SM (persistent grid), striding over
     work items (tile, K slice). Tiles computed in pieces meet through `ws` and `counters`
@@ -214,7 +217,8 @@ def gemm_kernel(
                               stride_bn, stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk,
                               BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64, ACC_INT,
                               A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N,
-                              b_zero, stride_bzn, stride_bzk, a_idx, b2=b2, GATED=GATED)
+                              b_zero, stride_bzn, stride_bzk, a_idx, b2=b2, GATED=GATED, A_WORDS=A_WORDS,
+                              FAST_UNPACK=FAST_UNPACK)
 
         work_c += num_programs
         pid_m, pid_n, pid_k = work_item(work_c, num_pid_m, num_pid_n, num_tiles, GROUP_M, TILE_MAP)
@@ -268,7 +272,7 @@ def gemm_kernel(
                                   stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk,
                                   BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64,
                                   ACC_INT, A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N,
-                                  b_zero, stride_bzn, stride_bzk)
+                                  b_zero, stride_bzn, stride_bzk, A_WORDS=A_WORDS, FAST_UNPACK=FAST_UNPACK)
             # the tile's pieces come from programs p_first..p_last (shares are contiguous)
             p_first = t_start // share
             n_parts = (t_start + k_tiles - 1) // share - p_first + 1

@@ -10,10 +10,10 @@ TMA loop against a bare tutorial-09 kernel).
 import triton
 import triton.language as tl
 
-from .memory import load_k_tile, load_rows_k_tile
-from .modes import (A_GATHER, A_MXFP4, A_QUANT_GROUP, A_QUANT_ROW, B_DENSE, B_INT4, B_MXFP4, PROMOTE_KBLOCK, PROMOTE_NONE,
+from .memory import load_k_halves, load_k_tile, load_rows_k_tile
+from .modes import (A_GATHER, A_MXFP4, A_QUANT_GROUP, A_QUANT_ROW, B_DENSE, B_INT4, PROMOTE_KBLOCK, PROMOTE_NONE,
                     PROMOTE_TILE, SCALE_KBLOCK)
-from .packed import int4_tile, mxfp4_tile
+from .packed import packed_a_halves, packed_b_halves
 from .quant import quantize_values, rows_absmax, scales_from_absmax
 
 
@@ -40,12 +40,8 @@ def produce_a(a, a_scale, off_m, off_k, M, K, stride_am, stride_ak, stride_asm, 
               EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, A_PRODUCER: tl.constexpr, QUANT: tl.constexpr,
               a_idx=None):
     """(A tile (BLOCK_M, BLOCK_K) for the dot, its per-row scales where the producer made them).
-    A_GATHER: the rows `a_idx` (BLOCK_M,) of A. A_MXFP4: packed e2m1 with e8m0 scales `a_scale`
-    (pointer loads), decoded to bf16 in registers."""
-    if A_PRODUCER == A_MXFP4:
-        x = mxfp4_tile(a, a_scale, off_m, off_k, M, K, stride_am, stride_ak, stride_asm, stride_ask, BLOCK_M,
-                       BLOCK_K, EVEN_K, INDEX_64).to(tl.bfloat16)
-    elif A_PRODUCER == A_GATHER:
+    A_GATHER: the rows `a_idx` (BLOCK_M,) of A. (Packed 4-bit operands: packed_k_product.)"""
+    if A_PRODUCER == A_GATHER:
         x = load_rows_k_tile(a, a_idx, off_k, K, stride_am, stride_ak, BLOCK_K, EVEN_K, INDEX_64)
     else:
         x = load_k_tile(a, off_m, off_k, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_TMA, A_K_MAJOR, EVEN_K,
@@ -62,24 +58,41 @@ def produce_a(a, a_scale, off_m, off_k, M, K, stride_am, stride_ak, stride_asm, 
 
 
 @triton.jit
-def produce_b(b, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bk, stride_bsn, stride_bsk, stride_bzn,
-              stride_bzk, x, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, B_TMA: tl.constexpr,
-              B_K_MAJOR: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, B_PRODUCER: tl.constexpr,
-              GROUP_K: tl.constexpr):
-    """B tile (BLOCK_N, BLOCK_K) for the dot with the A tile `x`: as stored (B_DENSE), or packed 4-bit
-    (pointer loads) dequantized in registers to x's type: B_INT4 ((q - z) * s, group scales
-    `b_scale`, zero points `b_zero`), B_MXFP4 (e2m1 times e8m0 scales `b_scale`)."""
-    if B_PRODUCER == B_INT4:
-        w = int4_tile(b, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bk, stride_bsn, stride_bsk,
-                      stride_bzn, stride_bzk, BLOCK_N, BLOCK_K, GROUP_K, EVEN_K, INDEX_64).to(x.dtype)
-    elif B_PRODUCER == B_MXFP4:
-        w = mxfp4_tile(b, b_scale, off_n, off_k, N, K, stride_bn, stride_bk, stride_bsn, stride_bsk, BLOCK_N,
-                       BLOCK_K, EVEN_K, INDEX_64).to(x.dtype)
-    else:
-        tl.static_assert(B_PRODUCER == B_DENSE, "unknown B producer")
-        w = load_k_tile(b, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K,
-                        INDEX_64)
-    return w
+def produce_b(b, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+              B_TMA: tl.constexpr, B_K_MAJOR: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr):
+    """B tile (BLOCK_N, BLOCK_K) for the dot, as stored (B_DENSE; packed 4-bit B: packed_k_product)."""
+    return load_k_tile(b, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K,
+                       INDEX_64)
+
+
+@triton.jit
+def packed_k_product(a, b, a_scale, b_scale, b_zero, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak,
+                     stride_bn, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bzn, stride_bzk,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_K: tl.constexpr,
+                     A_PRODUCER: tl.constexpr, B_PRODUCER: tl.constexpr, A_WORDS: tl.constexpr,
+                     FAST_UNPACK: tl.constexpr, INDEX_64: tl.constexpr):
+    """fp32 sum over the K tiles k_lo <= ki < k_hi of A @ B^T for a packed 4-bit B (B_INT4 with
+    GROUP_K-wide scale groups, or B_MXFP4) and a 16-bit A (or A_MXFP4). Each K tile is taken in
+    steps of SUB = min(BLOCK_K, GROUP_K) columns, one scale group each: the step's packed bytes
+    decode to B's even and odd columns (kernels/packed.py), which meet A's even and odd columns
+    in two dots; nothing is interleaved back."""
+    SUB: tl.constexpr = BLOCK_K if BLOCK_K < GROUP_K else GROUP_K
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ki in range(k_lo, k_hi):
+        for j in tl.static_range(BLOCK_K // SUB):
+            off_k = ki * BLOCK_K + j * SUB
+            if A_PRODUCER == A_MXFP4:
+                x_lo, x_hi = packed_a_halves(a, a_scale, off_m, off_k, M, K, stride_am, stride_asm, stride_ask,
+                                             BLOCK_M, SUB, INDEX_64)
+            else:
+                x_lo, x_hi = load_k_halves(a, off_m, off_k, M, K, stride_am, stride_ak, BLOCK_M, SUB, A_WORDS,
+                                           INDEX_64)
+            w_lo, w_hi = packed_b_halves(b, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bsn, stride_bsk,
+                                         stride_bzn, stride_bzk, x_lo.dtype, BLOCK_N, SUB, GROUP_K,
+                                         B_PRODUCER == B_INT4, FAST_UNPACK, INDEX_64)
+            acc = tl.dot(x_lo, w_lo.T, acc)
+            acc = tl.dot(x_hi, w_hi.T, acc)
+    return acc
 
 
 @triton.jit
@@ -108,25 +121,17 @@ def kblock_scales(a_scale, b_scale, a_rows, off_m, off_n, off_k, M, N, stride_as
 
 
 @triton.jit
-def k_range_product(
+def dense_k_product(
     a, b, a_scale, b_scale, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
     stride_asm, stride_ask, stride_bsn, stride_bsk,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     A_TMA: tl.constexpr, A_K_MAJOR: tl.constexpr, B_TMA: tl.constexpr, B_K_MAJOR: tl.constexpr,
     EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, ACC_INT: tl.constexpr,
-    A_PRODUCER: tl.constexpr, B_PRODUCER: tl.constexpr, PROMOTE: tl.constexpr, QUANT: tl.constexpr,
+    A_PRODUCER: tl.constexpr, PROMOTE: tl.constexpr, QUANT: tl.constexpr,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
-    b_zero, stride_bzn, stride_bzk, a_idx=None, b2=None, GATED: tl.constexpr = False,
+    a_idx=None, b2=None, GATED: tl.constexpr = False,
 ):
-    """(sum over the K tiles k_lo <= ki < k_hi of A[off_m:, k] @ B[off_n:, k]^T, the rows' scales):
-    fp32, or int32 with ACC_INT (8-bit integer dots, PROMOTE_NONE). With A_QUANT_ROW the sum comes
-    back already multiplied by the rows' scales (fp32), with PROMOTE_KBLOCK by the block scales.
-    A_GATHER: `a_idx` holds the tile's A row indices.
-
-    GATED (fused feed-forward): each K step also loads the tile of a second B operand `b2` (the
-    up projection; same shape, strides and layout as `b`, the gate projection) and feeds it to a
-    second accumulator with the same A tile; the result is the (BLOCK_M, BLOCK_N, 2) pair
-    tl.join(gate, up), fp32 (PROMOTE_NONE / PROMOTE_TILE only)."""
+    """k_range_product for a B operand as stored (B_DENSE)."""
     row_scale, row_inv = a_prologue(a, off_m, k_lo, k_hi, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_K_MAJOR,
                                     EVEN_K, INDEX_64, A_PRODUCER, QUANT)
     if ACC_INT:
@@ -140,8 +145,7 @@ def k_range_product(
         off_k = ki * BLOCK_K
         x, a_rows = produce_a(a, a_scale, off_m, off_k, M, K, stride_am, stride_ak, stride_asm, stride_ask, row_inv,
                               BLOCK_M, BLOCK_K, A_TMA, A_K_MAJOR, EVEN_K, INDEX_64, A_PRODUCER, QUANT, a_idx)
-        w = produce_b(b, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bk, stride_bsn, stride_bsk, stride_bzn,
-                      stride_bzk, x, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64, B_PRODUCER, GROUP_K)
+        w = produce_b(b, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64)
         if ACC_INT:
             acc += tl.dot(x, w.T, out_dtype=tl.int32)
         elif PROMOTE == PROMOTE_NONE:
@@ -154,9 +158,8 @@ def k_range_product(
                                                   stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, A_SCALE,
                                                   B_SCALE, GROUP_K, GROUP_N)
         if GATED:
-            w_up = produce_b(b2, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bk, stride_bsn, stride_bsk,
-                             stride_bzn, stride_bzk, x, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64, B_PRODUCER,
-                             GROUP_K)
+            w_up = produce_b(b2, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K,
+                             INDEX_64)
             if PROMOTE == PROMOTE_NONE:
                 acc_up = tl.dot(x, w_up.T, acc_up)
             else:
@@ -167,4 +170,41 @@ def k_range_product(
             acc_up = acc_up * row_scale[:, None]
     if GATED:
         acc = tl.join(acc, acc_up)
+    return acc
+
+
+@triton.jit
+def k_range_product(
+    a, b, a_scale, b_scale, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak, stride_bn, stride_bk,
+    stride_asm, stride_ask, stride_bsn, stride_bsk,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    A_TMA: tl.constexpr, A_K_MAJOR: tl.constexpr, B_TMA: tl.constexpr, B_K_MAJOR: tl.constexpr,
+    EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, ACC_INT: tl.constexpr,
+    A_PRODUCER: tl.constexpr, B_PRODUCER: tl.constexpr, PROMOTE: tl.constexpr, QUANT: tl.constexpr,
+    A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
+    b_zero, stride_bzn, stride_bzk, a_idx=None, b2=None, GATED: tl.constexpr = False,
+    A_WORDS: tl.constexpr = False, FAST_UNPACK: tl.constexpr = False,
+):
+    """(sum over the K tiles k_lo <= ki < k_hi of A[off_m:, k] @ B[off_n:, k]^T, the rows' scales):
+    fp32, or int32 with ACC_INT (8-bit integer dots, PROMOTE_NONE). With A_QUANT_ROW the sum comes
+    back already multiplied by the rows' scales (fp32), with PROMOTE_KBLOCK by the block scales.
+    A_GATHER: `a_idx` holds the tile's A row indices.
+
+    GATED (fused feed-forward): each K step also loads the tile of a second B operand `b2` (the
+    up projection; same shape, strides and layout as `b`, the gate projection) and feeds it to a
+    second accumulator with the same A tile; the result is the (BLOCK_M, BLOCK_N, 2) pair
+    tl.join(gate, up), fp32 (PROMOTE_NONE / PROMOTE_TILE only).
+
+    A packed 4-bit B (B_INT4, B_MXFP4): packed_k_product (A_WORDS, FAST_UNPACK are its switches)."""
+    if B_PRODUCER != B_DENSE:
+        tl.static_assert(not GATED and not ACC_INT and PROMOTE == PROMOTE_NONE, "4-bit B: plain float dots")
+        acc = packed_k_product(a, b, a_scale, b_scale, b_zero, off_m, off_n, k_lo, k_hi, M, N, K, stride_am,
+                               stride_ak, stride_bn, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bzn,
+                               stride_bzk, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_K, A_PRODUCER, B_PRODUCER, A_WORDS,
+                               FAST_UNPACK, INDEX_64)
+    else:
+        acc = dense_k_product(a, b, a_scale, b_scale, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak,
+                              stride_bn, stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N,
+                              BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64, ACC_INT, A_PRODUCER,
+                              PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N, a_idx, b2, GATED)
     return acc

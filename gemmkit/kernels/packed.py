@@ -1,11 +1,20 @@
-"""4-bit operands (INT4 groups, MXFP4): packed tiles unpacked and dequantized in registers.
+"""4-bit operands (INT4 groups, MXFP4): packed tiles decoded in registers, kept as two halves.
 
 A 4-bit operand of logical shape (R, K) is stored as uint8 (R, K // 2): element 2j in the low
-nibble of byte j, element 2j + 1 in the high nibble (gemmkit.quant). Its scales are per row and
-K group of GROUP columns; a K tile may hold one group (BLOCK_K <= GROUP, GROUP % BLOCK_K == 0) or
-several (BLOCK_K % GROUP == 0): both powers of two, so one of the two always holds. Hopper has no
-FP4/INT4 tensor cores: the tiles become 16-bit values here, then feed ordinary 16-bit dots, so
-HBM carries 4 bits per value.
+nibble of byte j, element 2j + 1 in the high nibble (gemmkit.quant; the OCP MX layout). Hopper has
+no FP4/INT4 tensor cores: tiles become 16-bit values here and feed ordinary 16-bit dots, so HBM
+carries 4 bits per value.
+
+The tiles are never interleaved back into (R, K) order: a (BLOCK_R, SUB / 2) byte tile decodes to
+its low nibbles (the even K columns) and its high nibbles (the odd ones), and the K loop pairs
+them with the even and odd columns of the other operand (two dots; the sum over K does not care
+about the order). Interleaving (join + reshape) cost as much as the decode itself.
+
+Decoding builds 16-bit floats from the bits, with no int-to-float conversions: 0x4300 | q is the
+bf16 128 + q (0x6400 | q the fp16 1024 + q), exact, and (v - (128 + z)) * s is then two packed
+16-bit instructions per pair of values. With PTX (FAST_UNPACK, CUDA only) one PRMT and two LOP3
+per pair of bytes place the nibbles in the halves of 32-bit words; elsewhere (the interpreter)
+the same bits come from plain integer ops.
 """
 
 import triton
@@ -15,41 +24,64 @@ from .memory import tile_indices
 
 
 @triton.jit
-def load_packed(src, off_r, off_k, R, K, stride_r, stride_k, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-                EVEN_K: tl.constexpr, INDEX_64: tl.constexpr):
-    """The (BLOCK_R, BLOCK_K) 4-bit codes (uint8, 0..15) at (off_r, off_k) of a packed (R, K)
-    operand: src points at byte (0, 0), strides in bytes. Rows past R and columns past K read 0."""
-    rr, rb = tile_indices(off_r, off_k // 2, BLOCK_R, BLOCK_K // 2, INDEX_64)
-    ptrs = src + rr[:, None] * stride_r + rb[None, :] * stride_k
-    if EVEN_K:
-        p = tl.load(ptrs, mask=rr[:, None] < R, other=0)
-    else:
-        p = tl.load(ptrs, mask=(rr[:, None] < R) & (rb[None, :] < K // 2), other=0)
-    return tl.reshape(tl.join(p & 15, p >> 4), (BLOCK_R, BLOCK_K))
+def load_packed(src, off_r, off_k, R, K, stride_r, BLOCK_R: tl.constexpr, SUB: tl.constexpr,
+                INDEX_64: tl.constexpr):
+    """The (BLOCK_R, SUB // 2) bytes holding columns off_k .. off_k + SUB of a packed (R, K)
+    operand (src: byte (0, 0); bytes contiguous along K). Rows past R and columns past K read 0."""
+    rr, rb = tile_indices(off_r, off_k // 2, BLOCK_R, SUB // 2, INDEX_64)
+    return tl.load(src + rr[:, None] * stride_r + rb[None, :], mask=(rr[:, None] < R) & (rb[None, :] < K // 2),
+                   other=0)
 
 
 @triton.jit
-def group_values(src, off_r, off_k, R, K, stride_r, stride_k, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-                 GROUP: tl.constexpr):
-    """(BLOCK_R, NG) per-row values of the NG = ceil(BLOCK_K / GROUP) K groups the tile covers
-    (stride_k 0: one value per row)."""
-    NG: tl.constexpr = (BLOCK_K + GROUP - 1) // GROUP
-    rr = off_r + tl.arange(0, BLOCK_R)
-    kg = off_k // GROUP + tl.arange(0, NG)
-    ptrs = src + rr[:, None] * stride_r + kg[None, :] * stride_k
-    return tl.load(ptrs, mask=(rr[:, None] < R) & (kg[None, :] * GROUP < K), other=0)
-
-
-@triton.jit
-def per_group(v, s, t, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr):
-    """v * s + t with s, t (BLOCK_R, NG) broadcast over their K groups of the (BLOCK_R, BLOCK_K) v."""
-    NG: tl.constexpr = (BLOCK_K + GROUP - 1) // GROUP
-    if NG == 1:
-        out = v * s + t
+def _nibbles_asm(p, MAGIC: tl.constexpr, DTYPE: tl.constexpr):
+    """(MAGIC | low nibble, MAGIC | high nibble) of each byte as 16-bit floats, through PTX."""
+    if MAGIC == 0x4300:
+        out = tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 t, u;
+            cvt.u32.u16 t, $2;
+            prmt.b32 t, t, 0, 0x1100;
+            lop3.b32 $0, t, 0x000F000F, 0x43004300, 0xEA;
+            shr.u32 u, t, 4;
+            lop3.b32 $1, u, 0x000F000F, 0x43004300, 0xEA;
+            }
+            """, constraints="=r,=r,h", args=[p], dtype=(DTYPE, DTYPE), is_pure=True, pack=2)
     else:
-        v3 = tl.reshape(v, (BLOCK_R, NG, BLOCK_K // NG))
-        out = tl.reshape(v3 * s[:, :, None] + t[:, :, None], (BLOCK_R, BLOCK_K))
+        tl.static_assert(MAGIC == 0x6400, "magic: 0x4300 (bf16) or 0x6400 (fp16)")
+        out = tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 t, u;
+            cvt.u32.u16 t, $2;
+            prmt.b32 t, t, 0, 0x1100;
+            lop3.b32 $0, t, 0x000F000F, 0x64006400, 0xEA;
+            shr.u32 u, t, 4;
+            lop3.b32 $1, u, 0x000F000F, 0x64006400, 0xEA;
+            }
+            """, constraints="=r,=r,h", args=[p], dtype=(DTYPE, DTYPE), is_pure=True, pack=2)
     return out
+
+
+@triton.jit
+def int4_halves(p, s, z, DTYPE: tl.constexpr, FAST_UNPACK: tl.constexpr):
+    """(q - z) * s of the low and high nibbles of bytes p (R, C), as DTYPE (bf16 or fp16): s, z
+    (R, 1) fp32 scales and zero points (exact in bf16 for z <= 127, in fp16 for z <= 1023)."""
+    if DTYPE == tl.bfloat16:
+        MAGIC: tl.constexpr = 0x4300
+        base: tl.constexpr = 128.0
+    else:
+        MAGIC: tl.constexpr = 0x6400
+        base: tl.constexpr = 1024.0
+    if FAST_UNPACK:
+        v_lo, v_hi = _nibbles_asm(p, MAGIC, DTYPE)
+    else:
+        v_lo = ((p & 15).to(tl.int16) | MAGIC).to(DTYPE, bitcast=True)
+        v_hi = ((p >> 4).to(tl.int16) | MAGIC).to(DTYPE, bitcast=True)
+    zb = (z + base).to(DTYPE)
+    sb = s.to(DTYPE)
+    return (v_lo - zb) * sb, (v_hi - zb) * sb
 
 
 @triton.jit
@@ -61,37 +93,69 @@ def e8m0_float(e):
 
 
 @triton.jit
-def e2m1_float(c):
-    """e2m1 codes (0..15: bit 3 the sign, bits 1-2 the exponent, bit 0 the mantissa) -> float32:
-    0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives. The code's bits placed in an fp16's sign,
-    low exponent and top mantissa bits make that value times 2^-14 (e = 0: a subnormal), which
-    converts exactly."""
-    c = c.to(tl.uint16)
-    bits = ((c & 7) << 9) | ((c & 8) << 12)
-    return bits.to(tl.float16, bitcast=True).to(tl.float32) * 16384.0
-
-
-@triton.jit
-def int4_tile(b, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bk, stride_bsn, stride_bsk, stride_bzn,
-              stride_bzk, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP: tl.constexpr, EVEN_K: tl.constexpr,
-              INDEX_64: tl.constexpr):
-    """(q - z) * s as fp32 (BLOCK_N, BLOCK_K): q the packed uint4 tile, s the group scales, z the
-    uint8 zero points (any byte value; 8 where b_zero is None, symmetric)."""
-    q = load_packed(b, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, EVEN_K, INDEX_64)
-    s = group_values(b_scale, off_n, off_k, N, K, stride_bsn, stride_bsk, BLOCK_N, BLOCK_K, GROUP).to(tl.float32)
-    if b_zero is None:
-        zs = s * -8.0
+def _e2m1(c, DTYPE: tl.constexpr):
+    """e2m1 codes (uint8 0..15: bit 3 the sign, bits 1-2 the exponent, bit 0 the mantissa) ->
+    DTYPE: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives. The code's magnitude bits placed at
+    the bottom of the 16-bit float's exponent field make that value times 2^-126 (bf16) or 2^-14
+    (fp16), a subnormal for exponent 0, and a power-of-two product undoes it exactly."""
+    c = c.to(tl.int16)
+    if DTYPE == tl.bfloat16:
+        v = (((c & 7) << 6) | ((c & 8) << 12)).to(tl.bfloat16, bitcast=True) * 8.507059173023462e37  # 2^126
     else:
-        zs = -group_values(b_zero, off_n, off_k, N, K, stride_bzn, stride_bzk, BLOCK_N, BLOCK_K,
-                           GROUP).to(tl.float32) * s
-    return per_group(q.to(tl.float32), s, zs, BLOCK_N, BLOCK_K, GROUP)
+        v = (((c & 7) << 9) | ((c & 8) << 12)).to(tl.float16, bitcast=True) * 16384.0
+    return v
 
 
 @triton.jit
-def mxfp4_tile(src, scale, off_r, off_k, R, K, stride_r, stride_k, stride_sr, stride_sk, BLOCK_R: tl.constexpr,
-               BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr):
-    """e2m1(q) * 2^(e - 127) as fp32 (BLOCK_R, BLOCK_K) of a packed MXFP4 (R, K) operand with
-    uint8 e8m0 scales (R, K // 32)."""
-    q = load_packed(src, off_r, off_k, R, K, stride_r, stride_k, BLOCK_R, BLOCK_K, EVEN_K, INDEX_64)
-    s = e8m0_float(group_values(scale, off_r, off_k, R, K, stride_sr, stride_sk, BLOCK_R, BLOCK_K, 32))
-    return per_group(e2m1_float(q), s, tl.zeros_like(s), BLOCK_R, BLOCK_K, 32)
+def mxfp4_halves(p, e, DTYPE: tl.constexpr):
+    """e2m1(q) * 2^(e - 127) of the low and high nibbles of bytes p (R, C), as DTYPE: e (R, 1)
+    uint8 e8m0 scales. bf16 multiplies by the scale in bf16 (exact: a power of two within its
+    range); fp16, whose range is narrower, in fp32."""
+    lo = _e2m1(p & 15, DTYPE)
+    hi = _e2m1(p >> 4, DTYPE)
+    s = e8m0_float(e)
+    if DTYPE == tl.bfloat16:
+        sb = s.to(tl.bfloat16)
+        out_lo = lo * sb
+        out_hi = hi * sb
+    else:
+        out_lo = (lo.to(tl.float32) * s).to(DTYPE)
+        out_hi = (hi.to(tl.float32) * s).to(DTYPE)
+    return out_lo, out_hi
+
+
+@triton.jit
+def group_value(src, off_r, off_k, R, stride_r, stride_k, BLOCK_R: tl.constexpr, GROUP: tl.constexpr):
+    """(BLOCK_R, 1) per-row values of the K group holding column off_k (stride_k 0: one per row)."""
+    rr = off_r + tl.arange(0, BLOCK_R)
+    return tl.load(src + rr * stride_r + (off_k // GROUP) * stride_k, mask=rr < R, other=0)[:, None]
+
+
+@triton.jit
+def packed_b_halves(b, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bsn, stride_bsk, stride_bzn,
+                    stride_bzk, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr, GROUP: tl.constexpr,
+                    INT4: tl.constexpr, FAST_UNPACK: tl.constexpr, INDEX_64: tl.constexpr):
+    """The even-column and odd-column halves (BLOCK_N, SUB // 2) of the SUB columns at off_k of a
+    packed B (one scale group: SUB <= GROUP), dequantized to DTYPE. INT4: (q - z) * s with group
+    scales `b_scale` and uint8 zero points `b_zero` (8 where None, symmetric); else MXFP4 with
+    e8m0 scales `b_scale`."""
+    p = load_packed(b, off_n, off_k, N, K, stride_bn, BLOCK_N, SUB, INDEX_64)
+    if INT4:
+        s = group_value(b_scale, off_n, off_k, N, stride_bsn, stride_bsk, BLOCK_N, GROUP).to(tl.float32)
+        if b_zero is None:
+            z = tl.full((BLOCK_N, 1), 8.0, tl.float32)
+        else:
+            z = group_value(b_zero, off_n, off_k, N, stride_bzn, stride_bzk, BLOCK_N, GROUP).to(tl.float32)
+        lo, hi = int4_halves(p, s, z, DTYPE, FAST_UNPACK)
+    else:
+        lo, hi = mxfp4_halves(p, group_value(b_scale, off_n, off_k, N, stride_bsn, stride_bsk, BLOCK_N, 32), DTYPE)
+    return lo, hi
+
+
+@triton.jit
+def packed_a_halves(a, a_scale, off_m, off_k, M, K, stride_am, stride_asm, stride_ask, BLOCK_M: tl.constexpr,
+                    SUB: tl.constexpr, INDEX_64: tl.constexpr):
+    """The even-column and odd-column halves (BLOCK_M, SUB // 2) of the SUB columns at off_k of a
+    packed MXFP4 A (SUB <= 32: one e8m0 scale per row), decoded to bf16."""
+    p = load_packed(a, off_m, off_k, M, K, stride_am, BLOCK_M, SUB, INDEX_64)
+    return mxfp4_halves(p, group_value(a_scale, off_m, off_k, M, stride_asm, stride_ask, BLOCK_M, 32), tl.bfloat16)

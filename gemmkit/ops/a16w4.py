@@ -30,10 +30,10 @@ def gemm_a16w4(x, w_q, w_scale, w_zero=None, *, group_size=128, bias=None, activ
 
     x: (M, K) (or (*, K)) bf16/fp16. w_q: uint8 (N, K // 2), K-contiguous, two 4-bit values per
     byte: element 2j in the low nibble of byte j, 2j + 1 in the high one (gemmkit.quant.quantize_int4,
-    from_gptq, from_awq). group_size: a power of two >= 16 dividing K (32, 64, 128 as GPTQ/AWQ
+    from_gptq, from_awq). group_size: a power of two >= 32 dividing K (32, 64, 128 as GPTQ/AWQ
     use), or None / -1: one group per output channel. w_scale: (N, K // group_size) bf16/fp16/fp32,
-    any layout. w_zero: uint8 (N, K // group_size) zero points (any byte value: GPTQ's can be 16),
-    or None: symmetric, zero point 8. bias: (N,) bf16/fp16/fp32. activation: None, "relu",
+    any layout. w_zero: uint8 (N, K // group_size) zero points, or None: symmetric, zero point 8;
+    exact up to 127 with bf16 x, 255 with fp16 x (4-bit formats use 0..16: GPTQ's reach 16). bias: (N,) bf16/fp16/fp32. activation: None, "relu",
     "gelu_tanh", "silu". out_dtype: bf16/fp16/fp32 (default y's, else x's). y: optional output.
     config: None (tuned table "a16w4", else derived), a dict or a GemmConfig. No autograd.
     """
@@ -54,8 +54,8 @@ def check_group_size(group_size, K: int) -> int:
     """The group size (K for None / -1), checked against K."""
     if group_size is None or (type(group_size) is int and group_size == -1):
         return K
-    if type(group_size) is not int or group_size < 16 or group_size & (group_size - 1):
-        raise ValueError(f"group_size={group_size!r} must be a power of two >= 16 (32, 64, 128 as GPTQ/AWQ use), "
+    if type(group_size) is not int or group_size < 32 or group_size & (group_size - 1):
+        raise ValueError(f"group_size={group_size!r} must be a power of two >= 32 (32, 64, 128 as GPTQ/AWQ use), "
                          "or None / -1 (one group per output channel)")
     if K % group_size:
         raise ValueError(f"K={K} is not a multiple of group_size={group_size}")
