@@ -34,7 +34,7 @@ def load_packed(src, off_r, off_k, R, K, stride_r, BLOCK_R: tl.constexpr, SUB: t
 
 
 @triton.jit
-def _nibbles_asm(p, MAGIC: tl.constexpr, DTYPE: tl.constexpr):
+def _nibbles_asm(p, MAGIC: tl.constexpr):
     """(MAGIC | low nibble, MAGIC | high nibble) of each byte as 16-bit floats, through PTX."""
     if MAGIC == 0x4300:
         out = tl.inline_asm_elementwise(
@@ -47,7 +47,7 @@ def _nibbles_asm(p, MAGIC: tl.constexpr, DTYPE: tl.constexpr):
             shr.u32 u, t, 4;
             lop3.b32 $1, u, 0x000F000F, 0x43004300, 0xEA;
             }
-            """, constraints="=r,=r,h", args=[p], dtype=(DTYPE, DTYPE), is_pure=True, pack=2)
+            """, constraints="=r,=r,h", args=[p], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
     else:
         tl.static_assert(MAGIC == 0x6400, "magic: 0x4300 (bf16) or 0x6400 (fp16)")
         out = tl.inline_asm_elementwise(
@@ -60,7 +60,7 @@ def _nibbles_asm(p, MAGIC: tl.constexpr, DTYPE: tl.constexpr):
             shr.u32 u, t, 4;
             lop3.b32 $1, u, 0x000F000F, 0x64006400, 0xEA;
             }
-            """, constraints="=r,=r,h", args=[p], dtype=(DTYPE, DTYPE), is_pure=True, pack=2)
+            """, constraints="=r,=r,h", args=[p], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
     return out
 
 
@@ -75,7 +75,7 @@ def int4_halves(p, s, z, DTYPE: tl.constexpr, FAST_UNPACK: tl.constexpr):
         MAGIC: tl.constexpr = 0x6400
         base: tl.constexpr = 1024.0
     if FAST_UNPACK:
-        v_lo, v_hi = _nibbles_asm(p, MAGIC, DTYPE)
+        v_lo, v_hi = _nibbles_asm(p, MAGIC)
     else:
         v_lo = ((p & 15).to(tl.int16) | MAGIC).to(DTYPE, bitcast=True)
         v_hi = ((p >> 4).to(tl.int16) | MAGIC).to(DTYPE, bitcast=True)

@@ -176,7 +176,9 @@ def compile_packed(M: int, N: int, K: int, cfg: GemmConfig, packed: str, x_dtype
     head = plan.head(x, w, y, torch.empty(plan.ws_shape, dtype=plan.ws_dtype) if plan.pieces else None,
                      torch.empty(plan.num_tiles, dtype=torch.int32) if plan.pieces else None, None, a_s, b_s, None,
                      None, checked=False, b_zero=b_z)
-    return _compile(_jit_kernel(), (*head, *plan.tail), cfg)
+    tail = list(plan.tail)  # the plan was built on the CPU: take the CUDA build's nibble decoding
+    tail[_jit_kernel().arg_names.index("FAST_UNPACK") - len(head)] = True
+    return _compile(_jit_kernel(), (*head, *tail), cfg)
 
 
 def packed_formats(packed: str, x_dtype=torch.bfloat16, group: int = 128):
