@@ -345,23 +345,24 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
 def _derive_packed(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,
                    out_bytes: int) -> GemmConfig:
     """derive_config for a packed 4-bit B (decoded in registers, pointer loads). Up to M = 64 the
-    loop streams weights: 128-row B tiles, 256-wide K tiles (128 packed bytes per row and step),
-    4 warps, split-K until the tiles cover the SMs twice (scripts/w4_probe.py: 2.4-3.0x cuBLAS
-    bf16 at M = 16 on the H100 where 64-row or 128-wide tiles gave 1.8-2.6x). Larger M: 128x128x128
-    tiles with 8 warps, which share out the decoding."""
+    loop streams weights: 128-row B tiles, 128-wide K tiles, 4 warps, split-K until the tiles cover
+    the SMs twice (scripts/w4_sweep.py on the H100, M = 16 and 64: the best or within 6% of the
+    best of 16/64-row x 64/128-wide x 128/256-deep tiles and split-K for INT4; 256-deep tiles
+    held twice the registers). Larger M: 128x128x128 tiles with 8 warps, which share out the
+    decoding."""
     if M <= 64:
         block_m, block_n, warps = max(16, next_pow2(M)), 128, 4
     else:
         block_m, block_n, warps = 128, 128, 8
     block_n = min(block_n, max(16, next_pow2(N)))
-    block_k = 256 if M <= 64 and K >= 1024 else max(32, min(128, next_pow2(K)))
+    block_k = max(32, min(128, next_pow2(K)))
     tiles = -(-M // block_m) * -(-N // block_n)
     k_tiles = -(-K // block_k)
     split_k = max(1, min(2 * dev.num_sms // tiles, k_tiles // 4, 16)) if tiles < dev.num_sms else 1
     cfg = fit_to_smem(GemmConfig(block_m, block_n, block_k, 8, split_k, warps, 2, False, False, False, False),
                       dev, a, b, out_bytes)
     stages = cfg.num_stages
-    while stages < 4 and (dataclasses.replace(cfg, num_stages=stages + 1).smem_bytes(a, b, out_bytes)
+    while stages < 3 and (dataclasses.replace(cfg, num_stages=stages + 1).smem_bytes(a, b, out_bytes)
                           <= dev.smem_per_block - SMEM_SLACK):
         stages += 1
     return dataclasses.replace(cfg, num_stages=stages)
