@@ -70,7 +70,7 @@ def packed_k_product(a, b, a_scale, b_scale, b_zero, off_m, off_n, k_lo, k_hi, M
                      stride_bn, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bzn, stride_bzk,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_K: tl.constexpr,
                      A_PRODUCER: tl.constexpr, B_PRODUCER: tl.constexpr, A_WORDS: tl.constexpr,
-                     FAST_UNPACK: tl.constexpr, INDEX_64: tl.constexpr):
+                     FAST_UNPACK: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr):
     """fp32 sum over the K tiles k_lo <= ki < k_hi of A @ B^T for a packed 4-bit B (B_INT4 with
     GROUP_K-wide scale groups, or B_MXFP4) and a 16-bit A (or A_MXFP4). Each K tile is taken in
     steps of SUB = min(BLOCK_K, GROUP_K) columns, one scale group each: the step's packed bytes
@@ -83,13 +83,13 @@ def packed_k_product(a, b, a_scale, b_scale, b_zero, off_m, off_n, k_lo, k_hi, M
             off_k = ki * BLOCK_K + j * SUB
             if A_PRODUCER == A_MXFP4:
                 x_lo, x_hi = packed_a_halves(a, a_scale, off_m, off_k, M, K, stride_am, stride_asm, stride_ask,
-                                             BLOCK_M, SUB, INDEX_64)
+                                             BLOCK_M, SUB, FAST_UNPACK, EVEN_K, INDEX_64)
             else:
                 x_lo, x_hi = load_k_halves(a, off_m, off_k, M, K, stride_am, stride_ak, BLOCK_M, SUB, A_WORDS,
-                                           INDEX_64)
+                                           EVEN_K, INDEX_64)
             w_lo, w_hi = packed_b_halves(b, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bsn, stride_bsk,
                                          stride_bzn, stride_bzk, x_lo.dtype, BLOCK_N, SUB, GROUP_K,
-                                         B_PRODUCER == B_INT4, FAST_UNPACK, INDEX_64)
+                                         B_PRODUCER == B_INT4, FAST_UNPACK, EVEN_K, INDEX_64)
             acc = tl.dot(x_lo, w_lo.T, acc)
             acc = tl.dot(x_hi, w_hi.T, acc)
     return acc
@@ -201,7 +201,7 @@ def k_range_product(
         acc = packed_k_product(a, b, a_scale, b_scale, b_zero, off_m, off_n, k_lo, k_hi, M, N, K, stride_am,
                                stride_ak, stride_bn, stride_asm, stride_ask, stride_bsn, stride_bsk, stride_bzn,
                                stride_bzk, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_K, A_PRODUCER, B_PRODUCER, A_WORDS,
-                               FAST_UNPACK, INDEX_64)
+                               FAST_UNPACK, EVEN_K, INDEX_64)
     else:
         acc = dense_k_product(a, b, a_scale, b_scale, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak,
                               stride_bn, stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N,

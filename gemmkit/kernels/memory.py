@@ -62,7 +62,7 @@ def load_k_tile(
 
 @triton.jit
 def load_k_halves(src, off_r, off_k, R, K, stride_r, stride_k, BLOCK_R: tl.constexpr, SUB: tl.constexpr,
-                  WORDS: tl.constexpr, INDEX_64: tl.constexpr):
+                  WORDS: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr):
     """The even and odd columns (BLOCK_R, SUB // 2) each of the (BLOCK_R, SUB) tile at (off_r,
     off_k) of a 16-bit (R, K) operand, K even: the partners of a packed 4-bit operand's low and
     high nibbles. WORDS (unit stride along K, 4-byte aligned rows): one 32-bit load per pair of
@@ -70,7 +70,10 @@ def load_k_halves(src, off_r, off_k, R, K, stride_r, stride_k, BLOCK_R: tl.const
     if WORDS:
         rr, rw = tile_indices(off_r, off_k // 2, BLOCK_R, SUB // 2, INDEX_64)
         ptrs = src.to(tl.pointer_type(tl.int32)) + rr[:, None] * (stride_r // 2) + rw[None, :]
-        w = tl.load(ptrs, mask=(rr[:, None] < R) & (rw[None, :] < K // 2), other=0)
+        if EVEN_K:
+            w = tl.load(ptrs, mask=rr[:, None] < R, other=0)
+        else:
+            w = tl.load(ptrs, mask=(rr[:, None] < R) & (rw[None, :] < K // 2), other=0)
         even = (w & 0xFFFF).to(tl.int16).to(src.dtype.element_ty, bitcast=True)
         odd = (w >> 16).to(tl.int16).to(src.dtype.element_ty, bitcast=True)
     else:

@@ -12,9 +12,9 @@ about the order). Interleaving (join + reshape) cost as much as the decode itsel
 
 Decoding builds 16-bit floats from the bits, with no int-to-float conversions: 0x4300 | q is the
 bf16 128 + q (0x6400 | q the fp16 1024 + q), exact, and (v - (128 + z)) * s is then two packed
-16-bit instructions per pair of values. With PTX (FAST_UNPACK, CUDA only) one PRMT and two LOP3
-per pair of bytes place the nibbles in the halves of 32-bit words; elsewhere (the interpreter)
-the same bits come from plain integer ops.
+16-bit instructions per pair of values. With PTX (FAST_UNPACK, CUDA only) PRMT, SHR and LOP3 on
+whole words place the nibbles in the halves of 32-bit words; elsewhere (the interpreter) the same
+bits come from plain integer ops.
 """
 
 import triton
@@ -25,42 +25,54 @@ from .memory import tile_indices
 
 @triton.jit
 def load_packed(src, off_r, off_k, R, K, stride_r, BLOCK_R: tl.constexpr, SUB: tl.constexpr,
-                INDEX_64: tl.constexpr):
+                EVEN_K: tl.constexpr, INDEX_64: tl.constexpr):
     """The (BLOCK_R, SUB // 2) bytes holding columns off_k .. off_k + SUB of a packed (R, K)
-    operand (src: byte (0, 0); bytes contiguous along K). Rows past R and columns past K read 0."""
+    operand (src: byte (0, 0); bytes contiguous along K). Rows past R and columns past K read 0
+    (EVEN_K: no column is past K; a column mask would halve the vector width of the loads)."""
     rr, rb = tile_indices(off_r, off_k // 2, BLOCK_R, SUB // 2, INDEX_64)
-    return tl.load(src + rr[:, None] * stride_r + rb[None, :], mask=(rr[:, None] < R) & (rb[None, :] < K // 2),
-                   other=0)
+    if EVEN_K:
+        mask = rr[:, None] < R
+    else:
+        mask = (rr[:, None] < R) & (rb[None, :] < K // 2)
+    return tl.load(src + rr[:, None] * stride_r + rb[None, :], mask=mask, other=0)
 
 
 @triton.jit
 def _nibbles_asm(p, MAGIC: tl.constexpr):
-    """(MAGIC | low nibble, MAGIC | high nibble) of each byte as 16-bit floats, through PTX."""
+    """(MAGIC | low nibble, MAGIC | high nibble) of each byte as 16-bit floats, through PTX: four
+    bytes per word; PRMT spreads two bytes over the halves of a word, LOP3 masks one nibble of each
+    and ORs in the exponent (bf16 128 or fp16 1024), so 1.5 instructions per value."""
     if MAGIC == 0x4300:
         out = tl.inline_asm_elementwise(
             asm="""
             {
-            .reg .b32 t, u;
-            cvt.u32.u16 t, $2;
-            prmt.b32 t, t, 0, 0x1100;
-            lop3.b32 $0, t, 0x000F000F, 0x43004300, 0xEA;
-            shr.u32 u, t, 4;
-            lop3.b32 $1, u, 0x000F000F, 0x43004300, 0xEA;
+            .reg .b32 t01, t23, u01, u23;
+            prmt.b32 t01, $4, 0, 0x1100;
+            prmt.b32 t23, $4, 0, 0x3322;
+            lop3.b32 $0, t01, 0x000F000F, 0x43004300, 0xEA;
+            lop3.b32 $1, t23, 0x000F000F, 0x43004300, 0xEA;
+            shr.u32 u01, t01, 4;
+            shr.u32 u23, t23, 4;
+            lop3.b32 $2, u01, 0x000F000F, 0x43004300, 0xEA;
+            lop3.b32 $3, u23, 0x000F000F, 0x43004300, 0xEA;
             }
-            """, constraints="=r,=r,h", args=[p], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=2)
+            """, constraints="=r,=r,=r,=r,r", args=[p], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
     else:
         tl.static_assert(MAGIC == 0x6400, "magic: 0x4300 (bf16) or 0x6400 (fp16)")
         out = tl.inline_asm_elementwise(
             asm="""
             {
-            .reg .b32 t, u;
-            cvt.u32.u16 t, $2;
-            prmt.b32 t, t, 0, 0x1100;
-            lop3.b32 $0, t, 0x000F000F, 0x64006400, 0xEA;
-            shr.u32 u, t, 4;
-            lop3.b32 $1, u, 0x000F000F, 0x64006400, 0xEA;
+            .reg .b32 t01, t23, u01, u23;
+            prmt.b32 t01, $4, 0, 0x1100;
+            prmt.b32 t23, $4, 0, 0x3322;
+            lop3.b32 $0, t01, 0x000F000F, 0x64006400, 0xEA;
+            lop3.b32 $1, t23, 0x000F000F, 0x64006400, 0xEA;
+            shr.u32 u01, t01, 4;
+            shr.u32 u23, t23, 4;
+            lop3.b32 $2, u01, 0x000F000F, 0x64006400, 0xEA;
+            lop3.b32 $3, u23, 0x000F000F, 0x64006400, 0xEA;
             }
-            """, constraints="=r,=r,h", args=[p], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)
+            """, constraints="=r,=r,=r,=r,r", args=[p], dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
     return out
 
 
@@ -93,34 +105,95 @@ def e8m0_float(e):
 
 
 @triton.jit
-def _e2m1(c, DTYPE: tl.constexpr):
-    """e2m1 codes (uint8 0..15: bit 3 the sign, bits 1-2 the exponent, bit 0 the mantissa) ->
-    DTYPE: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives. The code's magnitude bits placed at
-    the bottom of the 16-bit float's exponent field make that value times 2^-126 (bf16) or 2^-14
-    (fp16), a subnormal for exponent 0, and a power-of-two product undoes it exactly."""
+def _e2m1_asm(p, BF16: tl.constexpr):
+    """The e2m1 codes in the low and high nibbles of each byte as 16-bit floats of their bits (see
+    _e2m1), through PTX: per pair of bytes spread over a word's halves (PRMT), the magnitude bits
+    shifted under the exponent field and the sign bit to bit 15 (SHL, SHL, AND, LOP3)."""
+    if BF16:
+        out = tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 t01, t23, a, b;
+            prmt.b32 t01, $4, 0, 0x1100;
+            prmt.b32 t23, $4, 0, 0x3322;
+            shl.b32 a, t01, 6;
+            shl.b32 b, t01, 12;
+            and.b32 b, b, 0x80008000;
+            lop3.b32 $0, a, 0x01C001C0, b, 0xEA;
+            shl.b32 a, t23, 6;
+            shl.b32 b, t23, 12;
+            and.b32 b, b, 0x80008000;
+            lop3.b32 $1, a, 0x01C001C0, b, 0xEA;
+            shl.b32 a, t01, 2;
+            shl.b32 b, t01, 8;
+            and.b32 b, b, 0x80008000;
+            lop3.b32 $2, a, 0x01C001C0, b, 0xEA;
+            shl.b32 a, t23, 2;
+            shl.b32 b, t23, 8;
+            and.b32 b, b, 0x80008000;
+            lop3.b32 $3, a, 0x01C001C0, b, 0xEA;
+            }
+            """, constraints="=r,=r,=r,=r,r", args=[p], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    else:
+        out = tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 t01, t23, a, b;
+            prmt.b32 t01, $4, 0, 0x1100;
+            prmt.b32 t23, $4, 0, 0x3322;
+            shl.b32 a, t01, 9;
+            shl.b32 b, t01, 12;
+            and.b32 b, b, 0x80008000;
+            lop3.b32 $0, a, 0x0E000E00, b, 0xEA;
+            shl.b32 a, t23, 9;
+            shl.b32 b, t23, 12;
+            and.b32 b, b, 0x80008000;
+            lop3.b32 $1, a, 0x0E000E00, b, 0xEA;
+            shl.b32 a, t01, 5;
+            shl.b32 b, t01, 8;
+            and.b32 b, b, 0x80008000;
+            lop3.b32 $2, a, 0x0E000E00, b, 0xEA;
+            shl.b32 a, t23, 5;
+            shl.b32 b, t23, 8;
+            and.b32 b, b, 0x80008000;
+            lop3.b32 $3, a, 0x0E000E00, b, 0xEA;
+            }
+            """, constraints="=r,=r,=r,=r,r", args=[p], dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+    return out
+
+
+@triton.jit
+def _e2m1_bits(c, DTYPE: tl.constexpr):
+    """e2m1 codes (uint8 0..15: bit 3 the sign, bits 1-2 the exponent, bit 0 the mantissa) as the
+    DTYPE float of their bits: the magnitude bits at the bottom of the exponent field make the
+    value (0, 0.5, 1, 1.5, 2, 3, 4, 6) times 2^-126 (bf16) or 2^-14 (fp16), a subnormal for
+    exponent 0; a power-of-two product undoes that exactly."""
     c = c.to(tl.int16)
     if DTYPE == tl.bfloat16:
-        v = (((c & 7) << 6) | ((c & 8) << 12)).to(tl.bfloat16, bitcast=True) * 8.507059173023462e37  # 2^126
+        v = (((c & 7) << 6) | ((c & 8) << 12)).to(tl.bfloat16, bitcast=True)
     else:
-        v = (((c & 7) << 9) | ((c & 8) << 12)).to(tl.float16, bitcast=True) * 16384.0
+        v = (((c & 7) << 9) | ((c & 8) << 12)).to(tl.float16, bitcast=True)
     return v
 
 
 @triton.jit
-def mxfp4_halves(p, e, DTYPE: tl.constexpr):
+def mxfp4_halves(p, e, DTYPE: tl.constexpr, FAST_UNPACK: tl.constexpr):
     """e2m1(q) * 2^(e - 127) of the low and high nibbles of bytes p (R, C), as DTYPE: e (R, 1)
-    uint8 e8m0 scales. bf16 multiplies by the scale in bf16 (exact: a power of two within its
-    range); fp16, whose range is narrower, in fp32."""
-    lo = _e2m1(p & 15, DTYPE)
-    hi = _e2m1(p >> 4, DTYPE)
+    uint8 e8m0 scales. bf16 multiplies by 2^126 and the scale in bf16 (exact: powers of two in
+    its range); fp16, whose range is narrower, by 2^14 and then the scale in fp32."""
+    if FAST_UNPACK:
+        lo, hi = _e2m1_asm(p, DTYPE == tl.bfloat16)
+    else:
+        lo = _e2m1_bits(p & 15, DTYPE)
+        hi = _e2m1_bits(p >> 4, DTYPE)
     s = e8m0_float(e)
     if DTYPE == tl.bfloat16:
         sb = s.to(tl.bfloat16)
-        out_lo = lo * sb
-        out_hi = hi * sb
+        out_lo = lo * 8.507059173023462e37 * sb  # 2^126
+        out_hi = hi * 8.507059173023462e37 * sb
     else:
-        out_lo = (lo.to(tl.float32) * s).to(DTYPE)
-        out_hi = (hi.to(tl.float32) * s).to(DTYPE)
+        out_lo = ((lo * 16384.0).to(tl.float32) * s).to(DTYPE)
+        out_hi = ((hi * 16384.0).to(tl.float32) * s).to(DTYPE)
     return out_lo, out_hi
 
 
@@ -134,12 +207,12 @@ def group_value(src, off_r, off_k, R, stride_r, stride_k, BLOCK_R: tl.constexpr,
 @triton.jit
 def packed_b_halves(b, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bsn, stride_bsk, stride_bzn,
                     stride_bzk, DTYPE: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr, GROUP: tl.constexpr,
-                    INT4: tl.constexpr, FAST_UNPACK: tl.constexpr, INDEX_64: tl.constexpr):
+                    INT4: tl.constexpr, FAST_UNPACK: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr):
     """The even-column and odd-column halves (BLOCK_N, SUB // 2) of the SUB columns at off_k of a
     packed B (one scale group: SUB <= GROUP), dequantized to DTYPE. INT4: (q - z) * s with group
     scales `b_scale` and uint8 zero points `b_zero` (8 where None, symmetric); else MXFP4 with
     e8m0 scales `b_scale`."""
-    p = load_packed(b, off_n, off_k, N, K, stride_bn, BLOCK_N, SUB, INDEX_64)
+    p = load_packed(b, off_n, off_k, N, K, stride_bn, BLOCK_N, SUB, EVEN_K, INDEX_64)
     if INT4:
         s = group_value(b_scale, off_n, off_k, N, stride_bsn, stride_bsk, BLOCK_N, GROUP).to(tl.float32)
         if b_zero is None:
@@ -148,14 +221,16 @@ def packed_b_halves(b, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bs
             z = group_value(b_zero, off_n, off_k, N, stride_bzn, stride_bzk, BLOCK_N, GROUP).to(tl.float32)
         lo, hi = int4_halves(p, s, z, DTYPE, FAST_UNPACK)
     else:
-        lo, hi = mxfp4_halves(p, group_value(b_scale, off_n, off_k, N, stride_bsn, stride_bsk, BLOCK_N, 32), DTYPE)
+        lo, hi = mxfp4_halves(p, group_value(b_scale, off_n, off_k, N, stride_bsn, stride_bsk, BLOCK_N, 32), DTYPE,
+                              FAST_UNPACK)
     return lo, hi
 
 
 @triton.jit
 def packed_a_halves(a, a_scale, off_m, off_k, M, K, stride_am, stride_asm, stride_ask, BLOCK_M: tl.constexpr,
-                    SUB: tl.constexpr, INDEX_64: tl.constexpr):
+                    SUB: tl.constexpr, FAST_UNPACK: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr):
     """The even-column and odd-column halves (BLOCK_M, SUB // 2) of the SUB columns at off_k of a
     packed MXFP4 A (SUB <= 32: one e8m0 scale per row), decoded to bf16."""
-    p = load_packed(a, off_m, off_k, M, K, stride_am, BLOCK_M, SUB, INDEX_64)
-    return mxfp4_halves(p, group_value(a_scale, off_m, off_k, M, stride_asm, stride_ask, BLOCK_M, 32), tl.bfloat16)
+    p = load_packed(a, off_m, off_k, M, K, stride_am, BLOCK_M, SUB, EVEN_K, INDEX_64)
+    return mxfp4_halves(p, group_value(a_scale, off_m, off_k, M, stride_asm, stride_ask, BLOCK_M, 32), tl.bfloat16,
+                        FAST_UNPACK)
