@@ -208,3 +208,30 @@ def test_convert_int4():
         assert report.converted == ["0", "2"] and list(report.unsupported) == ["3"]
         assert isinstance(model[0], gnn.Int4Linear) and model[0].group_size == 32
         assert_close(model(x), ref, tol=0.2)
+
+
+@pytest.mark.parametrize("group_size,dtype", [(128, BF16), (32, FP16), (None, BF16)])
+def test_prefill_route(group_size, dtype):
+    """From DEQUANT_MIN_M rows (config None) the weight is dequantized in one pass and the A16W16
+    GEMM runs on it (ops/packed_prefill.py); an explicit config still runs the fused kernel. Both
+    agree with the float64 reference, with bias, activation and a preallocated output."""
+    from gemmkit.ops import a16w4, packed_prefill
+
+    M, N, K = packed_prefill.DEQUANT_MIN_M + 3, 40, 96 if group_size is None else 256
+    x = randn(M, K, dtype=dtype)
+    w = randn(N, K, dtype=FP32, scale=K**-0.5).to(dtype)
+    q, s, z = quant.quantize_int4(w, group_size, False)
+    wd = quant.dequantize_int4(q, s, z, group_size, torch.float64)
+    bias = randn(N, dtype=dtype)
+    ref = reference(x, wd, bias, "silu")
+    y = poisoned((M, N), dtype)
+    out = gemmkit.gemm_a16w4(x, q, s, z, group_size=group_size, bias=bias, activation="silu", y=y)
+    assert out is y
+    assert_close(out, ref)
+    plans = [p for p in a16w4._plans.values() if isinstance(p, packed_prefill.DequantThenGemm)]
+    assert plans, "the prefill route was not taken"
+    wq_d = packed_prefill.dequantize_packed(q, s, z, group_size or 128, True, dtype)
+    assert torch.equal(wq_d, wd.to(dtype))
+    fused = gemmkit.gemm_a16w4(x, q, s, z, group_size=group_size, bias=bias, activation="silu",
+                               config=dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=64))
+    assert_close(fused, ref)

@@ -169,3 +169,17 @@ def test_tool_ops(name):
     assert op.nbytes(M, N, K) < M * K * 2 + N * K * 2  # less than a bf16 weight
     gem, base = op.reads
     assert set(gem) <= set(inp) and set(base) <= set(inp)
+
+
+def test_a16wfp4_prefill_route():
+    """From DEQUANT_MIN_M rows (config None) the MXFP4 weight is dequantized in one pass for the
+    A16W16 GEMM (ops/packed_prefill.py); it matches the float64 reference and the fused kernel."""
+    from gemmkit.ops import packed_prefill
+
+    M, N, K = packed_prefill.DEQUANT_MIN_M + 1, 24, 128
+    x = randn(M, K, dtype=BF16)
+    q, s, wd = mx(N, K, scale=K**-0.5)
+    assert torch.equal(packed_prefill.dequantize_packed(q, s, None, 32, False, BF16), wd.to(BF16))
+    ref = reference(x, wd)
+    assert_close(gemmkit.gemm_a16wfp4(x, q, s), ref)
+    assert_close(gemmkit.gemm_a16wfp4(x, q, s, config=dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=64)), ref)

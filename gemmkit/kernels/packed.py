@@ -234,3 +234,20 @@ def packed_a_halves(a, a_scale, off_m, off_k, M, K, stride_am, stride_asm, strid
     p = load_packed(a, off_m, off_k, M, K, stride_am, BLOCK_M, SUB, EVEN_K, INDEX_64)
     return mxfp4_halves(p, group_value(a_scale, off_m, off_k, M, stride_asm, stride_ask, BLOCK_M, 32), tl.bfloat16,
                         FAST_UNPACK)
+
+
+@triton.jit
+def dequantize_kernel(b, b_scale, b_zero, out, N, K, stride_bn, stride_bsn, stride_bsk, stride_bzn, stride_bzk,
+                      stride_on, BLOCK_N: tl.constexpr, SUB: tl.constexpr, GROUP: tl.constexpr, INT4: tl.constexpr,
+                      FAST_UNPACK: tl.constexpr, EVEN_K: tl.constexpr, INDEX_64: tl.constexpr):
+    """out (N, K) = the packed 4-bit B dequantized (as packed_b_halves, to out's dtype), one
+    (BLOCK_N, SUB) tile per program; the halves are interleaved back here, where it is cheap
+    (a memory-bound pass)."""
+    off_n = tl.program_id(0) * BLOCK_N
+    off_k = tl.program_id(1) * SUB
+    lo, hi = packed_b_halves(b, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bsn, stride_bsk, stride_bzn,
+                             stride_bzk, out.dtype.element_ty, BLOCK_N, SUB, GROUP, INT4, FAST_UNPACK, EVEN_K,
+                             INDEX_64)
+    rn, rk = tile_indices(off_n, off_k, BLOCK_N, SUB, INDEX_64)
+    tl.store(out + rn[:, None] * stride_on + rk[None, :], tl.reshape(tl.join(lo, hi), (BLOCK_N, SUB)),
+             mask=(rn[:, None] < N) & (rk[None, :] < K))

@@ -16,6 +16,7 @@ from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense, packed4
 from ..core.plan import PlanCache, plan_key
 from ..core.tracing import is_compiling as _is_compiling, library as _library
+from .packed_prefill import DEQUANT_MIN_M, DequantThenGemm
 
 OP = "a16w4"
 _IN_DTYPES = (torch.bfloat16, torch.float16)
@@ -35,7 +36,9 @@ def gemm_a16w4(x, w_q, w_scale, w_zero=None, *, group_size=128, bias=None, activ
     any layout. w_zero: uint8 (N, K // group_size) zero points, or None: symmetric, zero point 8;
     exact up to 127 with bf16 x, 255 with fp16 x (4-bit formats use 0..16: GPTQ's reach 16). bias: (N,) bf16/fp16/fp32. activation: None, "relu",
     "gelu_tanh", "silu". out_dtype: bf16/fp16/fp32 (default y's, else x's). y: optional output.
-    config: None (tuned table "a16w4", else derived), a dict or a GemmConfig. No autograd.
+    config: None (tuned table "a16w4", else derived; from M = DEQUANT_MIN_M rows the weight is
+    dequantized in one pass and the A16W16 GEMM runs on it: ops/packed_prefill.py), a dict or a
+    GemmConfig (always the fused kernel). No autograd.
     """
     if _is_compiling():  # torch.compile records torch.ops.gemmkit.gemm_a16w4 (gemmkit.library)
         return _library().traced_gemm_a16w4(x, w_q, w_scale, w_zero, group_size, bias, activation, out_dtype, y,
@@ -114,6 +117,8 @@ def _make_plan(x, w_q, w_scale, w_zero, group_size, bias, y, activation, out_dty
     out_dtype, y2, degenerate = output_checks(x2, lead, N, K, bias, y, out_dtype, x.dtype, device, activation)
     if degenerate:
         return degenerate
+    if config is None and M >= DEQUANT_MIN_M:
+        return DequantThenGemm(g if g != K else next_pow2(K), True, x.dtype, activation, out_dtype)
     dev = device_info(device)
     a_fmt = dense(x.dtype)
     b_fmt = packed4(x.dtype, Scale.GROUP, g if g != K else next_pow2(K))

@@ -19,6 +19,7 @@ from ..core.formats import Scale, dense, packed4
 from ..core.plan import PlanCache, plan_key
 from ..core.tracing import is_compiling as _is_compiling, library as _library
 from .a16w4 import check_group_tensor, check_packed_weight, output_checks
+from .packed_prefill import DEQUANT_MIN_M, DequantThenGemm
 
 MX_BLOCK = 32
 _IN_DTYPES = (torch.bfloat16, torch.float16)
@@ -31,7 +32,9 @@ def gemm_a16wfp4(x, w, w_scale, *, bias=None, activation=None, out_dtype=None, y
     x: (M, K) (or (*, K)) bf16/fp16, K a multiple of 32. w: uint8 (N, K // 2) e2m1 codes,
     K-contiguous. w_scale: uint8 (N, K // 32) e8m0, any layout. bias: (N,) bf16/fp16/fp32.
     activation: None, "relu", "gelu_tanh", "silu". out_dtype: bf16/fp16/fp32 (default y's, else
-    x's). y: optional output. config: None (table "a16wfp4", else derived), dict or GemmConfig.
+    x's). y: optional output. config: None (table "a16wfp4", else derived; from M = DEQUANT_MIN_M
+    the weight is dequantized in one pass for the A16W16 GEMM: ops/packed_prefill.py), dict or
+    GemmConfig (always the fused kernel).
     """
     if _is_compiling():  # torch.compile records torch.ops.gemmkit.gemm_a16wfp4 (gemmkit.library)
         return _library().traced_gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype, y, config)
@@ -91,6 +94,8 @@ def _make_plan(x, x_scale, w, w_scale, bias, y, activation, out_dtype, config):
                                               device, activation)
     if degenerate:
         return degenerate
+    if config is None and M >= DEQUANT_MIN_M and not fp4_x:
+        return _DequantMX(DequantThenGemm(MX_BLOCK, False, x.dtype, activation, out_dtype))
     dev = device_info(device)
     dot = torch.bfloat16 if fp4_x else x.dtype
     a_fmt = packed4(dot, Scale.MX, MX_BLOCK) if fp4_x else dense(x.dtype)
@@ -104,6 +109,16 @@ def _make_plan(x, x_scale, w, w_scale, bias, y, activation, out_dtype, config):
     if fp4_x and x_scale.ndim != 2:
         return _FlatScale(plan)
     return plan
+
+
+class _DequantMX:
+    """The prefill route (ops/packed_prefill.py) under this module's run(x, w, bias, y, x_scale, w_scale)."""
+
+    def __init__(self, plan):
+        self.plan = plan
+
+    def run(self, x, w, bias, y, x_scale, w_scale):
+        return self.plan.run(x, w, bias, y, None, w_scale)
 
 
 class _FlatScale:
