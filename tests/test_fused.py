@@ -425,3 +425,16 @@ def test_compile_routes_to_custom_ops():
     torch._dynamo.reset()
     out = torch.compile(f, fullgraph=True, backend="eager")(x, wgu, wd, res)
     torch.testing.assert_close(out, f(x, wgu, wd, res))
+
+
+def test_mul_add_configs_leave_room_for_epilogue_inputs():
+    """A persistent table config becomes one program per tile with a subtiled epilogue when the
+    epilogue reads (M, N) inputs (their tiles need shared memory the persistent stages fill)."""
+    from gemmkit.core.config import GemmConfig, with_epilogue_inputs
+
+    persistent = GemmConfig(128, 256, 64, num_warps=8, TMA=True, PERSISTENT=True, STREAM_K=True)
+    cfg = with_epilogue_inputs(persistent)
+    assert (cfg.PERSISTENT, cfg.STREAM_K, cfg.EPILOGUE_SUBTILE) == (False, False, True)
+    assert (cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, cfg.TMA) == (128, 256, 64, True)
+    plain = GemmConfig(64, 64, 64)
+    assert with_epilogue_inputs(plain) is plain

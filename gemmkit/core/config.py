@@ -392,6 +392,17 @@ def select_config(op: str, M: int, N: int, K: int, dev: DeviceInfo, a: OperandFo
     return _select(op, m_bucket(M), M < TMA_MIN_M, N, K, dev, a, b, out_bytes)
 
 
+def with_epilogue_inputs(cfg: GemmConfig) -> GemmConfig:
+    """A table config adapted to an epilogue that reads (M, N) inputs (fused mul/add): their tiles
+    pass through shared memory, which the persistent loop's stages already fill (a persistent
+    128x256 tile needed 245 KB of the H100's 227), so persistent configs become one program per
+    tile with a subtiled epilogue (scripts/epilogue_inputs_probe.py on the H100 at M = 4096:
+    1.11-1.60x the torch sequence, where the shrunk persistent configs gave 0.78-1.10x)."""
+    if not cfg.PERSISTENT:
+        return cfg
+    return dataclasses.replace(cfg, PERSISTENT=False, STREAM_K=False, WARP_SPECIALIZE=False, EPILOGUE_SUBTILE=True)
+
+
 def resolve_config(table: str, config, M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat,
                    b: OperandFormat, out_bytes: int) -> GemmConfig:
     """The caller's config (checked against the operands), else the table's or a derived one."""

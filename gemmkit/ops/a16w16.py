@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..core import validate as v
-from ..core.config import resolve_config
+from ..core.config import resolve_config, with_epilogue_inputs
 from ..core.dense import DensePlan
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
@@ -56,6 +56,8 @@ def _make_plan(x, w, bias, y, activation, out_dtype, config, mul=None, add=None)
     dev = device_info(device)
     fmt = dense(x.dtype)
     cfg = resolve_config(OP, config, M, N, K, dev, fmt, fmt, out_dtype.itemsize)
+    if config is None and (mul is not None or add is not None):
+        cfg = with_epilogue_inputs(cfg)
     example_y = y2 if y2 is not None else torch.empty((M, N), dtype=out_dtype, device=device)
     return DensePlan(x2, w, example_y, fmt, fmt, EpilogueSpec(activation, bias is not None, mul is not None,
                                                              add is not None), cfg, dev,

@@ -73,7 +73,7 @@ def _arg_type(value):
 def compile_gemm(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16, w_dtype=None,
                  out_dtype=torch.bfloat16, a_scale: str = "", b_scale: str = "", a_quant: str = "",
                  activation: str = "none", exact: bool = False, dev: DeviceInfo = H100, gated: bool = False,
-                 split_cat: tuple | None = None, a_scale_col: bool = False) -> Binary:
+                 split_cat: tuple | None = None, a_scale_col: bool = False, mul_add: bool = False) -> Binary:
     """Compile gemm_kernel for sm_90 as a launch of this problem would. a_scale / b_scale: "",
     "tensor", "vector" (per row) or "kblock" (1x128 / 128x128 block scales); a_quant: "" or how a
     16-bit x is quantized to w's type in the kernel ("row", "group"); exact: fp32 promotion of
@@ -113,13 +113,14 @@ def compile_gemm(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16
         c2, src = torch.empty(M, heads, d2, dtype=out_dtype), torch.empty(M, heads, d3, dtype=out_dtype)
         sc = dict(d1=d1, dh=d1 + d2, d3=d3, out1=out1, out2=c2, src=src)
         y = out1.view(M, -1)
-    plan = DensePlan(x, w, y, a_fmt, b_fmt, spec, cfg, dev, out_dtype=out_dtype,
-                     out_shape=(M, N), flatten_x=False, inputs=dict(a_scale=a_s, b_scale=b_s, b2=w if gated else None),
+    mul = add = torch.empty(M, N, dtype=out_dtype) if mul_add else None
+    plan = DensePlan(x, w, y, a_fmt, b_fmt, spec, cfg, dev, out_dtype=out_dtype, out_shape=(M, N), flatten_x=False,
+                     inputs=dict(a_scale=a_s, b_scale=b_s, b2=w if gated else None, mul=mul, add=add),
                      exact_accumulation=exact, up_scale=(N, 1) if gated and b_scale == "vector" else (0, 0),
                      split_cat=sc)
     head = plan.head(x, w, y, torch.empty(plan.ws_shape, dtype=plan.ws_dtype) if plan.pieces else None,
-                     torch.empty(plan.num_tiles, dtype=torch.int32) if plan.pieces else None, None, a_s, b_s, None,
-                     None, checked=False, b2=w if gated else None, c2=c2, cat_src=src)
+                     torch.empty(plan.num_tiles, dtype=torch.int32) if plan.pieces else None, None, a_s, b_s, mul,
+                     add, checked=False, b2=w if gated else None, c2=c2, cat_src=src)
     return _compile(_jit_kernel(), (*head, *plan.tail), cfg)
 
 
