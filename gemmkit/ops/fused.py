@@ -21,7 +21,7 @@ import dataclasses
 import torch
 
 from ..core import validate as v
-from ..core.config import GemmConfig, resolve_config
+from ..core.config import GemmConfig, fit_to_smem, resolve_config
 from ..core.dense import DensePlan
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
@@ -90,11 +90,16 @@ def _gated_config(config, table, M, N, K, dev, a_fmt, b_fmt, out_bytes) -> GemmC
         if cfg.SPLIT_K != 1 or cfg.STREAM_K:
             raise ValueError("config: the gated GEMM computes whole tiles (SPLIT_K=1, STREAM_K=False)")
         return cfg
-    cfg = dataclasses.replace(cfg, SPLIT_K=1, STREAM_K=False, PERSISTENT=cfg.PERSISTENT and cfg.TMA)
+    # one program per tile: with two B tiles per stage, the persistent loop's stages and its
+    # epilogue did not both fit (scripts/gated_probe.py, M = 256: non-persistent 128x128x64 tiles,
+    # 8 warps, 4 stages ran 1.0-1.2x torch's GEMM + silu * mul, the persistent ones 0.8-1.03x)
+    cfg = dataclasses.replace(cfg, SPLIT_K=1, STREAM_K=False, PERSISTENT=False, WARP_SPECIALIZE=False,
+                              EPILOGUE_SUBTILE=False)
     while cfg.BLOCK_M * cfg.BLOCK_N > 128 * 128 and cfg.BLOCK_N > 16:
         cfg = dataclasses.replace(cfg, BLOCK_N=cfg.BLOCK_N // 2)
     # two accumulators of 128 x 128 hold what one of 128 x 256 does: 8 warps, as for that tile
-    return dataclasses.replace(cfg, num_warps=8 if cfg.BLOCK_M * cfg.BLOCK_N >= 128 * 128 else 4)
+    cfg = dataclasses.replace(cfg, num_warps=8 if cfg.BLOCK_M * cfg.BLOCK_N >= 128 * 128 else 4)
+    return fit_to_smem(cfg, dev, a_fmt, two_b, out_bytes)
 
 
 class _GatedPlan:
@@ -209,9 +214,9 @@ def ff_a16w16_gated(x, w_gate_up, w_down, activation="silu", *, w_up=None, layou
 # From this many rows on, the gated product is two dense GEMMs through the tuned a16w16 tables:
 # up = x @ w_up^T, then act(x @ w_gate^T) * up with `up` read in the second GEMM's epilogue (the
 # (M, I) up, not the (M, 2I) intermediate, crosses memory once each way). The one-launch gated
-# GEMM, bandwidth-bound at small M, wins below it; it has no tuned table and its two
-# accumulators limit its tiles, so it lost at M >= 256 (BENCHMARKS.md, ff_gated).
-TWO_GEMMS_MIN_M = 256
+# GEMM wins below it: at M = 256 with one program per tile it ran 1.0-1.2x torch where the two
+# GEMMs ran 0.74-0.95x (scripts/gated_probe.py); its two accumulators limit its tiles at large M.
+TWO_GEMMS_MIN_M = 1024
 
 
 def _gated_two_gemms(x, gate, up, activation):
