@@ -15,20 +15,27 @@ def _bmm(x, w, bias=None):
     return out if bias is None else out + (bias.double() if bias.ndim == 1 else bias.double()[:, None, :])
 
 
-@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("persistent,tma", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("bias_kind", [None, "shared", "per_batch"])
-def test_a16w16(persistent, bias_kind):
+def test_a16w16(persistent, tma, bias_kind):
+    """Every batch's rows through pointers or (tma) through one descriptor over all of them."""
     x, w = randn(B, M, K, dtype=torch.bfloat16), randn(B, N, K, dtype=torch.bfloat16)
     bias = {None: None, "shared": randn(N, dtype=torch.float32), "per_batch": randn(B, N, dtype=torch.float32)}[bias_kind]
-    y = gemmkit.batched_gemm_a16w16(x, w, bias, config=dict(CFG, PERSISTENT=persistent))
+    y = gemmkit.batched_gemm_a16w16(x, w, bias, config=dict(CFG, PERSISTENT=persistent, TMA=tma))
     assert y.shape == (B, M, N)
     assert_close(y, _bmm(x, w, bias))
 
 
-def test_stride0_weight_and_layouts():
+@pytest.mark.parametrize("tma", [False, True])
+def test_stride0_weight_and_layouts(tma):
+    """A weight shared by the batch (stride 0), a batch slice whose rows are not evenly spaced
+    (pointer loads even with TMA asked for) and column-major x[b]."""
+    cfg = dict(CFG, TMA=tma)
     x, w = randn(B, M, K, dtype=torch.float16), randn(N, K, dtype=torch.float16)
-    assert_close(gemmkit.batched_gemm_a16w16(x, w, config=CFG), _bmm(x, w))
-    assert_close(gemmkit.batched_gemm_a16w16(x, w.expand(B, N, K), config=CFG), _bmm(x, w))
+    assert_close(gemmkit.batched_gemm_a16w16(x, w, config=cfg), _bmm(x, w))
+    assert_close(gemmkit.batched_gemm_a16w16(x, w.expand(B, N, K), config=cfg), _bmm(x, w))
+    xs = randn(B, M + 3, K, dtype=torch.float16)[:, 1:M + 1]  # batch stride (M + 3) K, not M K
+    assert_close(gemmkit.batched_gemm_a16w16(xs, w, config=cfg), _bmm(xs, w))
     xt = randn(B, K, M, dtype=torch.float16).transpose(1, 2)  # column-major x[b]
     assert_close(gemmkit.batched_gemm_a16w16(xt, w, activation="relu"), torch.relu(_bmm(xt, w)))
 
@@ -42,7 +49,7 @@ def test_a8w8(scales):
         xs, ws = torch.rand((), device=DEVICE), torch.rand(1, device=DEVICE)
     else:
         xs, ws = torch.rand((), device=DEVICE), torch.rand(B, device=DEVICE)
-    y = gemmkit.batched_gemm_a8w8(x, w, xs, ws, out_dtype=torch.float32, config=dict(CFG, BLOCK_K=32))
+    y = gemmkit.batched_gemm_a8w8(x, w, xs, ws, out_dtype=torch.float32, config=dict(CFG, BLOCK_K=32, TMA=True))
     ws_b = ws.reshape(B, 1, N) if scales == "row" else (ws.reshape(B, 1, 1) if scales == "per_batch" else ws)
     ref = _bmm(x.float(), w.float()) * xs.double() * ws_b.double()
     assert_close(y, ref, tol=2e-3)

@@ -9,6 +9,7 @@ from gemmkit import moe
 
 CFG = sizes(dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16), dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4))
 CFG_P = dict(CFG, PERSISTENT=True)
+CFG_T = dict(CFG, TMA=True, PERSISTENT=True)  # descriptors over every expert's rows (A unless gathered, B)
 T, K, N = sizes((19, 40, 24), (1000, 1024, 768))
 
 
@@ -42,7 +43,7 @@ def _ref(x, w, offsets, gather, bias=None, activation="none", x_scale=None, w_sc
 
 @pytest.mark.parametrize("k", [1, 8])
 @pytest.mark.parametrize("routing", ["random", "one", "skewed"])
-@pytest.mark.parametrize("cfg", [CFG, CFG_P], ids=["grid", "persistent"])
+@pytest.mark.parametrize("cfg", [CFG, CFG_P, CFG_T], ids=["grid", "persistent", "tma"])
 def test_gather_routing(k, routing, cfg):
     E = 6
     x, w = randn(T, K, dtype=torch.bfloat16), randn(E, N, K, dtype=torch.bfloat16)
@@ -52,17 +53,18 @@ def test_gather_routing(k, routing, cfg):
     assert_close(y, _ref(x, w, o, g))
 
 
+@pytest.mark.parametrize("cfg", [CFG, CFG_T], ids=["pointers", "tma"])
 @pytest.mark.parametrize("activation", ["none", "silu"])
-def test_sorted_rows_bias_sizes(activation):
+def test_sorted_rows_bias_sizes(activation, cfg):
     E = 4
     sizes_ = torch.tensor([0, 7, 0, T - 7], dtype=torch.int32, device=DEVICE)  # empty experts, ragged
     x, w = randn(T, K, dtype=torch.float16), randn(E, N, K, dtype=torch.float16)
     bias = randn(E, N, dtype=torch.float32)
-    y = gemmkit.grouped_gemm_a16w16(x, w, m_sizes=sizes_, bias=bias, activation=activation, config=CFG)
+    y = gemmkit.grouped_gemm_a16w16(x, w, m_sizes=sizes_, bias=bias, activation=activation, config=cfg)
     o = torch.tensor([0, 0, 7, 7, T], dtype=torch.int32, device=DEVICE)
     assert_close(y, _ref(x, w, o, None, bias, activation))
     y1 = gemmkit.grouped_gemm_a16w16(x, w[:1], torch.tensor([0, T], dtype=torch.int32, device=DEVICE),
-                                     bias=bias[0], config=CFG_P)  # one expert, shared (N,) bias
+                                     bias=bias[0], config=dict(cfg, PERSISTENT=True))  # one expert, shared (N,) bias
     assert_close(y1, reference(x, w[0], bias[0]))
 
 

@@ -9,7 +9,9 @@
   destination row).
 - MAP_BATCHED: B problems (x (B, M, K), w (B, N, K) or shared with batch stride 0), C (B, M, N).
 
-Pointer loads and stores (no TMA descriptors yet), SPLIT_K = 1, no stream-K, no K-block scales.
+Loads through pointers, or (config TMA, K-contiguous operands whose groups are evenly spaced rows)
+through one TMA descriptor over every group's rows; pointer stores; SPLIT_K = 1, no stream-K, no
+K-block scales.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 
 from ..kernels import modes
 from .config import GemmConfig
-from .dense import _INT32_MAX, PER_CALL, _jit_kernel, fused_args, packed_args
+from .dense import _INT32_MAX, PER_CALL, _Descriptor, _jit_kernel, fused_args, packed_args
 from .device import DeviceInfo
 from .epilogue import EpilogueSpec
 from .formats import OperandFormat, Scale
@@ -56,6 +58,8 @@ class GroupedPlan(PlanBase):
         self.tile_map, self.M, self.num_groups = tile_map, M, num_groups
         self.N, self.K = w3.shape[1], w3.shape[2]
         self.x_strides, self.w_strides = tuple(x2.stride()), tuple(w3.stride())
+        self.x_aligned = x2.data_ptr() % 16 == 0 and w3.data_ptr() % 16 == 0
+        self.x_elsize, self.w_elsize, self.x_rows = x2.element_size(), w3.element_size(), x2.shape[0]
         self.out_shape, self.c_strides, self.out_dtype = tuple(out_shape), tuple(c_strides), out_dtype
         self.group_strides, self.gather, self.index_extent = dict(group_strides), gather, index_extent
         self.formats, self.epilogue, self.dev, self.auto_config = (a_fmt, b_fmt), epilogue, dev, auto_config
@@ -80,12 +84,14 @@ class GroupedPlan(PlanBase):
         grid = max(1, min(upper, self.dev.num_sms) if cfg.PERSISTENT else upper)
         acc_int = a_fmt.integer and b_fmt.integer
         gs = self.group_strides
+        self.a_desc, self.b_desc = self._descriptors(cfg)
         self.tail = kernel_tail(_jit_kernel(), PER_CALL, dict(
             M=M, N=N, K=K, stride_am=s_am, stride_ak=s_ak, stride_bn=s_bn, stride_bk=s_bk,
             stride_cm=self.c_strides[0], stride_cn=self.c_strides[1], stride_asm=0, stride_ask=0, stride_bsn=0,
             stride_bsk=0, stride_mul_m=0, stride_mul_n=0, stride_add_m=0, stride_add_n=0, sk_tiles=0,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.GROUP_M, SPLIT_K=1, STREAM_K=False,
-            TILE_MAP=self.tile_map.value, A_TMA=False, A_K_MAJOR=s_ak == 1, B_TMA=False, B_K_MAJOR=s_bk == 1,
+            TILE_MAP=self.tile_map.value, A_TMA=self.a_desc is not None, A_K_MAJOR=s_ak == 1,
+            B_TMA=self.b_desc is not None, B_K_MAJOR=s_bk == 1,
             C_TMA=False, EVEN_K=K % bk == 0, INDEX_64=self.index_extent > _INT32_MAX,
             A_PRODUCER=(modes.A_GATHER if self.gather else modes.A_DENSE).value, B_PRODUCER=modes.B_DENSE.value,
             QUANT="", ACC_INT=acc_int, PROMOTE=modes.PROMOTE_NONE.value, A_SCALE=int(a_fmt.scale),
@@ -103,9 +109,32 @@ class GroupedPlan(PlanBase):
         self.launch = CachedLaunch(_jit_kernel(), (grid,), cfg.num_warps, cfg.num_stages, self.device_index)
         self._bind()
 
+    def _descriptors(self, cfg: GemmConfig):
+        """(A, B) descriptor builders, each over every group's rows ((groups * rows, K); one group's
+        rows where the group stride is 0), or None where that operand takes pointer loads: TMA not
+        asked for or not on the device, gathered rows, not K-contiguous, groups not evenly
+        spaced rows, or not 16-byte aligned."""
+        if not (cfg.TMA and self.dev.has_tma and self.x_aligned):
+            return None, None
+        K, E, (s_am, s_ak), (s_bg, s_bn, s_bk) = self.K, self.num_groups, self.x_strides, self.w_strides
+
+        def build(rows, s_row, s_k, s_g, elsize, block_r):
+            if s_k != 1 or (s_row * elsize) % 16 or block_r > 256 or cfg.BLOCK_K > 256:
+                return None
+            if s_g and s_g != rows * s_row:
+                return None
+            return _Descriptor(((E if s_g else 1) * rows, K), (s_row, 1), (block_r, cfg.BLOCK_K), False)
+
+        a = None
+        if not self.gather:
+            s_ag = self.group_strides.get("stride_ag", 0) if self.tile_map == modes.MAP_BATCHED else 0
+            a = build(self.x_rows, s_am, s_ak, s_ag, self.x_elsize, cfg.BLOCK_M)
+        return a, build(self.N, s_bn, s_bk, s_bg, self.w_elsize, cfg.BLOCK_N)
+
     def _per_call(self, direct=None):
         """One call as a flat function (see DensePlan._per_call): allocate C, launch."""
         idx, device, out_shape, out_dtype, tail = self.device_index, self.device, self.out_shape, self.out_dtype, self.tail
+        a_desc, b_desc = self.a_desc, self.b_desc
         out_strides = contiguous_strides(out_shape)
         empty, launch_regular, flat = torch.empty_strided, self.launch, direct is not None
         if flat:
@@ -118,11 +147,14 @@ class GroupedPlan(PlanBase):
             out = empty(out_shape, out_strides, dtype=out_dtype, device=device)
             if flat:
                 ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
-                launch(gx, gy, gz, stream(idx), function, *lead, x.data_ptr(), w.data_ptr(), out.data_ptr(),
+                launch(gx, gy, gz, stream(idx), function, *lead,
+                       x.data_ptr() if a_desc is None else a_desc(x, True),
+                       w.data_ptr() if b_desc is None else b_desc(w, True), out.data_ptr(),
                        None, None, ptr(bias), ptr(a_scale), ptr(b_scale), None, None, None, None, ptr(a_rows),
                        ptr(c_rows), ptr(row_weights), ptr(offsets), None, None, *tail)
             else:
-                launch_regular((x, w, out, None, None, bias, a_scale, b_scale, None, None, None, None, a_rows, c_rows,
+                launch_regular((x if a_desc is None else a_desc(x, False), w if b_desc is None else b_desc(w, False), out,
+                                None, None, bias, a_scale, b_scale, None, None, None, None, a_rows, c_rows,
                                 row_weights, offsets, None, None), tail)
             return out
 

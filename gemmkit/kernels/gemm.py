@@ -158,7 +158,8 @@ def gemm_kernel(
     expert (rows [group_offsets[e], group_offsets[e + 1]) of A and C, B = b + e * stride_bg) and
     MAP_BATCHED those of num_groups (M, N) problems in one persistent launch; tile counts are read
     on the device. A_GATHER reads A's rows through `a_rows`; C's rows go to `c_rows[row]` (or
-    their own row) times `row_weights[destination]`. Pointer loads and stores.
+    their own row) times `row_weights[destination]`. Loads through pointers, or (A_TMA / B_TMA)
+    through one descriptor over every group's rows; pointer stores.
     """
     pid = tl.program_id(0)
     num_programs = tl.num_programs(0)
@@ -205,15 +206,27 @@ def gemm_kernel(
         b_t = b
         m_hi = M
         a_idx = None
-        if TILE_MAP != MAP_DENSE:  # the group's rows, A (batched) and B (pointer loads)
+        a_row = off_m  # the tile's first row in a_t / b_t
+        b_row = off_n
+        if TILE_MAP != MAP_DENSE:  # the group's rows of A (batched) and of B
             g, off_m, m_hi = group_rows(pid_m, cum_rows, group_offsets, M, BLOCK_M, TILE_MAP)
-            b_t = b + g.to(tl.int64) * stride_bg
+            a_row = off_m
+            # a descriptor spans every group's rows ((groups * rows, K), stride 0: one shared
+            # group): the tile's rows sit g * (stride_g // stride_row) rows down; rows read past
+            # the group's end only feed outputs the store drops
+            if B_TMA:
+                b_row = off_n + g * (stride_bg // stride_bn)
+            else:
+                b_t = b + g.to(tl.int64) * stride_bg
             if TILE_MAP == MAP_BATCHED:
-                a_t = a + g.to(tl.int64) * stride_ag
+                if A_TMA:
+                    a_row = off_m + g * (stride_ag // stride_am)
+                else:
+                    a_t = a + g.to(tl.int64) * stride_ag
             if A_PRODUCER == A_GATHER:
                 rm = off_m + tl.arange(0, BLOCK_M)
                 a_idx = tl.load(a_rows + rm, mask=rm < m_hi, other=0)
-        acc = k_range_product(a_t, b_t, a_scale, b_scale, off_m, off_n, k_lo, k_hi, m_hi, N, K, stride_am, stride_ak,
+        acc = k_range_product(a_t, b_t, a_scale, b_scale, a_row, b_row, k_lo, k_hi, m_hi, N, K, stride_am, stride_ak,
                               stride_bn, stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk,
                               BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64, ACC_INT,
                               A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N,

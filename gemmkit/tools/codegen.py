@@ -156,9 +156,9 @@ def compile_grouped(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloa
 
 
 def compile_packed(M: int, N: int, K: int, cfg: GemmConfig, packed: str, x_dtype=torch.bfloat16,
-                   out_dtype=torch.bfloat16, group: int = 128, dev: DeviceInfo = H100) -> Binary:
-    """Compile gemm_kernel for sm_90 with 4-bit operands: packed "int4" (group scales, zero
-    points) or "mxfp4" weights with a 16-bit x, or "afp4wfp4" (both MXFP4)."""
+                   out_dtype=torch.bfloat16, group: int = 128, dev: DeviceInfo = H100, zero: bool = True) -> Binary:
+    """Compile gemm_kernel for sm_90 with 4-bit operands: packed "int4" (group scales, zero points
+    unless not `zero`) or "mxfp4" weights with a 16-bit x, or "afp4wfp4" (both MXFP4)."""
     from ..core.dense import DensePlan, _jit_kernel
     from ..core.epilogue import EpilogueSpec
 
@@ -168,7 +168,8 @@ def compile_packed(M: int, N: int, K: int, cfg: GemmConfig, packed: str, x_dtype
     w = torch.empty(N, K // 2, dtype=torch.uint8)
     y = torch.empty(M, N, dtype=out_dtype)
     if packed == "int4":
-        b_s, b_z, a_s = torch.empty(N, K // group, dtype=x_dtype), torch.empty(N, K // group, dtype=torch.uint8), None
+        b_s, a_s = torch.empty(N, K // group, dtype=x_dtype), None
+        b_z = torch.empty(N, K // group, dtype=torch.uint8) if zero else None
     else:
         b_s, b_z = torch.empty(N, K // 32, dtype=torch.uint8), None
         a_s = torch.empty(M, K // 32, dtype=torch.uint8) if fp4_x else None
