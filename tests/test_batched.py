@@ -67,3 +67,21 @@ def test_empty_and_bad():
         gemmkit.batched_gemm_a16w16(x, w.half())
     with pytest.raises(ValueError, match="bias"):
         gemmkit.batched_gemm_a16w16(x, w, randn(B, N + 1, dtype=torch.float32))
+
+
+def test_batched_derived_configs():
+    """Derived configs of a batch whose tiles fill the SMs: shallower pipelines, 128x256 tiles from
+    256 x 4096 per problem; a batch with fewer tiles than SMs keeps the derived config."""
+    from gemmkit.core.config import derive_config
+    from gemmkit.core.device import known_device
+    from gemmkit.core.formats import dense
+    from gemmkit.core.grouped import family_config_for
+
+    h100, f = known_device("NVIDIA_H100_80GB_HBM3"), dense(torch.bfloat16)
+    big = family_config_for(None, 512, 4096, 4096, h100, f, f, 2, None, batch=8)
+    assert (big.BLOCK_M, big.BLOCK_N, big.num_warps, big.num_stages) == (128, 256, 8, 4) and big.PERSISTENT
+    mid = family_config_for(None, 2048, 1024, 1024, h100, f, f, 2, None, batch=8)
+    assert (mid.BLOCK_N, mid.num_stages) == (128, 3)
+    few = family_config_for(None, 128, 128, 4096, h100, f, f, 2, None, batch=32)
+    assert few == derive_config(128, 128, 4096, h100, f, f, 2)
+    assert family_config_for(None, 512, 4096, 4096, h100, f, f, 2, None) == derive_config(512, 4096, 4096, h100, f, f, 2)

@@ -79,7 +79,8 @@ def _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind
     v.check_layout("w[0]", w[0])
     dev = device_info(device)
     a_fmt, b_fmt = dense(x.dtype, a_kind), dense(w.dtype, b_kind)
-    cfg = family_config_for(config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize, "batched_a16w16" if kind == "a16w16" else None)
+    cfg = family_config_for(config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize,
+                            "batched_a16w16" if kind == "a16w16" else None, batch=B)
     return GroupedPlan(modes.MAP_BATCHED, x[0], w, (B, M, N), (N, 1), M, B, a_fmt, b_fmt,
                        EpilogueSpec(activation, bias is not None), cfg, dev, out_dtype=out_dtype,
                        group_strides=dict(stride_ag=x.stride(0), stride_cg=M * N, stride_asg=s_asg, stride_bsg=s_bsg,
