@@ -236,15 +236,21 @@ def family_config_for(config, M: int, N: int, K: int, dev: DeviceInfo, a: Operan
     """The caller's config (checked), else the table's entry (`gemmkit tune <table's ToolOp>`),
     else one derived from the device (table None: always derived). M: rows per group (grouped:
     the average per expert, what the grouped tables are keyed by). `batch` (batched GEMMs): the
-    problem count, for batched_derived."""
-    from .config import derive_config, lookup_entry, resolve_config
+    problem count, for batched_derived; grouped GEMMs' derived configs load through TMA."""
+    from .config import derive_config, fit_to_smem, lookup_entry, resolve_config
 
     if config is None and table is None:
         cfg = derive_config(M, N, K, dev, a, b, out_bytes)
     else:
         cfg = resolve_config(table, config, M, N, K, dev, a, b, out_bytes)
-    if batch and config is None and (table is None or lookup_entry(dev.name, table, M, N, K)[0] is None):
-        cfg = batched_derived(cfg, M, N, batch, dev, a, b, out_bytes)
+    if config is None and (table is None or lookup_entry(dev.name, table, M, N, K)[0] is None):
+        if batch:
+            cfg = batched_derived(cfg, M, N, batch, dev, a, b, out_bytes)
+        elif dev.has_tma:  # grouped: weights through TMA, 3 stages (scripts/grouped_probe.py: at 64 to
+            # 4096 tokens of Qwen3-30B-A3B and DeepSeek-V3 layers 0.83-1.11x _grouped_mm against
+            # 0.79-1.07x for the derived pointer-load, 6-stage configs; level or better on 9 of 12)
+            cfg = fit_to_smem(dataclasses.replace(cfg, TMA=True, num_stages=min(cfg.num_stages, 3)), dev, a, b,
+                              out_bytes)
     return cfg
 
 
