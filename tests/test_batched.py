@@ -84,4 +84,7 @@ def test_batched_derived_configs():
     assert (mid.BLOCK_N, mid.num_stages) == (128, 3)
     few = family_config_for(None, 128, 128, 4096, h100, f, f, 2, None, batch=32)
     assert few == derive_config(128, 128, 4096, h100, f, f, 2)
-    assert family_config_for(None, 512, 4096, 4096, h100, f, f, 2, None) == derive_config(512, 4096, 4096, h100, f, f, 2)
+    grouped = family_config_for(None, 16, 4096, 4096, h100, f, f, 2, None)  # grouped: TMA, at most 3 stages
+    derived = derive_config(16, 4096, 4096, h100, f, f, 2)
+    assert grouped.TMA and not derived.TMA and grouped.num_stages <= 3
+    assert (grouped.BLOCK_M, grouped.BLOCK_N, grouped.BLOCK_K) == (derived.BLOCK_M, derived.BLOCK_N, derived.BLOCK_K)
