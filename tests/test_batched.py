@@ -87,6 +87,8 @@ def test_batched_derived_configs():
     grouped = family_config_for(None, 16, 4096, 4096, h100, f, f, 2, None)  # grouped: TMA, at most 3 stages
     derived = derive_config(16, 4096, 4096, h100, f, f, 2)
     assert grouped.TMA and not derived.TMA and grouped.num_stages <= 3
-    assert (grouped.BLOCK_M, grouped.BLOCK_N, grouped.BLOCK_K) == (32, 64, 128)  # few rows per expert
+    assert (grouped.BLOCK_M, grouped.BLOCK_N, grouped.BLOCK_K) == (32, 64, 128)  # tens of rows per expert
+    tiny = family_config_for(None, 4, 4096, 4096, h100, f, f, 2, None)
+    assert tiny.BLOCK_M == derive_config(4, 4096, 4096, h100, f, f, 2).BLOCK_M and tiny.TMA
     wide = family_config_for(None, 512, 4096, 4096, h100, f, f, 2, None)
     assert wide.TMA and wide.num_stages <= 3 and wide.BLOCK_M == derive_config(512, 4096, 4096, h100, f, f, 2).BLOCK_M

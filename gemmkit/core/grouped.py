@@ -250,9 +250,10 @@ def family_config_for(config, M: int, N: int, K: int, dev: DeviceInfo, a: Operan
             # 4096 tokens of Qwen3-30B-A3B and DeepSeek-V3 layers 0.83-1.11x _grouped_mm against
             # 0.79-1.07x for the derived pointer-load, 6-stage configs; level or better on 9 of 12)
             cfg = dataclasses.replace(cfg, TMA=True, num_stages=min(cfg.num_stages, 3))
-            if M < 64:  # few rows per expert on average, but routing can be skewed: 32x64x128 tiles
-                # (grouped_probe.py --tiles, 64 and 512 tokens: 0.95-1.11x _grouped_mm where the
-                # average-sized 16- or 32-row tiles gave 0.82x on DeepSeek-V3's Zipf routing)
+            if 8 <= M < 64:  # tens of rows per expert on average, but routing can be skewed: 32x64x128
+                # tiles (grouped_probe.py --tiles at 512 tokens: 0.95-1.11x _grouped_mm where the
+                # average-sized 16- or 32-row tiles gave 0.82x on DeepSeek-V3's Zipf routing; below
+                # 8 rows, 64 tokens, the average-sized tiles did as well in bf16 and better in FP8)
                 cfg = dataclasses.replace(cfg, BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4)
             cfg = fit_to_smem(cfg, dev, a, b, out_bytes)
     return cfg
