@@ -148,7 +148,8 @@ def compile_grouped(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloa
                                                                              stride_bsg=N),
                        gather=grouped and gather, index_extent=0)
     idx = torch.empty(M, dtype=torch.int32)
-    head = (x, w, torch.empty(M, N, dtype=out_dtype), None, None, None, xs, ws, None, None, None, None,
+    head = (x if plan.a_desc is None else plan.a_desc(x, False), w if plan.b_desc is None else plan.b_desc(w, False),
+            torch.empty(M, N, dtype=out_dtype), None, None, None, xs, ws, None, None, None, None,
             idx if grouped and gather else None, idx if grouped and scatter else None,
             torch.empty(M, dtype=torch.float32) if grouped and scatter else None,
             torch.empty(experts + 1, dtype=torch.int32) if grouped else None, None, None)
@@ -315,6 +316,11 @@ CHECKS = {
         dict(tile_map="grouped", experts=256, x_dtype=torch.float8_e4m3fn), "QGMMA"),
     "bf16 batched persistent 128x128x64": (
         2048, 2048, 2048, _tiles(128, 128, 64, 3, PERSISTENT=True), dict(tile_map="batched", experts=8), "HGMMA"),
+    "bf16 grouped (MoE, sorted rows), TMA descriptors over every expert 32x64x128 (derived for 8-63 rows per expert)": (
+        4096, 4096, 7168, _tiles(32, 64, 128, 3, 4, **_PERSISTENT), dict(tile_map="grouped", experts=256, gather=False),
+        "HMMA"),
+    "bf16 batched, TMA descriptors over every batch entry, persistent 128x256x64, 4 stages (derived)": (
+        512, 4096, 4096, _tiles(128, 256, 64, 4, 8, **_PERSISTENT), dict(tile_map="batched", experts=8), "HGMMA"),
     # fused feed-forward: the gated GEMM (gate and up tiles per K step, two accumulators), Llama-3 8B
     "gated bf16 (fused gate/up) persistent TMA 128x128x64, M=4096": (
         4096, 14336, 4096, _tiles(128, 128, 64, 3, **_PERSISTENT), dict(gated=True), "HGMMA"),
@@ -328,21 +334,28 @@ CHECKS = {
         1024, 32768, 512, _tiles(128, 128, 64, 4, TMA=True), dict(split_cat=(128, 128, 64)), "HGMMA"),
     "split/cat fp8 pointer loads, M=16": (
         16, 32768, 512, _tiles(16, 64, 128, 4, 4), dict(_FP8, split_cat=(128, 128, 64)), "HMMA"),
-    # 4-bit weights (issue 17): packed tiles dequantized in registers, 16-bit dots
-    "int4 weights (group 128), M=16, pointer loads 16x32x256 (derived for decode)": (
+    # 4-bit weights (issue 17): packed tiles decoded in registers, 16-bit dots
+    "int4 weights (group 128), M=16, split-K 16x128x128 (derived for decode)": (
+        16, 4096, 4096, _tiles(16, 128, 128, 3, 4, SPLIT_K=4), dict(packed="int4"), "HMMA"),
+    "int4 weights (group 128), M=16, pointer loads 16x32x256": (
         16, 4096, 4096, _tiles(16, 32, 256, 6, 4), dict(packed="int4"), "HMMA"),
     "int4 weights (group 32: 4 groups per K tile), M=16, split-K 16x64x128": (
         16, 4096, 14336, _tiles(16, 64, 128, 3, 4, SPLIT_K=4), dict(packed="int4", group=32), "HMMA"),
     "int4 weights (group 128), M=1024, 128x128x64, TMA x": (
         1024, 4096, 4096, _tiles(128, 128, 64, 3, 8, TMA=True), dict(packed="int4"), "HGMMA"),
-    "mxfp4 weights, M=16, pointer loads 16x32x256 (derived for decode)": (
-        16, 4096, 4096, _tiles(16, 32, 256, 6, 4), dict(packed="mxfp4"), "HMMA"),
+    "mxfp4 weights, M=16, split-K 16x128x128 (derived for decode)": (
+        16, 4096, 4096, _tiles(16, 128, 128, 3, 4, SPLIT_K=4), dict(packed="mxfp4"), "HMMA"),
     "mxfp4 weights, M=1024, 128x128x64, TMA x": (
         1024, 4096, 4096, _tiles(128, 128, 64, 3, 8, TMA=True), dict(packed="mxfp4"), "HGMMA"),
     "afp4wfp4 (both MXFP4), M=1024, 128x128x64": (
         1024, 4096, 4096, _tiles(128, 128, 64, 3, 8), dict(packed="afp4wfp4"), "HGMMA"),
 }
 _MMA = ("HGMMA", "QGMMA", "IGMMA", "HMMA", "IMMA")
+# K-loop instructions per decoded weight value (per thread) allowed for the 4-bit decode paths:
+# decoding from the bits with the nibbles kept as even / odd halves measured 3.3 (INT4) and 5.7
+# (MXFP4) with triton 3.6 and 3.9; the join + int-to-float decode it replaced took 6.4 (INT4).
+PACKED_LOOP_LIMITS = {"int4 weights (group 128), M=16, split-K 16x128x128 (derived for decode)": 4.0,
+                      "mxfp4 weights, M=16, split-K 16x128x128 (derived for decode)": 6.5}
 
 
 def _formats(kw: dict):
@@ -381,6 +394,12 @@ def check(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
     if kw.get("a_quant") and kw.get("w_dtype") == torch.int8:  # round-half-even by adding and subtracting 1.5 * 2^23: both kept
         ok = ok and b.sass.count("12582912") >= 2 and "-12582912" in b.sass
     loop = ""
+    if "tile_map" in kw and cfg.TMA:  # the descriptors are used: tensor loads in the binary
+        ok = ok and b.count("UTMALDG") > 0
+    if name in PACKED_LOOP_LIMITS:
+        per_value = len(k_loop(b.sass)) / (cfg.BLOCK_N * cfg.BLOCK_K / (32 * cfg.num_warps))
+        ok = ok and per_value <= PACKED_LOOP_LIMITS[name]
+        loop = f"; K loop {per_value:.2f} instructions per weight value (at most {PACKED_LOOP_LIMITS[name]})"
     plain_loop = not (kw.get("a_quant") or kw.get("exact") or kw.get("gated") or kw.get("split_cat") or kw.get("packed")
                       or "kblock" in (kw.get("a_scale"), kw.get("b_scale")))
     if "tile_map" not in kw and cfg.TMA and cfg.PERSISTENT and not cfg.STREAM_K and cfg.SPLIT_K == 1 and plain_loop:
