@@ -235,3 +235,20 @@ def test_prefill_route(group_size, dtype):
     fused = gemmkit.gemm_a16w4(x, q, s, z, group_size=group_size, bias=bias, activation="silu",
                                config=dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=64))
     assert_close(fused, ref)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "column_major", "odd_offset", "odd_row_stride"])
+def test_x_layouts(layout):
+    """x's even / odd columns meet the packed weight's low / high nibbles: read as 32-bit words
+    where x is K-contiguous with 4-byte aligned rows, else as two strided loads (column-major x,
+    a 2-byte offset, an odd row stride); every layout gives the same result."""
+    M, N, K = 5, 40, 128
+    q, s, z, wd = int4_weight(N, K, 64)
+    base = randn(M, K + 1, dtype=BF16)
+    x = {"contiguous": base[:, :K].contiguous(),
+         "column_major": base[:, :K].t().contiguous().t(),
+         "odd_offset": base.reshape(-1)[1:1 + M * K].view(M, K),
+         "odd_row_stride": base[:, 1:]}[layout]
+    assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=64), reference(x, wd))
+    qm, sm = quant.quantize_mxfp4(wd.float())
+    assert_close(gemmkit.gemm_a16wfp4(x, qm, sm), reference(x, quant.dequantize_mxfp4(qm, sm, torch.float64)))
