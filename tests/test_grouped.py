@@ -115,13 +115,17 @@ def test_a8w8(dtype, w_scale_kind):
     assert_close(y2, y.double(), tol=1e-6)
 
 
-def test_moe_mlp():
+@pytest.mark.parametrize("fused,cfg", [(False, None), (True, None), (True, "tma")])
+def test_moe_mlp(fused, cfg):
+    """The whole expert MLP, the gated activation in torch or (fused_activation) in the gate/up
+    grouped GEMM's epilogue, against a float64 reference (intermediate rounded to bf16)."""
     Tm, H, I, E, k = sizes((9, 32, 16, 4, 2), (300, 1024, 512, 8, 2))
     x = randn(Tm, H, dtype=torch.bfloat16)
     wgu, wd = randn(E, 2 * I, H, dtype=torch.bfloat16, scale=0.2), randn(E, H, I, dtype=torch.bfloat16, scale=0.2)
     ids = torch.stack([torch.randperm(E, device=DEVICE)[:k] for _ in range(Tm)])
     tw = torch.softmax(torch.randn(Tm, k, device=DEVICE), -1)
-    y = moe.moe_mlp(x, ids, tw, wgu, wd, config=None if ON_GPU else CFG)
+    config = {None: None if ON_GPU else CFG, "tma": CFG_T}[cfg]
+    y = moe.moe_mlp(x, ids, tw, wgu, wd, config=config, fused_activation=fused)
     ref = torch.zeros(Tm, H, dtype=torch.float64, device=DEVICE)
     for t in range(Tm):
         for j in range(k):
@@ -130,6 +134,28 @@ def test_moe_mlp():
             a = (torch.nn.functional.silu(h[:I]) * h[I:]).to(torch.bfloat16).double()
             ref[t] += tw[t, j].double() * (a @ wd[e].double().T)
     assert_close(y, ref, tol=2e-2)
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("cfg", [CFG, CFG_T], ids=["pointers", "tma"])
+def test_grouped_gated(activation, cfg):
+    """act(x @ gate^T) * (x @ up^T) per expert in one launch (gathered rows, skewed routing with
+    empty experts); the gate / up halves of (E, 2I, K) weights through pointers or descriptors."""
+    from gemmkit.ops import grouped
+
+    E, I = 5, 24
+    x = randn(T, K, dtype=torch.bfloat16)
+    wgu = randn(E, 2 * I, K, dtype=torch.bfloat16, scale=K ** -0.5)
+    g, _, o = moe.sort_by_expert(_route("skewed", T, 2, E), E)
+    y = grouped.grouped_gated_a16w16(x, wgu, o, gather_idx=g, activation=activation, config=cfg)
+    h = _ref(x, wgu, o, g)
+    act = torch.nn.functional.silu if activation == "silu" else (
+        lambda t: torch.nn.functional.gelu(t, approximate="tanh"))
+    assert y.shape == (T * 2, I) and y.dtype == torch.bfloat16
+    assert_close(y, act(h[:, :I]) * h[:, I:])
+    if cfg is CFG_T:
+        plan = [p for p in grouped._plans.values() if getattr(p, "epilogue", None) and p.epilogue.gated][-1]
+        assert plan.b_desc is not None  # the gate / up views: one descriptor each over every expert's rows
 
 
 def test_zero_rows_and_deterministic():

@@ -49,7 +49,9 @@ class GroupedPlan(PlanBase):
     for a shared weight), `out_shape` / `c_strides`: C's shape and its (row, column) strides;
     `rows_bound`: C rows of the upper-bound grid (grouped: rows; batched: M). `group_strides`:
     stride_ag, stride_cg, stride_asg, stride_bsg, stride_biasg. `gather`: A rows through a_rows.
-    Call `run(x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale)`.
+    Call `run(x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale[, b2])`. A gated
+    epilogue (`epilogue.gated`, 16-bit operands): w is the gate weight and b2 the up weight, laid out
+    as w; C = activation(A @ w[g]^T) * (A @ b2[g]^T).
     """
 
     def __init__(self, tile_map, x2, w3, out_shape, c_strides, M, num_groups, a_fmt: OperandFormat,
@@ -102,7 +104,7 @@ class GroupedPlan(PlanBase):
             stride_biasg=gs.get("stride_biasg", 0),
             NUM_GROUPS_P2=max(2, 1 << max(0, (E - 1).bit_length())) if self.tile_map == modes.MAP_GROUPED else 1,
             stride_bzn=0, stride_bzk=0,  # (packed 4-bit B's zero points: not with these maps)
-            **fused_args(),
+            **fused_args(gated=self.epilogue.gated),
             **packed_args(),
         ))
         self.grid = grid
@@ -121,9 +123,10 @@ class GroupedPlan(PlanBase):
         def build(rows, s_row, s_k, s_g, elsize, block_r):
             if s_k != 1 or (s_row * elsize) % 16 or block_r > 256 or cfg.BLOCK_K > 256:
                 return None
-            if s_g and s_g != rows * s_row:
+            if s_g and (s_g % s_row or s_g < rows * s_row):  # groups must start on rows of one matrix
                 return None
-            return _Descriptor(((E if s_g else 1) * rows, K), (s_row, 1), (block_r, cfg.BLOCK_K), False)
+            span = (E - 1) * (s_g // s_row) + rows if s_g else rows  # (a gate or up view: every other block)
+            return _Descriptor((span, K), (s_row, 1), (block_r, cfg.BLOCK_K), False)
 
         a = None
         if not self.gather:
@@ -134,16 +137,16 @@ class GroupedPlan(PlanBase):
     def _per_call(self, direct=None):
         """One call as a flat function (see DensePlan._per_call): allocate C, launch."""
         idx, device, out_shape, out_dtype, tail = self.device_index, self.device, self.out_shape, self.out_dtype, self.tail
-        a_desc, b_desc = self.a_desc, self.b_desc
+        a_desc, b_desc = self.a_desc, self.b_desc  # (b2, the up weight of a gated plan, is laid out as w)
         out_strides = contiguous_strides(out_shape)
         empty, launch_regular, flat = torch.empty_strided, self.launch, direct is not None
         if flat:
             launch, gx, gy, gz, function, lead = direct
             stream, hook, slow = torch._C._cuda_getCurrentRawStream, launch_hooks(), self._call
 
-        def per_call(x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale):
+        def per_call(x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale, b2=None):
             if flat and (_get_device() != idx or hook_set(hook)):
-                return slow(x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale)
+                return slow(x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale, b2)
             out = empty(out_shape, out_strides, dtype=out_dtype, device=device)
             if flat:
                 ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
@@ -151,11 +154,13 @@ class GroupedPlan(PlanBase):
                        x.data_ptr() if a_desc is None else a_desc(x, True),
                        w.data_ptr() if b_desc is None else b_desc(w, True), out.data_ptr(),
                        None, None, ptr(bias), ptr(a_scale), ptr(b_scale), None, None, None, None, ptr(a_rows),
-                       ptr(c_rows), ptr(row_weights), ptr(offsets), None, None, *tail)
+                       ptr(c_rows), ptr(row_weights), ptr(offsets),
+                       ptr(b2) if b_desc is None or b2 is None else b_desc(b2, True), None, *tail)
             else:
                 launch_regular((x if a_desc is None else a_desc(x, False), w if b_desc is None else b_desc(w, False), out,
                                 None, None, bias, a_scale, b_scale, None, None, None, None, a_rows, c_rows,
-                                row_weights, offsets, None, None), tail)
+                                row_weights, offsets, b2 if b_desc is None or b2 is None else b_desc(b2, False),
+                                None), tail)
             return out
 
         return per_call

@@ -204,6 +204,7 @@ def gemm_kernel(
             k_hi = min(k_lo + k_per_split, k_tiles)
         a_t = a
         b_t = b
+        b2_t = b2
         m_hi = M
         a_idx = None
         a_row = off_m  # the tile's first row in a_t / b_t
@@ -218,6 +219,8 @@ def gemm_kernel(
                 b_row = off_n + g * (stride_bg // stride_bn)
             else:
                 b_t = b + g.to(tl.int64) * stride_bg
+                if GATED:
+                    b2_t = b2 + g.to(tl.int64) * stride_bg
             if TILE_MAP == MAP_BATCHED:
                 if A_TMA:
                     a_row = off_m + g * (stride_ag // stride_am)
@@ -230,7 +233,7 @@ def gemm_kernel(
                               stride_bn, stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk,
                               BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64, ACC_INT,
                               A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N,
-                              b_zero, stride_bzn, stride_bzk, a_idx, b2=b2, GATED=GATED, A_WORDS=A_WORDS,
+                              b_zero, stride_bzn, stride_bzk, a_idx, b2=b2_t, GATED=GATED, A_WORDS=A_WORDS,
                               FAST_UNPACK=FAST_UNPACK)
 
         work_c += num_programs
@@ -239,9 +242,16 @@ def gemm_kernel(
         off_n = pid_n * BLOCK_N
         if TILE_MAP != MAP_DENSE:
             g, off_m, m_hi = group_rows(pid_m, cum_rows, group_offsets, M, BLOCK_M, TILE_MAP)
-            _group_epilogue(acc, c, g, off_m, off_n, m_hi, N, stride_cm, stride_cn, stride_cg, bias, stride_biasg,
-                            a_scale, stride_asg, b_scale, stride_bsg, a_rows, c_rows, row_weights,
-                            BLOCK_M, BLOCK_N, INDEX_64, A_PRODUCER, a_mode, b_mode, ACTIVATION)
+            if GATED:  # (16-bit operands: no scales) activation(gate) * up, then the group's epilogue
+                acc = gate_tile(acc, off_m, off_n, m_hi, N, None, None, 0, 0, BLOCK_M, BLOCK_N, SCALE_NONE,
+                                SCALE_NONE, ACTIVATION)
+                _group_epilogue(acc, c, g, off_m, off_n, m_hi, N, stride_cm, stride_cn, stride_cg, bias, stride_biasg,
+                                a_scale, stride_asg, b_scale, stride_bsg, a_rows, c_rows, row_weights,
+                                BLOCK_M, BLOCK_N, INDEX_64, A_PRODUCER, a_mode, b_mode, "none")
+            else:
+                _group_epilogue(acc, c, g, off_m, off_n, m_hi, N, stride_cm, stride_cn, stride_cg, bias, stride_biasg,
+                                a_scale, stride_asg, b_scale, stride_bsg, a_rows, c_rows, row_weights,
+                                BLOCK_M, BLOCK_N, INDEX_64, A_PRODUCER, a_mode, b_mode, ACTIVATION)
         elif SPLIT_K > 1:
             tile = pid_m * num_pid_n + pid_n
             last, acc = fixup_tile(acc, ws, counters, tile, tile * SPLIT_K + pid_k, tile * SPLIT_K, 1, 0, SPLIT_K,

@@ -10,11 +10,13 @@ Rows of the output that no expert's range covers are left unwritten.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
 
 from ..core import validate as v
+from ..core.config import fit_to_smem
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import dense
@@ -131,8 +133,31 @@ def _check_index(name, t, R, device):
         raise ValueError(f"{name} must be contiguous")
 
 
+def grouped_gated_a16w16(x, w_gate_up, offsets, *, gather_idx=None, activation="silu", config=None):
+    """(R, I) = activation(x[g(r)] @ gate[e(r)].T) * (x[g(r)] @ up[e(r)].T) per sorted row r, in one
+    grouped launch with the gated epilogue (two accumulators per tile, the (R, 2I) product never
+    written): w_gate_up (E, 2I, K), gate rows first (moe.moe_mlp's layout); x, offsets and
+    gather_idx as grouped_gemm_a16w16's. Output in x's dtype. Not a torch.library op (moe_mlp
+    calls it only outside tracing)."""
+    if not isinstance(w_gate_up, torch.Tensor) or w_gate_up.ndim != 3 or w_gate_up.shape[1] % 2:
+        raise ValueError(f"w_gate_up must be (E, 2I, K), got {getattr(w_gate_up, 'shape', w_gate_up)!r}")
+    inter = w_gate_up.shape[1] // 2
+    gate, up = w_gate_up[:, :inter], w_gate_up[:, inter:]
+    key = plan_key((x, gate, offsets, gather_idx), ("gated", activation, None if config is None else v.config_key(config)))
+    try:
+        plan = _plans.lookup(key)
+    except (KeyError, TypeError):
+        plan = _plans.plan_for(key, _make_plan, x, gate, offsets, gather_idx, None, None, None, None, None, activation,
+                               None, config, "a16w16", True)
+    if _debug():
+        debug_check(x, offsets, gather_idx, None, plan.rows)
+    if isinstance(plan, _Degenerate):
+        return plan(x, gate, offsets, gather_idx, None, None, None, None, None).to(x.dtype)
+    return plan.run(x, gate, offsets, gather_idx, None, None, None, None, None, up)
+
+
 def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_scale, w_scale, activation,
-               out_dtype, config, kind):
+               out_dtype, config, kind, gated=False):
     if kind == "a16w16":
         v.check_tensor("x", x, _IN_DTYPES)
         v.check_tensor("w", w, _IN_DTYPES)
@@ -179,10 +204,17 @@ def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_
     v.check_layout("w[0]", w[0])
     dev = device_info(device)
     a_fmt, b_fmt = dense(x.dtype, a_scale), dense(w.dtype, b_scale)
-    cfg = family_config_for(config, max(1, -(-R // E)), N, K, dev, a_fmt, b_fmt, out_dtype.itemsize,
-                            "grouped_" + kind)
+    if gated:  # two B tiles per K step, two accumulators: the shared memory of two, 8 warps from 128 x 128
+        two_b = dataclasses.replace(b_fmt, bits=2 * b_fmt.bits)
+        cfg = family_config_for(config, max(1, -(-R // E)), N, K, dev, a_fmt, two_b, out_dtype.itemsize, None)
+        if config is None:
+            warps = 8 if cfg.BLOCK_M * cfg.BLOCK_N >= 128 * 128 else cfg.num_warps
+            cfg = fit_to_smem(dataclasses.replace(cfg, num_warps=warps), dev, a_fmt, two_b, out_dtype.itemsize)
+    else:
+        cfg = family_config_for(config, max(1, -(-R // E)), N, K, dev, a_fmt, b_fmt, out_dtype.itemsize,
+                                "grouped_" + kind)
     plan = GroupedPlan(modes.MAP_GROUPED, x, w, (R, N), (N, 1), R, E, a_fmt, b_fmt,
-                       EpilogueSpec(activation, bias is not None), cfg, dev, out_dtype=out_dtype,
+                       EpilogueSpec(activation, bias is not None, gated=gated), cfg, dev, out_dtype=out_dtype,
                        group_strides=dict(stride_asg=s_asg, stride_bsg=s_bsg, stride_biasg=stride_biasg),
                        gather=gather_idx is not None, index_extent=max(index_extent(x, w), R * N),
                        auto_config=config is None)

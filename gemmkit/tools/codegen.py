@@ -126,9 +126,10 @@ def compile_gemm(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16
 
 def compile_grouped(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16, out_dtype=torch.bfloat16,
                     tile_map: str = "grouped", experts: int = 8, gather: bool = True, scatter: bool = True,
-                    dev: DeviceInfo = H100) -> Binary:
+                    dev: DeviceInfo = H100, gated: bool = False) -> Binary:
     """Compile gemm_kernel for sm_90 as a grouped (MoE: M sorted rows over `experts`, gathered
-    A rows, weighted scattered C rows) or batched (`experts` problems of M rows) launch would."""
+    A rows, weighted scattered C rows) or batched (`experts` problems of M rows) launch would;
+    `gated`: the gate / up halves of (experts, 2N, K) weights with the gated epilogue (moe_mlp's)."""
     from ..core.dense import _jit_kernel
     from ..core.epilogue import EpilogueSpec
     from ..core.formats import Scale, dense
@@ -137,12 +138,13 @@ def compile_grouped(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloa
 
     fp8 = x_dtype.itemsize == 1
     x = torch.empty(M, K, dtype=x_dtype)
-    w = torch.empty(experts, N, K, dtype=x_dtype)
+    w = torch.empty(experts, 2 * N, K, dtype=x_dtype)[:, :N] if gated else torch.empty(experts, N, K, dtype=x_dtype)
     xs, ws = (torch.empty(M, dtype=torch.float32), torch.empty(experts, N, dtype=torch.float32)) if fp8 else (None, None)
     a_fmt, b_fmt = dense(x_dtype, Scale.ROW if fp8 else Scale.NONE), dense(x_dtype, Scale.ROW if fp8 else Scale.NONE)
     grouped = tile_map == "grouped"
     plan = GroupedPlan(modes.MAP_GROUPED if grouped else modes.MAP_BATCHED, x, w,
-                       (M, N) if grouped else (experts, M, N), (N, 1), M, experts, a_fmt, b_fmt, EpilogueSpec("none"),
+                       (M, N) if grouped else (experts, M, N), (N, 1), M, experts, a_fmt, b_fmt,
+                       EpilogueSpec("silu", gated=True) if gated else EpilogueSpec("none"),
                        cfg, dev, out_dtype=out_dtype,
                        group_strides=dict(stride_bsg=N) if grouped else dict(stride_ag=M * K, stride_cg=M * N,
                                                                              stride_bsg=N),
@@ -152,7 +154,8 @@ def compile_grouped(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloa
             torch.empty(M, N, dtype=out_dtype), None, None, None, xs, ws, None, None, None, None,
             idx if grouped and gather else None, idx if grouped and scatter else None,
             torch.empty(M, dtype=torch.float32) if grouped and scatter else None,
-            torch.empty(experts + 1, dtype=torch.int32) if grouped else None, None, None)
+            torch.empty(experts + 1, dtype=torch.int32) if grouped else None,
+            (w if plan.b_desc is None else plan.b_desc(w, False)) if gated else None, None)
     return _compile(_jit_kernel(), (*head, *plan.tail), plan.cfg)
 
 
@@ -318,6 +321,9 @@ CHECKS = {
         2048, 2048, 2048, _tiles(128, 128, 64, 3, PERSISTENT=True), dict(tile_map="batched", experts=8), "HGMMA"),
     "bf16 grouped (MoE, sorted rows), TMA descriptors over every expert 32x64x128 (derived for 8-63 rows per expert)": (
         4096, 4096, 7168, _tiles(32, 64, 128, 3, 4, **_PERSISTENT), dict(tile_map="grouped", experts=256, gather=False),
+        "HMMA"),
+    "bf16 grouped gated (moe_mlp's fused activation: gate / up halves, two accumulators), TMA 32x64x128": (
+        4096, 1536, 2048, _tiles(32, 64, 128, 3, 4, **_PERSISTENT), dict(tile_map="grouped", experts=128, gated=True),
         "HMMA"),
     "bf16 batched, TMA descriptors over every batch entry, persistent 128x256x64, 4 stages (derived)": (
         512, 4096, 4096, _tiles(128, 256, 64, 4, 8, **_PERSISTENT), dict(tile_map="batched", experts=8), "HGMMA"),
