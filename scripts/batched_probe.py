@@ -11,6 +11,7 @@ import gemmkit
 from gemmkit.core.config import derive_config
 from gemmkit.core.device import device_info
 from gemmkit.core.formats import dense
+from probe_sweep import sweep
 
 torch.manual_seed(0)
 out = open(sys.argv[1], "w") if len(sys.argv) > 1 else sys.stdout
@@ -24,19 +25,8 @@ for B, M, N, K in ((8, 512, 4096, 4096), (8, 2048, 1024, 1024), (32, 128, 128, 4
     print(f"B={B} M={M} N={N} K={K}: bmm {base * 1e3:.1f} us, derived {auto * 1e3:.1f} us ({base / auto:.2f}x) {d}",
           file=out, flush=True)
     ref = torch.bmm(x.float(), w.float().transpose(1, 2))
-    res = []
-    for (bm, bn), bk, warps, stages, tma, pers in itertools.product(((128, 128), (128, 256), (64, 128), (128, 64)),
-                                                                     (64,), (4, 8), (3, 4), (True, False),
-                                                                     (True, False)):
-        if warps == 4 and bm * bn > 128 * 128 or warps == 8 and bm * bn < 128 * 128:
-            continue
-        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, TMA=tma, PERSISTENT=pers)
-        try:
-            err = ((gemmkit.batched_gemm_a16w16(x, w, config=cfg).float() - ref).norm() / ref.norm()).item()
-            t = triton.testing.do_bench_cudagraph(lambda: gemmkit.batched_gemm_a16w16(x, w, config=cfg))
-        except Exception as e:  # noqa: BLE001
-            res.append((float("inf"), cfg, str(e)[:60]))
-            continue
-        res.append((t, cfg, f"{err:.1e}"))
-    for t, cfg, err in sorted(res, key=lambda r: r[0])[:4]:
-        print(f"   {t * 1e3:7.1f} us {base / t:.2f}x bmm {cfg} err {err}", file=out, flush=True)
+    configs = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, TMA=tma, PERSISTENT=pers)
+               for (bm, bn), bk, warps, stages, tma, pers in itertools.product(
+                   ((128, 128), (128, 256), (64, 128), (128, 64)), (64,), (4, 8), (3, 4), (True, False), (True, False))
+               if not (warps == 4 and bm * bn > 128 * 128 or warps == 8 and bm * bn < 128 * 128)]
+    sweep(lambda cfg: gemmkit.batched_gemm_a16w16(x, w, config=cfg), ref, configs, base, out, 4, "bmm")

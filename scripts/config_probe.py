@@ -10,8 +10,6 @@ import json
 import os
 import sys
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from gemmkit.core.config import GemmConfig  # noqa: E402
 from gemmkit.core.device import device_info  # noqa: E402

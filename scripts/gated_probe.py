@@ -8,6 +8,7 @@ import torch
 import triton.testing
 
 from gemmkit.ops import fused
+from probe_sweep import sweep
 
 torch.manual_seed(0)
 out = open(sys.argv[1], "w") if len(sys.argv) > 1 else sys.stdout
@@ -26,18 +27,8 @@ for (I, H), M in itertools.product([(14336, 4096), (18944, 3584), (28672, 8192)]
     t_auto = triton.testing.do_bench_cudagraph(lambda: fused.gated_gemm(x, gate, up))
     print(f"I={I} H={H} M={M}: torch {t_torch * 1e3:.1f} us, two GEMMs {t_two * 1e3:.1f}, gated auto "
           f"{t_auto * 1e3:.1f}", file=out, flush=True)
-    res = []
-    for bm, bn, bk, warps, stages, tma in itertools.product((64, 128), (64, 128), (64, 128), (4, 8), (3, 4),
-                                                            (True, False)):
-        if bm * bn * 2 > 128 * 256 or (warps == 8 and bm * bn < 128 * 64):
-            continue
-        cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, TMA=tma)
-        try:
-            err = ((fused.gated_gemm(x, gate, up, config=cfg).float() - ref).norm() / ref.norm()).item()
-            t = triton.testing.do_bench_cudagraph(lambda: fused.gated_gemm(x, gate, up, config=cfg))
-        except Exception as e:  # noqa: BLE001
-            res.append((float("inf"), cfg, str(e)[:60]))
-            continue
-        res.append((t, cfg, f"{err:.1e}"))
-    for t, cfg, err in sorted(res, key=lambda r: r[0])[:3]:
-        print(f"   {t * 1e3:7.1f} us {t_torch / t:.2f}x torch {cfg} err {err}", file=out, flush=True)
+    configs = [dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages, TMA=tma)
+               for bm, bn, bk, warps, stages, tma in itertools.product((64, 128), (64, 128), (64, 128), (4, 8), (3, 4),
+                                                                        (True, False))
+               if not (bm * bn * 2 > 128 * 256 or (warps == 8 and bm * bn < 128 * 64))]
+    sweep(lambda cfg: fused.gated_gemm(x, gate, up, config=cfg), ref, configs, t_torch, out, 3, "torch")

@@ -29,31 +29,13 @@ from pathlib import Path
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _unpack_magic(p):
-    """uint8 bytes -> (low nibble, high nibble) as bf16 128 + q: PRMT spreads two bytes over the
-    halves of a word, LOP3 masks a nibble and ORs the exponent of 128 (1 instruction per value)."""
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 t01, t23, u01, u23;
-        prmt.b32 t01, $4, 0, 0x1100;
-        prmt.b32 t23, $4, 0, 0x3322;
-        lop3.b32 $0, t01, 0x000F000F, 0x43004300, 0xEA;
-        lop3.b32 $1, t23, 0x000F000F, 0x43004300, 0xEA;
-        shr.u32 u01, t01, 4;
-        shr.u32 u23, t23, 4;
-        lop3.b32 $2, u01, 0x000F000F, 0x43004300, 0xEA;
-        lop3.b32 $3, u23, 0x000F000F, 0x43004300, 0xEA;
-        }
-        """,
-        constraints="=r,=r,=r,=r,r", args=[p], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+from gemmkit.kernels.packed import _NIBBLES_BF16, _decode_ptx
 
 
 @triton.jit
 def _unpack_magic2(p):
-    """As _unpack_magic, two bytes at a time (the dot operand layout holds K pairs)."""
+    """gemmkit.kernels.packed's nibble decoder (0x4300 | q), two bytes at a time instead of four
+    (the dot operand layout holds K pairs)."""
     return tl.inline_asm_elementwise(
         asm="""
         {
@@ -113,7 +95,7 @@ def w4_probe_kernel(x, wq, ws, wz, y, M, N, K, stride_xm, stride_wn, stride_sn, 
             z = tl.full((BN, 1), 8.0, tl.float32)
         if SPLIT == "eo" and DEQ >= 3:
             if DEQ == 3:
-                v_e, v_o = _unpack_magic(p)
+                v_e, v_o = _decode_ptx(p, _NIBBLES_BF16, True)  # gemmkit's decoder
             else:
                 v_e, v_o = _unpack_magic2(p)
             zb = (z + 128.0).to(tl.bfloat16)

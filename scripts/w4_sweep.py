@@ -8,6 +8,7 @@ import triton.testing
 
 import gemmkit
 from gemmkit import quant
+from probe_sweep import sweep
 
 torch.manual_seed(0)
 out = open(sys.argv[1], "w") if len(sys.argv) > 1 else sys.stdout
@@ -26,18 +27,9 @@ for (N, K), M, fmt in itertools.product([(6144, 4096), (4096, 14336), (28672, 40
     base = triton.testing.do_bench_cudagraph(lambda: torch.nn.functional.linear(x, wd))
     t0 = triton.testing.do_bench_cudagraph(lambda: fn(None))
     print(f"{fmt} M={M} N={N} K={K}: cuBLAS {base * 1e3:.1f} us, derived {t0 * 1e3:.1f} us ({base / t0:.2f}x)", file=out)
-    res = []
+    configs = []
     for bm, bn, bk, warps, stages in itertools.product((16 if M == 16 else 64,), (64, 128), (128, 256), (4,), (3, 4)):
         tiles = -(-M // bm) * -(-N // bn)
         for sk in sorted({1, max(1, min(2 * 132 // tiles, K // bk // 4, 16)), max(1, min(132 // tiles, K // bk // 4, 16))}):
-            cfg = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=warps, num_stages=stages)
-            try:
-                err = ((fn(cfg).float() - x.float() @ wd.float().T).norm() / (x.float() @ wd.float().T).norm()).item()
-                t = triton.testing.do_bench_cudagraph(lambda: fn(cfg))
-            except Exception as e:  # noqa: BLE001
-                print(f"   {cfg} failed {str(e)[:100]}", file=out)
-                continue
-            res.append((t, cfg, err))
-    for t, cfg, err in sorted(res, key=lambda r: r[0])[:4]:
-        print(f"   {t * 1e3:6.1f} us {base / t:.2f}x {cfg} err {err:.1e}", file=out)
-    out.flush()
+            configs.append(dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=warps, num_stages=stages))
+    sweep(fn, x.float() @ wd.float().T, configs, base, out)

@@ -37,42 +37,50 @@ def load_packed(src, off_r, off_k, R, K, stride_r, BLOCK_R: tl.constexpr, SUB: t
     return tl.load(src + rr[:, None] * stride_r + rb[None, :], mask=mask, other=0)
 
 
+def _spread_pairs_ptx(body: str) -> str:
+    """An inline-PTX block decoding the four bytes of $4 into $0..$3: PRMT spreads bytes 0, 1
+    (t01) and 2, 3 (t23) over the halves of a word; `body` fills $0, $1 (low nibbles of t01, t23)
+    and $2, $3 (high nibbles) from them, through registers a, b."""
+    return ("{\n.reg .b32 t01, t23, a, b;\nprmt.b32 t01, $4, 0, 0x1100;\nprmt.b32 t23, $4, 0, 0x3322;\n"
+            + body + "}\n")
+
+
+def _nibbles_ptx(magic: int) -> str:
+    """Each nibble ORed under a 16-bit float exponent: MAGIC | q (bf16 0x4300 | q = 128 + q, fp16
+    0x6400 | q = 1024 + q): LOP3 per half-word pair, SHR first for the high nibbles."""
+    lop = "lop3.b32 ${out}, {src}, 0x000F000F, 0x{m:04X}{m:04X}, 0xEA;\n"
+    return _spread_pairs_ptx(lop.format(out=0, src="t01", m=magic) + lop.format(out=1, src="t23", m=magic)
+                             + "shr.u32 a, t01, 4;\nshr.u32 b, t23, 4;\n"
+                             + lop.format(out=2, src="a", m=magic) + lop.format(out=3, src="b", m=magic))
+
+
+def _e2m1_ptx(bf16: bool) -> str:
+    """e2m1 codes as the 16-bit float of their bits (see _e2m1_bits): the magnitude bits shifted
+    to the bottom of the exponent field (bf16: bits 6-8, fp16: bits 9-11), the sign to bit 15
+    (SHL, SHL, AND, LOP3 per half-word pair; the high nibbles shift 4 less)."""
+    low, mask = (6, 0x01C001C0) if bf16 else (9, 0x0E000E00)
+    code = ("shl.b32 a, {src}, {m};\nshl.b32 b, {src}, {s};\nand.b32 b, b, 0x80008000;\n"
+            "lop3.b32 ${out}, a, 0x{mask:08X}, b, 0xEA;\n")
+    return _spread_pairs_ptx("".join(code.format(src=src, m=low - 4 * hi, s=12 - 4 * hi, mask=mask, out=2 * hi + i)
+                                     for hi in (0, 1) for i, src in enumerate(("t01", "t23"))))
+
+
+_NIBBLES_BF16 = tl.constexpr(_nibbles_ptx(0x4300))
+_NIBBLES_FP16 = tl.constexpr(_nibbles_ptx(0x6400))
+_E2M1_BF16 = tl.constexpr(_e2m1_ptx(True))
+_E2M1_FP16 = tl.constexpr(_e2m1_ptx(False))
+
+
 @triton.jit
-def _nibbles_asm(p, MAGIC: tl.constexpr):
-    """(MAGIC | low nibble, MAGIC | high nibble) of each byte as 16-bit floats, through PTX: four
-    bytes per word; PRMT spreads two bytes over the halves of a word, LOP3 masks one nibble of each
-    and ORs in the exponent (bf16 128 or fp16 1024), so 1.5 instructions per value."""
-    if MAGIC == 0x4300:
-        out = tl.inline_asm_elementwise(
-            asm="""
-            {
-            .reg .b32 t01, t23, u01, u23;
-            prmt.b32 t01, $4, 0, 0x1100;
-            prmt.b32 t23, $4, 0, 0x3322;
-            lop3.b32 $0, t01, 0x000F000F, 0x43004300, 0xEA;
-            lop3.b32 $1, t23, 0x000F000F, 0x43004300, 0xEA;
-            shr.u32 u01, t01, 4;
-            shr.u32 u23, t23, 4;
-            lop3.b32 $2, u01, 0x000F000F, 0x43004300, 0xEA;
-            lop3.b32 $3, u23, 0x000F000F, 0x43004300, 0xEA;
-            }
-            """, constraints="=r,=r,=r,=r,r", args=[p], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+def _decode_ptx(p, ASM: tl.constexpr, BF16: tl.constexpr):
+    """(low nibbles, high nibbles) of uint8 bytes p as bf16 (BF16) or fp16, through the PTX block
+    ASM (four bytes per call)."""
+    if BF16:
+        out = tl.inline_asm_elementwise(asm=ASM, constraints="=r,=r,=r,=r,r", args=[p],
+                                        dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
     else:
-        tl.static_assert(MAGIC == 0x6400, "magic: 0x4300 (bf16) or 0x6400 (fp16)")
-        out = tl.inline_asm_elementwise(
-            asm="""
-            {
-            .reg .b32 t01, t23, u01, u23;
-            prmt.b32 t01, $4, 0, 0x1100;
-            prmt.b32 t23, $4, 0, 0x3322;
-            lop3.b32 $0, t01, 0x000F000F, 0x64006400, 0xEA;
-            lop3.b32 $1, t23, 0x000F000F, 0x64006400, 0xEA;
-            shr.u32 u01, t01, 4;
-            shr.u32 u23, t23, 4;
-            lop3.b32 $2, u01, 0x000F000F, 0x64006400, 0xEA;
-            lop3.b32 $3, u23, 0x000F000F, 0x64006400, 0xEA;
-            }
-            """, constraints="=r,=r,=r,=r,r", args=[p], dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+        out = tl.inline_asm_elementwise(asm=ASM, constraints="=r,=r,=r,=r,r", args=[p],
+                                        dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
     return out
 
 
@@ -87,7 +95,10 @@ def int4_halves(p, s, z, DTYPE: tl.constexpr, FAST_UNPACK: tl.constexpr):
         MAGIC: tl.constexpr = 0x6400
         base: tl.constexpr = 1024.0
     if FAST_UNPACK:
-        v_lo, v_hi = _nibbles_asm(p, MAGIC)
+        if DTYPE == tl.bfloat16:
+            v_lo, v_hi = _decode_ptx(p, _NIBBLES_BF16, True)
+        else:
+            v_lo, v_hi = _decode_ptx(p, _NIBBLES_FP16, False)
     else:
         v_lo = ((p & 15).to(tl.int16) | MAGIC).to(DTYPE, bitcast=True)
         v_hi = ((p >> 4).to(tl.int16) | MAGIC).to(DTYPE, bitcast=True)
@@ -102,64 +113,6 @@ def e8m0_float(e):
     e = e.to(tl.int32)
     bits = tl.where(e == 0, 1 << 22, tl.where(e == 255, 0x7FC00000, e << 23))
     return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _e2m1_asm(p, BF16: tl.constexpr):
-    """The e2m1 codes in the low and high nibbles of each byte as 16-bit floats of their bits (see
-    _e2m1), through PTX: per pair of bytes spread over a word's halves (PRMT), the magnitude bits
-    shifted under the exponent field and the sign bit to bit 15 (SHL, SHL, AND, LOP3)."""
-    if BF16:
-        out = tl.inline_asm_elementwise(
-            asm="""
-            {
-            .reg .b32 t01, t23, a, b;
-            prmt.b32 t01, $4, 0, 0x1100;
-            prmt.b32 t23, $4, 0, 0x3322;
-            shl.b32 a, t01, 6;
-            shl.b32 b, t01, 12;
-            and.b32 b, b, 0x80008000;
-            lop3.b32 $0, a, 0x01C001C0, b, 0xEA;
-            shl.b32 a, t23, 6;
-            shl.b32 b, t23, 12;
-            and.b32 b, b, 0x80008000;
-            lop3.b32 $1, a, 0x01C001C0, b, 0xEA;
-            shl.b32 a, t01, 2;
-            shl.b32 b, t01, 8;
-            and.b32 b, b, 0x80008000;
-            lop3.b32 $2, a, 0x01C001C0, b, 0xEA;
-            shl.b32 a, t23, 2;
-            shl.b32 b, t23, 8;
-            and.b32 b, b, 0x80008000;
-            lop3.b32 $3, a, 0x01C001C0, b, 0xEA;
-            }
-            """, constraints="=r,=r,=r,=r,r", args=[p], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
-    else:
-        out = tl.inline_asm_elementwise(
-            asm="""
-            {
-            .reg .b32 t01, t23, a, b;
-            prmt.b32 t01, $4, 0, 0x1100;
-            prmt.b32 t23, $4, 0, 0x3322;
-            shl.b32 a, t01, 9;
-            shl.b32 b, t01, 12;
-            and.b32 b, b, 0x80008000;
-            lop3.b32 $0, a, 0x0E000E00, b, 0xEA;
-            shl.b32 a, t23, 9;
-            shl.b32 b, t23, 12;
-            and.b32 b, b, 0x80008000;
-            lop3.b32 $1, a, 0x0E000E00, b, 0xEA;
-            shl.b32 a, t01, 5;
-            shl.b32 b, t01, 8;
-            and.b32 b, b, 0x80008000;
-            lop3.b32 $2, a, 0x0E000E00, b, 0xEA;
-            shl.b32 a, t23, 5;
-            shl.b32 b, t23, 8;
-            and.b32 b, b, 0x80008000;
-            lop3.b32 $3, a, 0x0E000E00, b, 0xEA;
-            }
-            """, constraints="=r,=r,=r,=r,r", args=[p], dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
-    return out
 
 
 @triton.jit
@@ -182,7 +135,10 @@ def mxfp4_halves(p, e, DTYPE: tl.constexpr, FAST_UNPACK: tl.constexpr):
     uint8 e8m0 scales. bf16 multiplies by 2^126 and the scale in bf16 (exact: powers of two in
     its range); fp16, whose range is narrower, by 2^14 and then the scale in fp32."""
     if FAST_UNPACK:
-        lo, hi = _e2m1_asm(p, DTYPE == tl.bfloat16)
+        if DTYPE == tl.bfloat16:
+            lo, hi = _decode_ptx(p, _E2M1_BF16, True)
+        else:
+            lo, hi = _decode_ptx(p, _E2M1_FP16, False)
     else:
         lo = _e2m1_bits(p & 15, DTYPE)
         hi = _e2m1_bits(p >> 4, DTYPE)

@@ -118,7 +118,8 @@ def _make_plan(x, w_q, w_scale, w_zero, group_size, bias, y, activation, out_dty
     if degenerate:
         return degenerate
     if config is None and M >= DEQUANT_MIN_M:
-        return DequantThenGemm(g if g != K else next_pow2(K), True, x.dtype, activation, out_dtype)
+        return DequantThenGemm(w_q, w_scale, w_zero, g if g != K else next_pow2(K), True, x.dtype, activation,
+                               out_dtype)
     dev = device_info(device)
     a_fmt = dense(x.dtype)
     b_fmt = packed4(x.dtype, Scale.GROUP, g if g != K else next_pow2(K))

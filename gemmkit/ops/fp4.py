@@ -95,7 +95,7 @@ def _make_plan(x, x_scale, w, w_scale, bias, y, activation, out_dtype, config):
     if degenerate:
         return degenerate
     if config is None and M >= DEQUANT_MIN_M and not fp4_x:
-        return _DequantMX(DequantThenGemm(MX_BLOCK, False, x.dtype, activation, out_dtype))
+        return _DequantMX(DequantThenGemm(w, w_scale, None, MX_BLOCK, False, x.dtype, activation, out_dtype))
     dev = device_info(device)
     dot = torch.bfloat16 if fp4_x else x.dtype
     a_fmt = packed4(dot, Scale.MX, MX_BLOCK) if fp4_x else dense(x.dtype)

@@ -13,45 +13,54 @@ from __future__ import annotations
 import torch
 
 from ..core.device import interpreter_active
+from .a16w16 import gemm_a16w16
 
 DEQUANT_MIN_M = 256
+
+
+class DequantizeLaunch:
+    """One launch of kernels/packed.py dequantize_kernel for packed weights with the facts of the
+    example tensors (a plan key pins them): w (N, K // 2) uint8; INT4 scales (N, K // group) and
+    uint8 zero points or None (8), or MXFP4 uint8 e8m0 scales (N, K // 32). Call (w, w_scale,
+    w_zero) -> the (N, K) `dtype` weight."""
+
+    def __init__(self, w, w_scale, w_zero, group: int, int4: bool, dtype: torch.dtype):
+        from ..kernels.packed import dequantize_kernel  # (after the interpreter choice, as every kernel)
+
+        N, K = w.shape[0], 2 * w.shape[1]
+        group = group if int4 else 32
+        sub = min(128, group)
+        s_sn, s_sk = w_scale.stride()
+        z_sn, z_sk = (0, 0) if w_zero is None else w_zero.stride()
+        one_group = w_scale.shape[1] == 1  # per channel: stride 0 along K
+        self.shape, self.dtype, self.device = (N, K), dtype, w.device
+        self.kernel = dequantize_kernel[(-(-N // 128), -(-K // sub))]
+        self.strides = (w.stride(0), s_sn, 0 if one_group else s_sk, z_sn, 0 if one_group else z_sk, K)
+        self.flags = dict(BLOCK_N=128, SUB=sub, GROUP=group, INT4=int4, FAST_UNPACK=w.is_cuda and not interpreter_active(),
+                          EVEN_K=K % sub == 0, INDEX_64=N * K >= 2**31, num_warps=4)
+
+    def __call__(self, w, w_scale, w_zero) -> torch.Tensor:
+        out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        self.kernel(w, w_scale, w_zero, out, *self.shape, *self.strides, **self.flags)
+        return out
 
 
 def dequantize_packed(w, w_scale, w_zero, group: int, int4: bool, dtype: torch.dtype) -> torch.Tensor:
     """(N, K) `dtype` weight of a packed 4-bit (N, K // 2) uint8 `w`: INT4 ((q - z) * s, scales
     (N, K // group), uint8 zero points or None for 8) or MXFP4 (uint8 e8m0 scales (N, K // 32))."""
-    from ..kernels.packed import dequantize_kernel
-
-    N, K = w.shape[0], 2 * w.shape[1]
-    out = torch.empty((N, K), dtype=dtype, device=w.device)
-    group = group if int4 else 32
-    sub = min(128, group)
-    s_sn, s_sk = w_scale.stride()
-    s_sk = 0 if w_scale.shape[1] == 1 else s_sk
-    z_sn, z_sk = (0, 0) if w_zero is None else w_zero.stride()
-    if w_zero is not None and w_zero.shape[1] == 1:
-        z_sk = 0
-    grid = (triton_cdiv(N, 128), triton_cdiv(K, sub))
-    dequantize_kernel[grid](w, w_scale, w_zero, out, N, K, w.stride(0), s_sn, s_sk, z_sn, z_sk, out.stride(0),
-                            BLOCK_N=128, SUB=sub, GROUP=group, INT4=int4,
-                            FAST_UNPACK=w.is_cuda and not interpreter_active(), EVEN_K=K % sub == 0,
-                            INDEX_64=N * K >= 2**31, num_warps=4)
-    return out
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+    return DequantizeLaunch(w, w_scale, w_zero, group, int4, dtype)(w, w_scale, w_zero)
 
 
 class DequantThenGemm:
-    """A plan of the prefill route: run(x, w, bias, y, a_scale, b_scale, ..., b_zero) as DensePlan.run."""
+    """A plan of the prefill route for weights with the facts of the example tensors:
+    run(x, w, bias, y, a_scale, b_scale, ..., b_zero) as DensePlan.run."""
 
-    def __init__(self, group: int, int4: bool, dtype: torch.dtype, activation, out_dtype: torch.dtype):
-        self.group, self.int4, self.dtype, self.activation, self.out_dtype = group, int4, dtype, activation, out_dtype
+    def __init__(self, w, w_scale, w_zero, group: int, int4: bool, dtype: torch.dtype, activation,
+                 out_dtype: torch.dtype):
+        self.dequantize = DequantizeLaunch(w, w_scale, w_zero, group, int4, dtype)
+        self.activation, self.out_dtype = activation, out_dtype
 
     def run(self, x, w, bias, y, a_scale=None, b_scale=None, mul=None, add=None, c2=None, b2=None, cat_src=None,
             b_zero=None):
-        from .a16w16 import gemm_a16w16
-
-        wd = dequantize_packed(w, b_scale, b_zero, self.group, self.int4, self.dtype)
-        return gemm_a16w16(x, wd, bias, activation=self.activation, out_dtype=self.out_dtype, y=y)
+        return gemm_a16w16(x, self.dequantize(w, b_scale, b_zero), bias, activation=self.activation,
+                           out_dtype=self.out_dtype, y=y)
