@@ -19,6 +19,7 @@ gemmkit.core.outputs):
                       out_dtype) -> y (R, N)    (m_sizes= becomes offsets in torch ops first)
   grouped_gemm_a8w8(x, w, x_scale, w_scale, expert_offsets, gather_idx, scatter_idx, routing_weights, bias,
                     activation, out_dtype) -> y (R, N)
+  grouped_gated_a16w16(x, w_gate_up, expert_offsets, gather_idx, activation) -> y (R, I)
   batched_gemm_a16w16(x, w, bias, activation, out_dtype) -> y (B, M, N)
   batched_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype) -> y (B, M, N)
   quantize_fp8(t, granularity, dtype, scale) -> (q, scale)
@@ -483,6 +484,27 @@ def _(x, w, x_scale, w_scale, expert_offsets, gather_idx, scatter_idx, routing_w
     v.check_tensor("w", w, grouped.FP8 + (torch.int8,))
     return _fake_output(grouped_output(x.shape, w.shape, None if gather_idx is None else gather_idx.shape,
                                        v.check_out_dtype(out_dtype, None, torch.bfloat16), torch.bfloat16), x)
+
+
+@torch.library.custom_op(f"{LIB}::grouped_gated_a16w16", mutates_args=())
+def _grouped_gated_a16w16(x: torch.Tensor, w_gate_up: torch.Tensor, expert_offsets: torch.Tensor,
+                          gather_idx: Optional[torch.Tensor], activation: str) -> torch.Tensor:
+    return grouped.grouped_gated_a16w16(x, w_gate_up, expert_offsets, gather_idx=gather_idx, activation=activation)
+
+
+@_grouped_gated_a16w16.register_fake
+def _(x, w_gate_up, expert_offsets, gather_idx, activation):
+    v.check_tensor("x", x, grouped._IN_DTYPES)
+    v.check_tensor("w_gate_up", w_gate_up, grouped._IN_DTYPES)
+    E, I2, K = grouped.gated_weight_shape(w_gate_up)
+    return _fake_output(grouped_output(x.shape, (E, I2 // 2, K), None if gather_idx is None else gather_idx.shape,
+                                       None, x.dtype), x)
+
+
+def traced_grouped_gated_a16w16(x, w_gate_up, expert_offsets, gather_idx, activation, config):
+    """grouped_gated_a16w16 through torch.ops.gemmkit."""
+    _check_no_config(config)
+    return torch.ops.gemmkit.grouped_gated_a16w16(x, w_gate_up, expert_offsets, gather_idx, activation)
 
 
 def _traced_offsets(expert_offsets, m_sizes):

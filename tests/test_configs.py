@@ -1,6 +1,7 @@
 """User config tables over the shipped ones, `gemmkit configs show`, the tuner's new requests
 (--shape, --from-model, user table by default), GEMMKIT_AUTOTUNE's hook. CPU only, fast."""
 
+import dataclasses
 import io
 import json
 
@@ -314,3 +315,18 @@ def test_autotune_refuses(autotuning, monkeypatch, capsys):
     assert not autotune.maybe_autotune("a16w16", 16, 1, 1, H100) and not autotune._tuning
     assert "autotuning a16w16 M=16 (bucket <= 16) N=1 K=1 failed" in capsys.readouterr().err
     assert not autotune.maybe_autotune("a16w16", 16, 1, 1, H100, "fp32")  # tried once per process
+
+
+@pytest.mark.parametrize("rows", [8, 64, 1024, 4096])
+def test_gated_grouped_configs_keep_two_accumulators_in_registers(rows):
+    """The gated grouped GEMM (moe_mlp's gate/up) never takes a derived tile wider than 128 x 128
+    per accumulator (Mixtral-8x7B at 1024 rows per expert derived 128 x 256: two accumulators of
+    that size spilled, 6x slower on the H100), with 8 warps from 128 x 128."""
+    from gemmkit.core.config import gated_tiles
+    from gemmkit.core.grouped import family_config_for
+
+    two_b = dataclasses.replace(BF16, bits=32)  # two B tiles per K step, as ops/grouped.py counts them
+    cfg = gated_tiles(family_config_for(None, rows, 14336, 4096, H100, BF16, two_b, 2, None))
+    assert cfg.BLOCK_M * cfg.BLOCK_N <= 128 * 128
+    assert cfg.num_warps == (8 if cfg.BLOCK_M * cfg.BLOCK_N == 128 * 128 else 4)
+    assert gated_tiles(cfgmod.GemmConfig(128, 256, 64, num_warps=8)) == cfgmod.GemmConfig(128, 128, 64, num_warps=8)

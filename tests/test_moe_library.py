@@ -39,6 +39,8 @@ def _cases():
         "grouped_a16w16_sorted": (OPS.grouped_gemm_a16w16.default, (x, w, sorted_o, None, None, None, None,
                                                                     None, None)),
         "grouped_a8w8_int8": (OPS.grouped_gemm_a8w8.default, (xi, wi, xs, ws, o, g, None, None, None, "relu", None)),
+        "grouped_gated_a16w16": (OPS.grouped_gated_a16w16.default,
+                                 (x, randn(E, 2 * N, K, dtype=torch.bfloat16), o, g, "silu")),
         "batched_a16w16": (OPS.batched_gemm_a16w16.default, (xb, wb, None, "relu", torch.float32)),
         "batched_a8w8_int8": (OPS.batched_gemm_a8w8.default, (xbi, wbi, torch.rand((), device=DEVICE),
                                                               torch.rand(B, device=DEVICE), None, None, None)),
@@ -46,7 +48,7 @@ def _cases():
 
 
 CASES = ["grouped_a16w16_gather", "grouped_a16w16_scatter", "grouped_a16w16_sorted", "grouped_a8w8_int8",
-         "batched_a16w16", "batched_a8w8_int8"]
+         "grouped_gated_a16w16", "batched_a16w16", "batched_a8w8_int8"]
 
 
 @pytest.mark.parametrize("case", CASES)

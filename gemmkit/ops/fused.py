@@ -21,7 +21,7 @@ import dataclasses
 import torch
 
 from ..core import validate as v
-from ..core.config import GemmConfig, fit_to_smem, resolve_config
+from ..core.config import GemmConfig, fit_to_smem, gated_tiles, resolve_config
 from ..core.dense import DensePlan
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
@@ -95,11 +95,7 @@ def _gated_config(config, table, M, N, K, dev, a_fmt, b_fmt, out_bytes) -> GemmC
     # 8 warps, 4 stages ran 1.0-1.2x torch's GEMM + silu * mul, the persistent ones 0.8-1.03x)
     cfg = dataclasses.replace(cfg, SPLIT_K=1, STREAM_K=False, PERSISTENT=False, WARP_SPECIALIZE=False,
                               EPILOGUE_SUBTILE=False)
-    while cfg.BLOCK_M * cfg.BLOCK_N > 128 * 128 and cfg.BLOCK_N > 16:
-        cfg = dataclasses.replace(cfg, BLOCK_N=cfg.BLOCK_N // 2)
-    # two accumulators of 128 x 128 hold what one of 128 x 256 does: 8 warps, as for that tile
-    cfg = dataclasses.replace(cfg, num_warps=8 if cfg.BLOCK_M * cfg.BLOCK_N >= 128 * 128 else 4)
-    return fit_to_smem(cfg, dev, a_fmt, two_b, out_bytes)
+    return fit_to_smem(gated_tiles(cfg), dev, a_fmt, two_b, out_bytes)
 
 
 class _GatedPlan:

@@ -16,7 +16,7 @@ import os
 import torch
 
 from ..core import validate as v
-from ..core.config import fit_to_smem
+from ..core.config import fit_to_smem, gated_tiles
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import dense
@@ -137,11 +137,11 @@ def grouped_gated_a16w16(x, w_gate_up, offsets, *, gather_idx=None, activation="
     """(R, I) = activation(x[g(r)] @ gate[e(r)].T) * (x[g(r)] @ up[e(r)].T) per sorted row r, in one
     grouped launch with the gated epilogue (two accumulators per tile, the (R, 2I) product never
     written): w_gate_up (E, 2I, K), gate rows first (moe.moe_mlp's layout); x, offsets and
-    gather_idx as grouped_gemm_a16w16's. Output in x's dtype. Not a torch.library op (moe_mlp
-    calls it only outside tracing)."""
-    if not isinstance(w_gate_up, torch.Tensor) or w_gate_up.ndim != 3 or w_gate_up.shape[1] % 2:
-        raise ValueError(f"w_gate_up must be (E, 2I, K), got {getattr(w_gate_up, 'shape', w_gate_up)!r}")
-    inter = w_gate_up.shape[1] // 2
+    gather_idx as grouped_gemm_a16w16's. Output in x's dtype; torch.ops.gemmkit.grouped_gated_a16w16
+    under torch.compile."""
+    if _is_compiling():  # torch.ops.gemmkit.grouped_gated_a16w16 (gemmkit.library)
+        return _library().traced_grouped_gated_a16w16(x, w_gate_up, offsets, gather_idx, activation, config)
+    inter = gated_weight_shape(w_gate_up)[1] // 2
     gate, up = w_gate_up[:, :inter], w_gate_up[:, inter:]
     key = plan_key((x, gate, offsets, gather_idx), ("gated", activation, None if config is None else v.config_key(config)))
     try:
@@ -154,6 +154,14 @@ def grouped_gated_a16w16(x, w_gate_up, offsets, *, gather_idx=None, activation="
     if isinstance(plan, _Degenerate):
         return plan(x, gate, offsets, gather_idx, None, None, None, None, None).to(x.dtype)
     return plan.run(x, gate, offsets, gather_idx, None, None, None, None, None, up)
+
+
+def gated_weight_shape(w_gate_up) -> tuple:
+    """(E, 2I, K) of a gated grouped GEMM's gate/up weight, checked."""
+    if not isinstance(w_gate_up, torch.Tensor) or w_gate_up.ndim != 3 or w_gate_up.shape[1] % 2:
+        raise ValueError(f"w_gate_up must be (E, 2I, K) (gate rows, then up rows), got "
+                         f"{getattr(w_gate_up, 'shape', w_gate_up)!r}")
+    return tuple(w_gate_up.shape)
 
 
 def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_scale, w_scale, activation,
@@ -208,8 +216,7 @@ def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_
         two_b = dataclasses.replace(b_fmt, bits=2 * b_fmt.bits)
         cfg = family_config_for(config, max(1, -(-R // E)), N, K, dev, a_fmt, two_b, out_dtype.itemsize, None)
         if config is None:
-            warps = 8 if cfg.BLOCK_M * cfg.BLOCK_N >= 128 * 128 else cfg.num_warps
-            cfg = fit_to_smem(dataclasses.replace(cfg, num_warps=warps), dev, a_fmt, two_b, out_dtype.itemsize)
+            cfg = fit_to_smem(gated_tiles(cfg), dev, a_fmt, two_b, out_dtype.itemsize)
     else:
         cfg = family_config_for(config, max(1, -(-R // E)), N, K, dev, a_fmt, b_fmt, out_dtype.itemsize,
                                 "grouped_" + kind)

@@ -174,10 +174,11 @@ def _mlp_inputs(op):
     return make
 
 
-def _mlp_run(inp, config=None):
+def _mlp_run(inp, config=None, fused_activation=False):
     from ..moe import moe_mlp
 
-    return moe_mlp(inp["x"], inp["ids"], inp["tw"], inp["w_gate_up"], inp["w_down"], config=config)
+    return moe_mlp(inp["x"], inp["ids"], inp["tw"], inp["w_gate_up"], inp["w_down"], config=config,
+                   fused_activation=fused_activation)
 
 
 def _mlp_torch(inp, reference=False):
@@ -260,6 +261,11 @@ OPS = {
         inputs_for=_grouped_inputs),
     "moe_mlp": MoEToolOp(
         "moe_mlp", ("bf16",), None, _mlp_run, _mlp_torch,
+        "torch: argsort by expert, index, _grouped_mm, silu * mul, _grouped_mm, weighted sum over k",
+        lambda i: _mlp_torch(i, reference=True), 2e-2, 2, 2, 16, None, formats=(_BF16, _BF16), block=True,
+        inputs_for=_mlp_inputs),
+    "moe_mlp_fused": MoEToolOp(
+        "moe_mlp_fused", ("bf16",), None, lambda inp, config=None: _mlp_run(inp, config, True), _mlp_torch,
         "torch: argsort by expert, index, _grouped_mm, silu * mul, _grouped_mm, weighted sum over k",
         lambda i: _mlp_torch(i, reference=True), 2e-2, 2, 2, 16, None, formats=(_BF16, _BF16), block=True,
         inputs_for=_mlp_inputs),
