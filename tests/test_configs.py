@@ -330,3 +330,16 @@ def test_gated_grouped_configs_keep_two_accumulators_in_registers(rows):
     assert cfg.BLOCK_M * cfg.BLOCK_N <= 128 * 128
     assert cfg.num_warps == (8 if cfg.BLOCK_M * cfg.BLOCK_N == 128 * 128 else 4)
     assert gated_tiles(cfgmod.GemmConfig(128, 256, 64, num_warps=8)) == cfgmod.GemmConfig(128, 128, 64, num_warps=8)
+
+
+@pytest.mark.parametrize("M", [1, 16, 64, 256, 1024])
+def test_gated_search_space_takes_only_whole_tiles(M):
+    """`gemmkit tune ff_gated` enumerates only configs the gated GEMM runs: whole tiles (no
+    split-K or stream-K), at most 128 x 128 per accumulator, two B tiles' shared memory."""
+    op = registry.get_op("ff_gated")
+    cands = registry.search_space(op, M, 14336, 4096, H100)
+    assert cands
+    two_b = dataclasses.replace(BF16, bits=32)
+    for c in cands:
+        assert c.SPLIT_K == 1 and not c.STREAM_K and c.BLOCK_M * c.BLOCK_N <= 128 * 128, c
+        assert c.fits(H100, BF16, two_b, 2), c

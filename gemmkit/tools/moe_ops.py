@@ -174,7 +174,7 @@ def _mlp_inputs(op):
     return make
 
 
-def _mlp_run(inp, config=None, fused_activation=False):
+def _mlp_run(inp, config=None, fused_activation=True):
     from ..moe import moe_mlp
 
     return moe_mlp(inp["x"], inp["ids"], inp["tw"], inp["w_gate_up"], inp["w_down"], config=config,
@@ -264,8 +264,8 @@ OPS = {
         "torch: argsort by expert, index, _grouped_mm, silu * mul, _grouped_mm, weighted sum over k",
         lambda i: _mlp_torch(i, reference=True), 2e-2, 2, 2, 16, None, formats=(_BF16, _BF16), block=True,
         inputs_for=_mlp_inputs),
-    "moe_mlp_fused": MoEToolOp(
-        "moe_mlp_fused", ("bf16",), None, lambda inp, config=None: _mlp_run(inp, config, True), _mlp_torch,
+    "moe_mlp_unfused": MoEToolOp(  # moe_mlp(fused_activation=False): the activation in torch
+        "moe_mlp_unfused", ("bf16",), None, lambda inp, config=None: _mlp_run(inp, config, False), _mlp_torch,
         "torch: argsort by expert, index, _grouped_mm, silu * mul, _grouped_mm, weighted sum over k",
         lambda i: _mlp_torch(i, reference=True), 2e-2, 2, 2, 16, None, formats=(_BF16, _BF16), block=True,
         inputs_for=_mlp_inputs),

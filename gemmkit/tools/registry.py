@@ -4,6 +4,8 @@ Adding an op to the tools means adding one `ToolOp` here."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,8 @@ class ToolOp:
     reads: tuple | None = None
     # bytes of scales and zero points gemmkit reads beyond its operands, (M, N, K) -> bytes (4-bit weights)
     scale_bytes: Callable | None = None
+    # the table's GEMM is a gated one (two B tiles per K step, two accumulators, whole tiles)
+    gated: bool = False
 
     def flops(self, M, N, K) -> float:
         return 2.0 * M * N * K if self.gemm else 0.0
@@ -429,7 +433,10 @@ OPS = {
 
 @dataclass(frozen=True)
 class FeedForwardToolOp(ToolOp):
-    """A gated MLP block: three (I, H) weight matrices, (M, H) in and out."""
+    """A gated MLP block: three (I, H) weight matrices, (M, H) in and out. Its table is the gated
+    GEMM's (the down GEMM reads the dense tables)."""
+
+    gated: bool = True
 
     def flops(self, M, N, K) -> float:
         return 2.0 * M * 3 * N * K
@@ -687,6 +694,8 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
     warp specialization, epilogue subtiling.
     """
     a_fmt, b_fmt = op.formats
+    if op.gated:  # two B tiles per K step (shared memory as for one of twice the width)
+        b_fmt = dataclasses.replace(b_fmt, bits=2 * b_fmt.bits)
     # on sm_90 Triton (3.6 to 3.9) compiles WARP_SPECIALIZE to the binary of its plain persistent
     # twin (README, Architecture; `python -m gemmkit.tools.codegen --warp-specialize`): not enumerated
     warp_specialize = dev.capability != (9, 0)
@@ -697,6 +706,8 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
 
     def add(bm, bn, bk, warps, stages, split=1, group_m=8, **flags):
         tiles = -(-M // bm) * -(-N // bn)
+        if op.gated and (split > 1 or flags.get("STREAM_K") or bm * bn > 128 * 128):
+            return  # whole tiles (the activation needs the full sums), two accumulators in registers
         if split > 1 and (tiles * split > 4 * dev.num_sms or -(-K // bk) < 4 * split):
             return
         if flags.get("STREAM_K"):
