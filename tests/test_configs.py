@@ -80,6 +80,27 @@ def test_user_table_alone_and_default_directory(tables, tmp_path, monkeypatch):
     assert user_config_dir() == tmp_path / "home" / ".cache" / "gemmkit" / "configs"
 
 
+def test_other_hopper_parts_read_the_h100_table_until_they_have_their_own(tables):
+    """An H200 (or H800, GH200, H100 NVL) without a shipped table of its own for an op reads the
+    H100's, re-fitted to itself; its own shipped table, once there, replaces it; user tables stay
+    per device; other GPUs derive."""
+    h200 = known_device("NVIDIA_H200")
+    tables("shipped", {"shapes": {"4096,4096": {"M_LEQ_16": entry(16)}}})
+    assert config_source("a16w16", 8, 4096, 4096, h200) == (
+        entry(16), "shipped table (NVIDIA_H100_80GB_HBM3's, the Hopper fallback) shape entry")
+    assert select_config("a16w16", 8, 4096, 4096, h200, BF16, BF16, 2).BLOCK_M == 16
+    for name in ("NVIDIA_H800", "NVIDIA_GH200_480GB", "NVIDIA_H100_NVL"):
+        assert cfgmod.shipped_device(name, "a16w16") == H100.name
+    a100 = DeviceInfo("NVIDIA_A100_SXM4_80GB", (8, 0), 108, 166912, 40 << 20)
+    assert config_source("a16w16", 8, 4096, 4096, a100) == (None, "derived from the device")
+    assert cfgmod.table_path(h200.name, "a16w16", "shipped") == cfgmod.CONFIG_DIR / h200.name / "a16w16.json"  # tune writes
+    assert cfgmod.table_path(h200.name, "a16w16", "shipped", read=True).parent.name == H100.name
+    tables("shipped", {"shapes": {"4096,4096": {"M_LEQ_16": entry(32)}}}, device=h200.name)
+    assert config_source("a16w16", 8, 4096, 4096, h200) == (entry(32), "shipped table shape entry")
+    tables("user", {"shapes": {"4096,4096": {"M_LEQ_16": entry(64)}}}, device=H100.name)
+    assert config_source("a16w16", 8, 4096, 4096, h200)[0] == entry(32)  # the H100 user's table is the H100's
+
+
 def test_known_devices():
     assert known_device("NVIDIA H100 80GB HBM3") is H100 and H100.num_sms == 132
     h200 = known_device("NVIDIA_H200")

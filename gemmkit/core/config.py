@@ -7,7 +7,8 @@ yours, merged over them, in ``user_config_dir()/<DEVICE>/<op>.json``::
      "shapes":  {"4096,14336": {"M_LEQ_16": {...}, ...}}}
 
 A lookup for (M, N, K) takes the exact "N,K" entry if there is one, else the generic buckets; in
-either, the smallest bucket with M <= bound, else "any". With no table or no fitting entry the
+either, the smallest bucket with M <= bound, else "any". A Hopper part without a shipped table of
+its own for an op reads the H100's (shipped_device). With no table or no fitting entry the
 config is derived from the device (shared memory, SM count) and the shape. Results are cached per
 (op, M bucket, N, K, dtypes, device), so the per-call cost is one dict lookup.
 """
@@ -18,6 +19,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,10 +217,28 @@ def user_config_dir() -> Path:
 TABLE_LAYERS = ("user", "shipped")
 
 
-def table_path(device_name: str, op: str, layer: str) -> Path:
+# Hopper parts share the SM (132 or fewer SMs, 227 KB of shared memory per block): where one has no
+# shipped table of its own for an op, it reads the H100's (entries are re-fitted to the device).
+HOPPER_FALLBACK = "NVIDIA_H100_80GB_HBM3"
+_HOPPER_NAME = re.compile(r"NVIDIA_G?H(100|200|800|20)(_|$)")
+
+
+def shipped_device(device_name: str, op: str) -> str:
+    """The device whose shipped table of `op` serves `device_name`: its own where the package has
+    one, else, for a Hopper part, HOPPER_FALLBACK's (e.g. an H200 without an H200 table)."""
+    if (CONFIG_DIR / device_name / f"{op}.json").is_file() or not _HOPPER_NAME.match(device_name):
+        return device_name
+    return HOPPER_FALLBACK
+
+
+def table_path(device_name: str, op: str, layer: str, read: bool = False) -> Path:
+    """The file of one layer of `op`'s table for `device_name` (what the tuner writes); read=True:
+    the file a lookup reads (the shipped layer: shipped_device's)."""
     if layer not in TABLE_LAYERS:
         raise ValueError(f"table_path: layer must be one of {TABLE_LAYERS}, got {layer!r}")
-    return (user_config_dir() if layer == "user" else CONFIG_DIR) / device_name / f"{op}.json"
+    if layer == "user":
+        return user_config_dir() / device_name / f"{op}.json"
+    return CONFIG_DIR / (shipped_device(device_name, op) if read else device_name) / f"{op}.json"
 
 
 @functools.lru_cache(maxsize=None)
@@ -228,7 +248,7 @@ def load_table(device_name: str, op: str, layer: str | None = None) -> dict | No
     where there is none. Merge: a user "shapes" entry overrides or extends the shipped one per
     (N, K) and per M bucket; user "buckets" override per bucket."""
     if layer is not None:
-        path = table_path(device_name, op, layer)
+        path = table_path(device_name, op, layer, read=True)
         if not path.is_file():
             return None
         with open(path) as f:
@@ -273,7 +293,11 @@ def lookup_entry(device_name: str, op: str, M: int, N: int, K: int) -> tuple[dic
             ("generic bucket", merged.get("buckets"), user.get("buckets"))):
         key = _bucket_key(entries, M)
         if key is not None:
-            return entries[key], f"{'user' if key in (user_entries or {}) else 'shipped'} table {section}"
+            if key in (user_entries or {}):
+                return entries[key], f"user table {section}"
+            fallback = shipped_device(device_name, op)
+            where = "" if fallback == device_name else f" ({fallback}'s, the Hopper fallback)"
+            return entries[key], f"shipped table{where} {section}"
     return None, DERIVED
 
 

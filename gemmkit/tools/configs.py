@@ -44,7 +44,7 @@ def show_lines(ops, shapes, dev: DeviceInfo, dtype: str | None, out_dtype: str) 
         dt = op_dtype(op, dtype)
         lines.append(f"\n{op.name}: table {op.table}, {dt} operands, {out_dtype} output")
         for layer in ("user", "shipped"):
-            path = table_path(dev.name, op.table, layer)
+            path = table_path(dev.name, op.table, layer, read=True)
             lines.append(f"  {layer} table: {path}{'' if path.is_file() else ' (none)'}")
         for M, N, K in shapes:
             cfg = select_config(op.table, M, N, K, dev, *op.formats, out_bytes)
