@@ -244,6 +244,31 @@ def test_tune_requests_and_default_table(tables, monkeypatch, tmp_path):
     assert problems == [(16, 64, 64)]
 
 
+def test_tune_seeded_from_another_devices_records(tables, monkeypatch, tmp_path):
+    """--seed: a problem the other device measured is tuned over its fastest configs there (sustained
+    times first), one it never measured over the whole search space; errors are never seeds."""
+    recs = [{"M": 16, "N": 64, "K": 64, "dtype": "bf16", "cfg": tune.cfg_key(cfgmod.GemmConfig(16, bn, 64)), **t}
+            for bn, t in ((16, {"us": 5.0}), (32, {"us": 3.0}), (64, {"us": 4.0, "us_sustained": 4.5}),
+                          (128, {"error": "wrong result"}))]
+    seed_path = tmp_path / "h100.jsonl"
+    seed_path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    seed = tune.load_cache(seed_path)
+    assert [c.BLOCK_N for c in tune.seeded_candidates(seed, (16, 64, 64), "bf16", 2)] == [64, 32]
+    assert [c.BLOCK_N for c in tune.seeded_candidates(seed, (16, 64, 64), "bf16", 8)] == [64, 32, 16]
+    assert tune.seeded_candidates(seed, (256, 64, 64), "bf16", 8) is None
+    calls = []
+    monkeypatch.setattr(tune.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(tune, "device_info", lambda: known_device("NVIDIA_H200"))
+    monkeypatch.setattr(tune, "tune", lambda *a, **k: calls.append((a, k)))
+    tune.main(["a16w16", "--shape", "16", "64", "64", "--package", "--seed", str(seed_path), "--seed-top", "3"])
+    (_, _, _, out, *_), kw = calls[-1]
+    assert kw["seed_top"] == 3 and len(kw["seed"]) == 4
+    assert out == cfgmod.CONFIG_DIR / "NVIDIA_H200" / "a16w16.json"  # the H200's own table, not the H100's it reads
+    for bad in (["--seed", str(tmp_path / "none.jsonl")], ["--seed", str(seed_path), "--seed-top", "0"]):
+        with pytest.raises(SystemExit):
+            tune.main(["a16w16", "--shape", "16", "64", "64", *bad])
+
+
 def test_precompile_without_workers_runs_in_this_process(monkeypatch):
     seen = []
     monkeypatch.setattr(tune, "_compile_worker", lambda *a: seen.append(a) or (None, (("h", (1,)),)))

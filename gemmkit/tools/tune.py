@@ -212,11 +212,25 @@ def load_cache(path: Path) -> dict:
     return cache
 
 
+def seeded_candidates(seed: dict, problem: tuple, dtype: str, top: int) -> list[GemmConfig] | None:
+    """The `top` fastest configs of `problem` among another device's measurements (a tuning cache
+    of another Hopper part: `--seed`), fastest under sustained load first, else by `us`; None where
+    the seed never measured the problem (it then gets the whole search space)."""
+    recs = [r for k, r in seed.items() if k[:4] == (*problem, dtype) and ("us" in r or "us_sustained" in r)]
+    if not recs:
+        return None
+    recs.sort(key=lambda r: (r.get("us_sustained") is None, r.get("us_sustained") or r["us"]))
+    keys = list(dict.fromkeys(r["cfg"] for r in recs))[:top]
+    return [GemmConfig.from_dict(json.loads(k)) for k in keys]
+
+
 def tune(op_name, problems, dtype, out_path: Path, cache_path: Path, workers: int, rep_ms: int,
-         command: str, time_budget_s: float | None = None, buckets: bool = True, verbose: bool = True) -> dict:
+         command: str, time_budget_s: float | None = None, buckets: bool = True, verbose: bool = True,
+         seed: dict | None = None, seed_top: int = 8) -> dict:
     """Measure the candidates of each (M, N, K) in `problems` (workers: compile processes, 0: in
     this one) and write the table at out_path (buckets: also its generic buckets); verbose:
-    progress on stdout."""
+    progress on stdout. seed: another device's measurements (load_cache); each problem it holds is
+    tuned over its `seed_top` fastest configs there instead of the whole search space."""
     op = get_op(op_name)
     dev = device_info()
     cache = load_cache(cache_path)
@@ -225,7 +239,11 @@ def tune(op_name, problems, dtype, out_path: Path, cache_path: Path, workers: in
     say = print if verbose else (lambda *a, **k: None)
 
     problems = list(dict.fromkeys(problems))  # each once
-    todo = {p: [c for c in search_space(op, op.table_m(p[0]), *p[1:], dev) if (*p, dtype, cfg_key(c)) not in cache] for p in problems}
+    def space(p):
+        seeded = seeded_candidates(seed, p, dtype, seed_top) if seed else None
+        return seeded if seeded is not None else search_space(op, op.table_m(p[0]), *p[1:], dev)
+
+    todo = {p: [c for c in space(p) if (*p, dtype, cfg_key(c)) not in cache] for p in problems}
     jobs = [(M, N, K, dtype, c) for (M, N, K), cands in todo.items() for c in cands]
     say(f"tuning {op_name} ({dtype}) on {dev.name}: {len(problems)} problems, {len(jobs)} candidates to measure "
         f"({sum(1 for k in cache if k[3] == dtype)} cached)", flush=True)
@@ -432,6 +450,10 @@ def main(argv=None):
                    help="compile processes (0: compile in this process)")
     p.add_argument("--rep-ms", type=int, default=REP_MS, help="graph replay time per measurement")
     p.add_argument("--time-budget-s", type=float, default=None, help="stop measuring after this long")
+    p.add_argument("--seed", type=Path, default=None, metavar="JSONL",
+                   help="another device's tuning records (e.g. the H100's tuning/tune_a16w16.jsonl for an H200): "
+                        "problems it measured are tuned over its --seed-top fastest configs only")
+    p.add_argument("--seed-top", type=int, default=8, help="configs per problem taken from --seed")
     args = p.parse_args(argv)
     op = get_op(args.op)
     if op.table is None:
@@ -457,5 +479,9 @@ def main(argv=None):
     out = args.out or table_path(dev.name, op.table, "shipped" if args.package else "user")
     cache = args.cache or default_cache(dev.name, args.op)
     command = "gemmkit tune " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.seed is not None and not args.seed.is_file():
+        raise SystemExit(f"--seed {args.seed}: no such file")
+    if args.seed_top < 1:
+        raise SystemExit("--seed-top takes a count >= 1")
     tune(args.op, problems, dtype, out, cache, args.workers, args.rep_ms, command, args.time_budget_s,
-         buckets=not args.no_buckets)
+         buckets=not args.no_buckets, seed=load_cache(args.seed) if args.seed else None, seed_top=args.seed_top)
