@@ -217,7 +217,8 @@ def test_from_model_collects_linear_layers():
     ["a16w16", "--shape", "16", "64"], ["a16w16", "--shape", "0", "64", "64"], ["a16w16", "--shape", "16", "64", "-1"],
     ["a16w16", "--from-model", "nocolon"], ["a16w16", "--from-model", f"{__name__}:not_a_model"], ["a16w16"],
     ["a16w16", "--shape", "16", "64", "64", "--out", "t.json", "--package"],
-    ["a16w16", "--shape", "16", "64", "64", "--workers", "-1"], ["quant_fp8_row", "--shape", "16", "64", "64"]])
+    ["a16w16", "--shape", "16", "64", "64", "--workers", "-1"], ["quant_fp8_row", "--shape", "16", "64", "64"],
+    ["a16w16", "--model", "heldout-phi3-mini", "--package"]])
 def test_tune_argument_errors_come_before_the_gpu_check(argv):
     with pytest.raises(SystemExit) as e:
         tune.main(argv)
@@ -389,3 +390,24 @@ def test_gated_search_space_takes_only_whole_tiles(M):
     for c in cands:
         assert c.SPLIT_K == 1 and not c.STREAM_K and c.BLOCK_M * c.BLOCK_N <= 128 * 128, c
         assert c.fits(H100, BF16, two_b, 2), c
+
+
+def test_heldout_shapes_are_in_no_shipped_table():
+    """models.json's heldout-* layers judge the configs of untuned shapes: no shipped table of any
+    device holds one of them as a shape entry."""
+    heldout = {(N, K) for m in registry.load_models().values() if m.get("heldout") for N, K in m["layers"].values()}
+    assert len(heldout) >= 20
+    tuned = [m for m in registry.load_models().values() if not m.get("heldout")]
+    assert not heldout & {tuple(nk) for m in tuned for nk in m["layers"].values()}
+    for path in cfgmod.CONFIG_DIR.glob("*/*.json"):
+        shapes = {tuple(int(v) for v in nk.split(",")) for nk in json.loads(path.read_text()).get("shapes", {})}
+        assert not heldout & shapes, path
+
+
+def test_nearest_shape_entry(tables):
+    tables("shipped", {"shapes": {"4096,4096": {"M_LEQ_16": entry(16)}, "8192,8192": {"M_LEQ_16": entry(32),
+                                                                                     "M_LEQ_256": entry(64)}}})
+    assert cfgmod.nearest_shape_entry(H100.name, "a16w16", 8, 5000, 4000) == (entry(16), (4096, 4096))
+    assert cfgmod.nearest_shape_entry(H100.name, "a16w16", 8, 7000, 9000) == (entry(32), (8192, 8192))
+    assert cfgmod.nearest_shape_entry(H100.name, "a16w16", 100, 4096, 4096) == (entry(64), (8192, 8192))
+    assert cfgmod.nearest_shape_entry(H100.name, "a8w8_fp8", 8, 4096, 4096) == (None, None)

@@ -301,6 +301,25 @@ def lookup_entry(device_name: str, op: str, M: int, N: int, K: int) -> tuple[dic
     return None, DERIVED
 
 
+def nearest_shape_entry(device_name: str, op: str, M: int, N: int, K: int) -> tuple[dict | None, tuple | None]:
+    """(entry, (N', K')): M's bucket of the tuned shape nearest to (N, K) (|log2 N/N'| + |log2 K/K'|,
+    ties to the larger shape) among the merged tables' shape entries that have a bucket for M;
+    (None, None) where there are none."""
+    import math
+
+    merged = load_table(device_name, op) or {}
+    best = None
+    for nk, entries in merged.get("shapes", {}).items():
+        key = _bucket_key(entries, M)
+        if key is None:
+            continue
+        n2, k2 = (int(v) for v in nk.split(","))
+        dist = abs(math.log2(N / n2)) + abs(math.log2(K / k2))
+        if best is None or (dist, -n2 * k2) < best[0]:
+            best = ((dist, -n2 * k2), entries[key], (n2, k2))
+    return (None, None) if best is None else best[1:]
+
+
 def _lookup_m(bucket: str, below_tma: bool) -> int:
     """The M a selection for a bucket looks up and derives with (selections are cached per
     bucket): its bound (twice the largest for "any"), below TMA_MIN_M where M is."""

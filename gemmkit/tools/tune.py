@@ -28,7 +28,7 @@ import torch
 
 from ..core.config import GemmConfig, clear_caches, m_bucket, table_path, user_config_dir
 from ..core.device import device_info
-from .registry import get_op, import_model_shapes, model_shapes, op_dtype, search_space
+from .registry import get_op, import_model_shapes, load_models, model_shapes, op_dtype, search_space
 from .timing import rotation_count, time_graph_us, time_graphs_us
 
 
@@ -459,6 +459,10 @@ def main(argv=None):
     if op.table is None:
         raise SystemExit(f"{args.op} has no config table to tune")
     dtype = op_dtype(op, args.dtype)  # the table and the cache records are per dtype
+    heldout = [m for m in args.model if load_models().get(m, {}).get("heldout")]
+    if heldout and args.package:
+        raise SystemExit(f"--package: {', '.join(heldout)} judge the configs of untuned shapes; the shipped "
+                         "tables must never see them")
     shapes = model_shapes(args.model) if args.model else []
     for spec in args.from_model:
         shapes += import_model_shapes(spec)
