@@ -45,7 +45,7 @@ for label, N, K in model_shapes(models):
         sets = [(torch.randn(M, K, device="cuda", dtype=torch.bfloat16),
                  torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5)
                 for _ in range(rotation_count((M * K + N * K + M * N) * 2, dev.l2_bytes))]
-        near, near_nk = nearest_shape_entry(dev.name, "a16w16", M, N, K)
+        near, near_nk = nearest_shape_entry(dev.name, "a16w16", M, N, K)  # (None, (None, None)): none
         cfgs = {"table": select_config("a16w16", M, N, K, dev, BF16, BF16, 2),
                 "nearest": fit_to_smem(GemmConfig.from_dict(near), dev, BF16, BF16, 2) if near else None,
                 "derived": derive_config(M, N, K, dev, BF16, BF16, 2)}

@@ -57,7 +57,10 @@ def test_user_table_merges_over_shipped_per_shape_and_bucket(tables):
     assert pick(64, 4096, 4096) == (32, "user table shape entry", entry(32))  # overridden per bucket
     assert pick(8, 100, 200) == (32, "user table shape entry", entry(32))  # a shape only the user tuned
     assert pick(1000, 4096, 4096)[:2] == (256, "user table generic bucket")  # no shape bucket: user "any"
-    assert pick(10, 1, 1)[:2] == (16, "shipped table generic bucket")
+    # an untuned shape at small M: the nearest tuned shape's entry (here the user's (100, 200))
+    assert pick(10, 1, 1)[:2] == (32, "user table nearest shape 100,200")
+    assert pick(10, 4000, 5000)[:2] == (16, "shipped table nearest shape 4096,4096")
+    assert pick(300, 1, 1)[:2] == (256, "user table generic bucket")
     assert config_source("a16w16", 16, 4096, 4096, INTERPRETER_DEVICE) == (None, "derived from the device")
     merged = load_table(H100.name, "a16w16")
     assert merged["shapes"]["4096,4096"] == {"M_LEQ_16": entry(16), "M_LEQ_64": entry(32)}
@@ -140,7 +143,7 @@ def test_configs_show_on_this_device(tables, capsys):
 
 def test_configs_show_for_a_named_device(tables, capsys):
     wide = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "TMA": True, "num_warps": 8, "num_stages": 4}
-    tables("shipped", {"buckets": {"any": wide}, "shapes": {"4096,4096": {"M_LEQ_16": entry(16)}}})
+    tables("shipped", {"shapes": {"4096,4096": {"M_LEQ_16": entry(16), "any": wide}}})
     user = tables("user", {"shapes": {"4096,4096": {"M_LEQ_16": dict(entry(32), SPLIT_K=2)}}})
     argv = ["configs", "show", "--device-name", "NVIDIA_H100_80GB_HBM3", "--op", "a16w16",
             "--shape", "16", "4096", "4096", "--shape", "4096", "4096", "4096", "--out-dtype", "fp32"]
@@ -151,7 +154,7 @@ def test_configs_show_for_a_named_device(tables, capsys):
     assert "M=16 N=4096 K=4096: 32x64x64 GROUP_M=8 SPLIT_K=2 warps=4 stages=3  [user table shape entry]" in out
     # its fp32 output tile does not fit beside four stages: split epilogue, three stages
     assert ("M=4096 N=4096 K=4096: 128x256x64 GROUP_M=8 SPLIT_K=1 warps=8 stages=3 TMA EPILOGUE_SUBTILE  "
-            "[shipped table generic bucket, fitted to the shared memory]") in out
+            "[shipped table shape entry, fitted to the shared memory]") in out
     user.unlink()
     cfgmod.clear_caches()
     cli.main(argv)
@@ -410,4 +413,4 @@ def test_nearest_shape_entry(tables):
     assert cfgmod.nearest_shape_entry(H100.name, "a16w16", 8, 5000, 4000) == (entry(16), (4096, 4096))
     assert cfgmod.nearest_shape_entry(H100.name, "a16w16", 8, 7000, 9000) == (entry(32), (8192, 8192))
     assert cfgmod.nearest_shape_entry(H100.name, "a16w16", 100, 4096, 4096) == (entry(64), (8192, 8192))
-    assert cfgmod.nearest_shape_entry(H100.name, "a8w8_fp8", 8, 4096, 4096) == (None, None)
+    assert cfgmod.nearest_shape_entry(H100.name, "a8w8_fp8", 8, 4096, 4096) == (None, (None, None))

@@ -53,11 +53,18 @@ def test_table_lookup(tmp_path, monkeypatch):
     cfgmod.clear_caches()
     try:
         pick = lambda M, N=100, K=100: select_config("a16w16", M, N, K, H100, BF16, BF16, 2).BLOCK_M  # noqa: E731
+        derived = lambda M, N=100, K=100: derive_config(M, N, K, H100, BF16, BF16, 2).BLOCK_M  # noqa: E731
+        assert pick(50, 4096, 4096) == 32  # the exact (N, K) entry first, its smallest bucket >= M
+        # an untuned (N, K): up to NEAREST_SHAPE_MAX_M the nearest tuned shape's entry for M's bucket ...
+        assert pick(1) == 32 and pick(64) == 32
+        assert pick(100, 4096, 4096) == derived(128)  # ... where it has one; else, and above, derived
+        assert pick(257) == derived(512) and pick(10**6) == derived(2 * cfgmod.M_BUCKETS[-1])
+        # a table without shape entries: its generic buckets
+        (tmp_path / H100.name / "a16w16.json").write_text(json.dumps({"buckets": table["buckets"]}))
+        cfgmod.clear_caches()
         assert pick(1) == 16 and pick(16) == 16
         assert pick(17) == 64 and pick(256) == 64  # smallest bucket >= M
         assert pick(257) == 128 and pick(10**6) == 128  # "any"
-        assert pick(50, 4096, 4096) == 32  # exact (N, K) entry first
-        assert pick(100, 4096, 4096) == 64  # ... then the generic buckets
         assert (select_config("a16w16", 8, 100, 100, A100, BF16, BF16, 2)
                 == derive_config(16, 100, 100, A100, BF16, BF16, 2))
     finally:
