@@ -6,8 +6,10 @@ yours, merged over them, in ``user_config_dir()/<DEVICE>/<op>.json``::
     {"buckets": {"M_LEQ_16": {...}, ..., "any": {...}},
      "shapes":  {"4096,14336": {"M_LEQ_16": {...}, ...}}}
 
-A lookup for (M, N, K) takes the exact "N,K" entry if there is one, else the generic buckets; in
-either, the smallest bucket with M <= bound, else "any". A Hopper part without a shipped table of
+A lookup for (M, N, K) takes the exact "N,K" entry if it has a bucket for M (the smallest bucket
+with M <= bound, else "any"), else your generic bucket, else up to M = NEAREST_SHAPE_MAX_M the
+nearest tuned shape's entry, else a config derived from the device (lookup_entry; the shipped
+generic buckets serve only tables without shape entries). A Hopper part without a shipped table of
 its own for an op reads the H100's (shipped_device). With no table or no fitting entry the
 config is derived from the device (shared memory, SM count) and the shape. Results are cached per
 (op, M bucket, N, K, dtypes, device), so the per-call cost is one dict lookup.
