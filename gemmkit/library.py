@@ -19,6 +19,8 @@ gemmkit.core.outputs):
                       out_dtype) -> y (R, N)    (m_sizes= becomes offsets in torch ops first)
   grouped_gemm_a8w8(x, w, x_scale, w_scale, expert_offsets, gather_idx, scatter_idx, routing_weights, bias,
                     activation, out_dtype) -> y (R, N)
+  grouped_gemm_a8w8_blockscale(x, w, x_scale, w_scale, expert_offsets, gather_idx, scatter_idx,
+                               routing_weights, bias, activation, out_dtype) -> y (R, N)
   grouped_gated_a16w16(x, w_gate_up, expert_offsets, gather_idx, activation) -> y (R, I)
   batched_gemm_a16w16(x, w, bias, activation, out_dtype) -> y (B, M, N)
   batched_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype) -> y (B, M, N)
@@ -484,6 +486,34 @@ def _(x, w, x_scale, w_scale, expert_offsets, gather_idx, scatter_idx, routing_w
     v.check_tensor("w", w, grouped.FP8 + (torch.int8,))
     return _fake_output(grouped_output(x.shape, w.shape, None if gather_idx is None else gather_idx.shape,
                                        v.check_out_dtype(out_dtype, None, torch.bfloat16), torch.bfloat16), x)
+
+
+@torch.library.custom_op(f"{LIB}::grouped_gemm_a8w8_blockscale", mutates_args=())
+def _grouped_a8w8_blockscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
+                             expert_offsets: torch.Tensor, gather_idx: Optional[torch.Tensor],
+                             scatter_idx: Optional[torch.Tensor], routing_weights: Optional[torch.Tensor],
+                             bias: Optional[torch.Tensor], activation: Optional[str],
+                             out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    return grouped.grouped_gemm_a8w8_blockscale(x, w, x_scale, w_scale, expert_offsets, gather_idx=gather_idx,
+                                                scatter_idx=scatter_idx, routing_weights=routing_weights, bias=bias,
+                                                activation=activation, out_dtype=out_dtype)
+
+
+@_grouped_a8w8_blockscale.register_fake
+def _(x, w, x_scale, w_scale, expert_offsets, gather_idx, scatter_idx, routing_weights, bias, activation, out_dtype):
+    v.check_tensor("x", x, grouped.FP8)
+    v.check_tensor("w", w, grouped.FP8)
+    return _fake_output(grouped_output(x.shape, w.shape, None if gather_idx is None else gather_idx.shape,
+                                       v.check_out_dtype(out_dtype, None, torch.bfloat16), torch.bfloat16), x)
+
+
+def traced_grouped_gemm_a8w8_blockscale(x, w, x_scale, w_scale, expert_offsets, m_sizes, gather_idx, scatter_idx,
+                                        routing_weights, bias, activation, out_dtype, config):
+    """grouped_gemm_a8w8_blockscale through torch.ops.gemmkit."""
+    _check_no_config(config)
+    return torch.ops.gemmkit.grouped_gemm_a8w8_blockscale(x, w, x_scale, w_scale,
+                                                          _traced_offsets(expert_offsets, m_sizes), gather_idx,
+                                                          scatter_idx, routing_weights, bias, activation, out_dtype)
 
 
 @torch.library.custom_op(f"{LIB}::grouped_gated_a16w16", mutates_args=())

@@ -23,6 +23,7 @@ OPS = {
     # MoE / batched family (issue 13): grouped tables keyed by the average rows per expert
     "grouped_gemm_a16w16": OpEntry("gemmkit.ops.grouped", ("grouped_a16w16",)),
     "grouped_gemm_a8w8": OpEntry("gemmkit.ops.grouped", ("grouped_a8w8",)),
+    "grouped_gemm_a8w8_blockscale": OpEntry("gemmkit.ops.grouped"),  # DeepSeek-V3 block scales (derived configs)
     "grouped_gated_a16w16": OpEntry("gemmkit.ops.grouped"),  # moe_mlp's gate/up GEMM (derived configs)
     "batched_gemm_a16w16": OpEntry("gemmkit.ops.batched", ("batched_a16w16",)),
     "batched_gemm_a8w8": OpEntry("gemmkit.ops.batched"),  # derived configs (no ToolOp)

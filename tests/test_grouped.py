@@ -203,3 +203,71 @@ def test_bad_inputs(monkeypatch):
                                     config=CFG)
     monkeypatch.setenv("GEMMKIT_DEBUG", "0")
     gemmkit.grouped_gemm_a16w16(x, w, bad, config=CFG)  # unchecked: no sync, no error
+
+
+# DeepSeek-V3 block scales ------------------------------------------------------------------------
+
+def _block_quantized(E, N, K, T_):
+    """FP8 x (T_, K) with 1x128 scales and w (E, N, K) with 128x128 scales (gemmkit.quant), and the
+    float64 values they stand for."""
+    from gemmkit import quant
+
+    x16 = randn(T_, K, dtype=torch.float32)
+    w16 = randn(E, N, K, dtype=torch.float32, scale=K ** -0.5)
+    xq, xs = quant.quantize_fp8_blockwise(x16, (1, 128))
+    wq = torch.empty(E, N, K, dtype=torch.float8_e4m3fn, device=DEVICE)
+    ws = torch.empty(E, -(-N // 128), -(-K // 128), device=DEVICE)
+    for e in range(E):
+        wq[e], ws[e] = quant.quantize_fp8_blockwise(w16[e], (128, 128))
+    xd = quant.dequantize_fp8_blockwise(xq, xs).double()
+    wd = torch.stack([quant.dequantize_fp8_blockwise(wq[e], ws[e], (128, 128)) for e in range(E)]).double()
+    return xq, xs, wq, ws, xd, wd
+
+
+@pytest.mark.parametrize("shape", [(T, K, N), (T, 200, 150), (T, 96, 40)], ids=["sizes", "ragged", "k-lt-128"])
+@pytest.mark.parametrize("cfg", [CFG, CFG_T], ids=["pointers", "tma"])
+@pytest.mark.parametrize("x_scale_layout", ["row", "col"])
+def test_a8w8_blockscale(shape, cfg, x_scale_layout):
+    """1x128 activation and 128x128 per-expert weight scales applied per K block in the K loop:
+    gathered rows (x scales read through them), weighted scattered rows, skewed routing with
+    empty experts, ragged N and K, K < 128, row- and column-major x_scale, pointers and TMA."""
+    T_, K_, N_ = shape
+    E, k = 5, 2
+    xq, xs, wq, ws, xd, wd = _block_quantized(E, N_, K_, T_)
+    if x_scale_layout == "col":
+        xs = xs.t().contiguous().t()
+    g, s, o = moe.sort_by_expert(_route("skewed", T_, k, E), E)
+    cfg = dict(cfg, BLOCK_K=max(32, min(128, cfg["BLOCK_K"])))
+    bias = randn(E, N_, dtype=torch.float32)
+    tw = torch.rand(T_, k, device=DEVICE)
+    y = gemmkit.grouped_gemm_a8w8_blockscale(xq, wq, xs, ws, o, gather_idx=g, scatter_idx=s, routing_weights=tw,
+                                             bias=bias, activation="silu", out_dtype=torch.float32, config=cfg)
+    ref = torch.zeros(T_ * k, N_, dtype=torch.float64, device=DEVICE)
+    h = _ref(xd, wd, o, g, bias.double(), "silu")
+    ref[s.long()] = h * tw.reshape(-1)[s.long()].double()[:, None]
+    assert_close(y, ref, tol=1e-4)
+    y2 = gemmkit.grouped_gemm_a8w8_blockscale(xq[g.long()], wq, xs[g.long()], ws, o, config=cfg)  # sorted x
+    assert y2.dtype == torch.bfloat16
+    assert_close(y2, _ref(xd[g.long()], wd, o, None))
+
+
+def test_a8w8_blockscale_derived_config_and_bad_inputs():
+    E = 3
+    xq, xs, wq, ws, xd, wd = _block_quantized(E, N, K, T)
+    g, s, o = moe.sort_by_expert(_route("random", T, 2, E), E)
+    if not ON_GPU:  # the derived config (from the interpreter's profile), as a GPU call would take it
+        assert_close(gemmkit.grouped_gemm_a8w8_blockscale(xq, wq, xs, ws, o, gather_idx=g), _ref(xd, wd, o, g))
+    G = -(-K // 128)
+    with pytest.raises(ValueError, match="x_scale"):
+        gemmkit.grouped_gemm_a8w8_blockscale(xq, wq, xs[:, :1].contiguous() if G > 1 else xs.repeat(1, 2), ws, o)
+    with pytest.raises(ValueError, match="w_scale"):
+        gemmkit.grouped_gemm_a8w8_blockscale(xq, wq, xs, ws[0], o)
+    with pytest.raises(TypeError, match="w_scale"):
+        gemmkit.grouped_gemm_a8w8_blockscale(xq, wq, xs, ws.double(), o)
+    with pytest.raises(TypeError, match="x"):
+        gemmkit.grouped_gemm_a8w8_blockscale(xd.to(torch.bfloat16), wq, xs, ws, o)
+    with pytest.raises(ValueError, match="BLOCK_K"):
+        gemmkit.grouped_gemm_a8w8_blockscale(xq, wq, xs, ws, o, config=dict(CFG, BLOCK_K=256))
+    with pytest.raises(ValueError, match="K-contiguous"):
+        wt = wq.transpose(1, 2).contiguous().transpose(1, 2)
+        gemmkit.grouped_gemm_a8w8_blockscale(xq, wt, xs, ws, o)

@@ -10,8 +10,9 @@
 - MAP_BATCHED: B problems (x (B, M, K), w (B, N, K) or shared with batch stride 0), C (B, M, N).
 
 Loads through pointers, or (config TMA, K-contiguous operands whose groups are evenly spaced rows)
-through one TMA descriptor over every group's rows; pointer stores; SPLIT_K = 1, no stream-K, no
-K-block scales.
+through one TMA descriptor over every group's rows; pointer stores; SPLIT_K = 1, no stream-K.
+K-block scales (MAP_GROUPED, DeepSeek-V3's 1x128 / 128x128): A's per token row (read through the
+gathered rows), B's per expert (`stride_bsg`), applied in the K loop.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class GroupedPlan(PlanBase):
 
     def __init__(self, tile_map, x2, w3, out_shape, c_strides, M, num_groups, a_fmt: OperandFormat,
                  b_fmt: OperandFormat, epilogue: EpilogueSpec, cfg: GemmConfig, dev: DeviceInfo, *, out_dtype,
-                 group_strides: dict, gather: bool, index_extent: int, auto_config: bool = False):
+                 group_strides: dict, gather: bool, index_extent: int, auto_config: bool = False,
+                 scale_strides: dict | None = None):
         self.tile_map, self.M, self.num_groups = tile_map, M, num_groups
         self.N, self.K = w3.shape[1], w3.shape[2]
         self.x_strides, self.w_strides = tuple(x2.stride()), tuple(w3.stride())
@@ -64,6 +66,7 @@ class GroupedPlan(PlanBase):
         self.x_elsize, self.w_elsize, self.x_rows = x2.element_size(), w3.element_size(), x2.shape[0]
         self.out_shape, self.c_strides, self.out_dtype = tuple(out_shape), tuple(c_strides), out_dtype
         self.group_strides, self.gather, self.index_extent = dict(group_strides), gather, index_extent
+        self.scale_strides = dict(scale_strides or {})  # K-block scales: stride_asm / _ask / _bsn / _bsk
         self.formats, self.epilogue, self.dev, self.auto_config = (a_fmt, b_fmt), epilogue, dev, auto_config
         self.device = x2.device
         self.device_index = x2.device.index or 0
@@ -85,19 +88,22 @@ class GroupedPlan(PlanBase):
             upper = E * -(-M // bm) * tiles_n
         grid = max(1, min(upper, self.dev.num_sms) if cfg.PERSISTENT else upper)
         acc_int = a_fmt.integer and b_fmt.integer
-        gs = self.group_strides
+        gs, ss = self.group_strides, self.scale_strides
+        kblock = Scale.KBLOCK in (a_fmt.scale, b_fmt.scale)
         self.a_desc, self.b_desc = self._descriptors(cfg)
         self.tail = kernel_tail(_jit_kernel(), PER_CALL, dict(
             M=M, N=N, K=K, stride_am=s_am, stride_ak=s_ak, stride_bn=s_bn, stride_bk=s_bk,
-            stride_cm=self.c_strides[0], stride_cn=self.c_strides[1], stride_asm=0, stride_ask=0, stride_bsn=0,
-            stride_bsk=0, stride_mul_m=0, stride_mul_n=0, stride_add_m=0, stride_add_n=0, sk_tiles=0,
+            stride_cm=self.c_strides[0], stride_cn=self.c_strides[1], stride_asm=ss.get("stride_asm", 0),
+            stride_ask=ss.get("stride_ask", 0), stride_bsn=ss.get("stride_bsn", 0),
+            stride_bsk=ss.get("stride_bsk", 0), stride_mul_m=0, stride_mul_n=0, stride_add_m=0, stride_add_n=0, sk_tiles=0,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.GROUP_M, SPLIT_K=1, STREAM_K=False,
             TILE_MAP=self.tile_map.value, A_TMA=self.a_desc is not None, A_K_MAJOR=s_ak == 1,
             B_TMA=self.b_desc is not None, B_K_MAJOR=s_bk == 1,
             C_TMA=False, EVEN_K=K % bk == 0, INDEX_64=self.index_extent > _INT32_MAX,
             A_PRODUCER=(modes.A_GATHER if self.gather else modes.A_DENSE).value, B_PRODUCER=modes.B_DENSE.value,
-            QUANT="", ACC_INT=acc_int, PROMOTE=modes.PROMOTE_NONE.value, A_SCALE=int(a_fmt.scale),
-            B_SCALE=int(b_fmt.scale), GROUP_K=1, GROUP_N=1, ACTIVATION=self.epilogue.activation, FLATTEN=False,
+            QUANT="", ACC_INT=acc_int, PROMOTE=(modes.PROMOTE_KBLOCK if kblock else modes.PROMOTE_NONE).value,
+            A_SCALE=int(a_fmt.scale), B_SCALE=int(b_fmt.scale), GROUP_K=max(a_fmt.group_k, b_fmt.group_k, 1),
+            GROUP_N=max(b_fmt.group_rows, 1), ACTIVATION=self.epilogue.activation, FLATTEN=False,
             WARP_SPECIALIZE=False, EPILOGUE_SUBTILE=False,
             num_groups=E, stride_ag=gs.get("stride_ag", 0), stride_bg=s_bg, stride_cg=gs.get("stride_cg", 0),
             stride_asg=gs.get("stride_asg", 0), stride_bsg=gs.get("stride_bsg", 0),

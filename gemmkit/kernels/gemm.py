@@ -205,6 +205,7 @@ def gemm_kernel(
         a_t = a
         b_t = b
         b2_t = b2
+        b_scale_t = b_scale
         m_hi = M
         a_idx = None
         a_row = off_m  # the tile's first row in a_t / b_t
@@ -229,7 +230,9 @@ def gemm_kernel(
             if A_PRODUCER == A_GATHER:
                 rm = off_m + tl.arange(0, BLOCK_M)
                 a_idx = tl.load(a_rows + rm, mask=rm < m_hi, other=0)
-        acc = k_range_product(a_t, b_t, a_scale, b_scale, a_row, b_row, k_lo, k_hi, m_hi, N, K, stride_am, stride_ak,
+            if PROMOTE == PROMOTE_KBLOCK:  # the group's block scales of B (A's: the token rows')
+                b_scale_t = b_scale + g.to(tl.int64) * stride_bsg
+        acc = k_range_product(a_t, b_t, a_scale, b_scale_t, a_row, b_row, k_lo, k_hi, m_hi, N, K, stride_am, stride_ak,
                               stride_bn, stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk,
                               BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64, ACC_INT,
                               A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N,

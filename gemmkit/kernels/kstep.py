@@ -98,13 +98,17 @@ def packed_k_product(a, b, a_scale, b_scale, b_zero, off_m, off_n, k_lo, k_hi, M
 @triton.jit
 def kblock_scales(a_scale, b_scale, a_rows, off_m, off_n, off_k, M, N, stride_asm, stride_ask, stride_bsn, stride_bsk,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, A_SCALE: tl.constexpr, B_SCALE: tl.constexpr,
-                  GROUP_K: tl.constexpr, GROUP_N: tl.constexpr):
+                  GROUP_K: tl.constexpr, GROUP_N: tl.constexpr, a_idx=None):
     """The (BLOCK_M, 1) x (1, BLOCK_N) scale product of the K group holding column off_k: A's per
-    row (loaded for SCALE_KBLOCK, else `a_rows` from the producer), B's per GROUP_N rows of B."""
+    row (loaded for SCALE_KBLOCK, else `a_rows` from the producer; gathered rows: A's rows
+    `a_idx`), B's per GROUP_N rows of B."""
     kg = off_k // GROUP_K
     if A_SCALE == SCALE_KBLOCK:
-        rm = off_m + tl.arange(0, BLOCK_M)
-        sa = tl.load(a_scale + rm * stride_asm + kg * stride_ask, mask=rm < M, other=0.0)
+        if a_idx is not None:  # (rows past the tile's group read row 0's: their outputs are dropped)
+            sa = tl.load(a_scale + a_idx.to(tl.int64) * stride_asm + kg * stride_ask)
+        else:
+            rm = off_m + tl.arange(0, BLOCK_M)
+            sa = tl.load(a_scale + rm * stride_asm + kg * stride_ask, mask=rm < M, other=0.0)
     else:
         sa = a_rows
     if B_SCALE == SCALE_KBLOCK:
@@ -156,7 +160,7 @@ def dense_k_product(
             tl.static_assert(PROMOTE == PROMOTE_KBLOCK, "unknown promotion")
             acc += tl.dot(x, w.T) * kblock_scales(a_scale, b_scale, a_rows, off_m, off_n, off_k, M, N, stride_asm,
                                                   stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, A_SCALE,
-                                                  B_SCALE, GROUP_K, GROUP_N)
+                                                  B_SCALE, GROUP_K, GROUP_N, a_idx)
         if GATED:
             w_up = produce_b(b2, off_n, off_k, N, K, stride_bn, stride_bk, BLOCK_N, BLOCK_K, B_TMA, B_K_MAJOR, EVEN_K,
                              INDEX_64)

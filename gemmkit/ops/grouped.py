@@ -19,7 +19,7 @@ from ..core import validate as v
 from ..core.config import fit_to_smem, gated_tiles
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
-from ..core.formats import dense
+from ..core.formats import Scale, dense
 from ..core.grouped import GroupedPlan, family_config_for, group_epilogue, index_extent
 from ..core.plan import PlanCache, plan_key
 from ..core.tracing import is_compiling as _is_compiling, library as _library
@@ -87,6 +87,28 @@ def grouped_gemm_a8w8(x, w, x_scale, w_scale, expert_offsets=None, *, m_sizes=No
     offsets = _offsets(expert_offsets, m_sizes)
     return _grouped(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_scale, w_scale, activation,
                     out_dtype, config, "a8w8")
+
+
+def grouped_gemm_a8w8_blockscale(x, w, x_scale, w_scale, expert_offsets=None, *, m_sizes=None, gather_idx=None,
+                                 scatter_idx=None, routing_weights=None, bias=None, activation=None,
+                                 out_dtype=torch.bfloat16, config=None):
+    """grouped_gemm_a8w8 with DeepSeek-V3 block scales (the routed experts of its FP8 checkpoints).
+
+    x: (T, K) float8_e4m3fn / e5m2, K-contiguous; x_scale: float32 (T, ceil(K / 128)), one per
+    token and 128-wide K group, any 2-D layout (row- or column-major), indexed by x's rows (with
+    gather_idx: read through it). w: (E, N, K) fp8, K-contiguous; w_scale: float32
+    (E, ceil(N / 128), ceil(K / 128)), one per expert and 128 x 128 block, any strides. Each
+    128-wide K block's partial product is promoted to fp32 and scaled in the K loop (ragged K and
+    N fine; BLOCK_K must divide 128). Offsets, indices, weights, bias, activation, out_dtype as
+    grouped_gemm_a16w16's; output (R, N), bf16 by default.
+    """
+    if _is_compiling():
+        return _library().traced_grouped_gemm_a8w8_blockscale(x, w, x_scale, w_scale, expert_offsets, m_sizes,
+                                                              gather_idx, scatter_idx, routing_weights, bias,
+                                                              activation, out_dtype, config)
+    offsets = _offsets(expert_offsets, m_sizes)
+    return _grouped(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_scale, w_scale, activation,
+                    out_dtype, config, "a8w8_blockscale")
 
 
 def _grouped(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_scale, w_scale, activation, out_dtype,
@@ -171,6 +193,9 @@ def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_
         v.check_tensor("w", w, _IN_DTYPES)
         if w.dtype != x.dtype:
             raise TypeError(f"w has dtype {w.dtype} but x has {x.dtype}; both must be the same 16-bit type")
+    elif kind == "a8w8_blockscale":
+        v.check_tensor("x", x, FP8)
+        v.check_tensor("w", w, FP8)
     else:
         v.check_tensor("x", x, FP8 + (torch.int8,))
         v.check_tensor("w", w, FP8 + (torch.int8,))
@@ -202,16 +227,24 @@ def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_
         if routing_weights.numel() != R or not routing_weights.is_contiguous():
             raise ValueError(f"routing_weights must be contiguous with {R} values (one per output row, e.g. "
                              f"topk_weights (T, k)), got shape {tuple(routing_weights.shape)}")
-    stride_biasg, out_dtype, a_scale, _, b_scale, s_bsg = group_epilogue(
-        kind, x, w, bias, x_scale, w_scale, out_dtype, E, N, "E", ({(T,), (T, 1)}, set(), set()),
-        (set(), {(E, N), (E, 1, N)}, {(E,), (E, 1)}))
+    scale_strides = None
+    if kind == "a8w8_blockscale":
+        stride_biasg, out_dtype, a_scale, b_scale, s_bsg, scale_strides = _block_scales(
+            x, w, bias, x_scale, w_scale, out_dtype, T, E, N, K)
+    else:
+        stride_biasg, out_dtype, a_scale, _, b_scale, s_bsg = group_epilogue(
+            kind, x, w, bias, x_scale, w_scale, out_dtype, E, N, "E", ({(T,), (T, 1)}, set(), set()),
+            (set(), {(E, N), (E, 1, N)}, {(E,), (E, 1)}))
     s_asg = 0  # per-token x scales are read through the rows (gathered or not), not per expert
     if R == 0 or N == 0 or E == 0 or K == 0:
         return _Degenerate(R, N, out_dtype, device, activation, bias, E, K)
     v.check_layout("x", x)
     v.check_layout("w[0]", w[0])
     dev = device_info(device)
-    a_fmt, b_fmt = dense(x.dtype, a_scale), dense(w.dtype, b_scale)
+    if kind == "a8w8_blockscale":
+        a_fmt, b_fmt = dense(x.dtype, a_scale, BLOCK), dense(w.dtype, b_scale, BLOCK, BLOCK)
+    else:
+        a_fmt, b_fmt = dense(x.dtype, a_scale), dense(w.dtype, b_scale)
     if gated:  # two B tiles per K step, two accumulators: the shared memory of two, 8 warps from 128 x 128
         two_b = dataclasses.replace(b_fmt, bits=2 * b_fmt.bits)
         cfg = family_config_for(config, max(1, -(-R // E)), N, K, dev, a_fmt, two_b, out_dtype.itemsize, None)
@@ -219,14 +252,39 @@ def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_
             cfg = fit_to_smem(gated_tiles(cfg), dev, a_fmt, two_b, out_dtype.itemsize)
     else:
         cfg = family_config_for(config, max(1, -(-R // E)), N, K, dev, a_fmt, b_fmt, out_dtype.itemsize,
-                                "grouped_" + kind)
+                                None if kind == "a8w8_blockscale" else "grouped_" + kind)  # (untuned: derived)
     plan = GroupedPlan(modes.MAP_GROUPED, x, w, (R, N), (N, 1), R, E, a_fmt, b_fmt,
                        EpilogueSpec(activation, bias is not None, gated=gated), cfg, dev, out_dtype=out_dtype,
                        group_strides=dict(stride_asg=s_asg, stride_bsg=s_bsg, stride_biasg=stride_biasg),
                        gather=gather_idx is not None, index_extent=max(index_extent(x, w), R * N),
-                       auto_config=config is None)
+                       auto_config=config is None, scale_strides=scale_strides)
     plan.rows = R
     return plan
+
+
+BLOCK = 128  # DeepSeek-V3's scale blocks: 1 x 128 of x, 128 x 128 of each expert's weight
+
+
+def _block_scales(x, w, bias, x_scale, w_scale, out_dtype, T, E, N, K):
+    """(bias group stride, out_dtype, A / B scale kinds, B's expert stride, the scales' strides)
+    of grouped_gemm_a8w8_blockscale, checked."""
+    from ..core.grouped import group_bias_stride
+
+    stride_biasg = group_bias_stride(bias, E, N, "E", v.BIAS_DTYPES)
+    out_dtype = v.check_out_dtype(out_dtype, None, torch.bfloat16)
+    G = -(-K // BLOCK)
+    for name, s, shape, what in (("x_scale", x_scale, (T, G), "one per token and 128-wide K group"),
+                                 ("w_scale", w_scale, (E, -(-N // BLOCK), G), "one per expert and 128 x 128 block")):
+        v.check_tensor(name, s, (torch.float32,))
+        if tuple(s.shape) != shape:
+            raise ValueError(f"{name} has shape {tuple(s.shape)}; expected {shape} ({what})")
+    for name, t in (("x", x), ("w", w)):
+        if t.shape[-1] > 1 and t.stride(-1) != 1:
+            raise ValueError(f"{name} must be K-contiguous (stride 1 along K): FP8 tensor-core operands are K-major "
+                             "(call .contiguous())")
+    strides = dict(stride_asm=x_scale.stride(0), stride_ask=x_scale.stride(1), stride_bsn=w_scale.stride(1),
+                   stride_bsk=w_scale.stride(2))
+    return stride_biasg, out_dtype, Scale.KBLOCK, Scale.KBLOCK, w_scale.stride(0), strides
 
 
 class _Degenerate:
