@@ -25,6 +25,7 @@ gemmkit.core.outputs):
   batched_gemm_a16w16(x, w, bias, activation, out_dtype) -> y (B, M, N)
   batched_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype) -> y (B, M, N)
   quantize_fp8(t, granularity, dtype, scale) -> (q, scale)
+  quantize_fp8_blockwise(t, block_rows, dtype, scale_format, scale_layout) -> (q, scale)
   quantize_int8(t, granularity, scale) -> (q, scale)
 A custom op may not return an alias of an input, so a preallocated y goes through the `_out`
 variant (which mutates y and returns nothing), and a static quantization scale is returned as
@@ -39,7 +40,7 @@ import torch
 
 from . import quant
 from .core import validate as v
-from .core.outputs import gemm_output, packed_gemm_output, quantize_output
+from .core.outputs import blockwise_output, gemm_output, packed_gemm_output, quantize_output
 from .ops import a8w8, a8w8_blockscale, a16w4, a16w16, fp4
 
 LIB = "gemmkit"
@@ -227,6 +228,28 @@ def _(t, granularity, dtype, scale):
 @_quantize_int8.register_fake
 def _(t, granularity, scale):
     return _fake_quantized(t, granularity, torch.int8)
+
+
+@torch.library.custom_op(f"{LIB}::quantize_fp8_blockwise", mutates_args=())
+def _quantize_fp8_blockwise(t: torch.Tensor, block_rows: int, dtype: torch.dtype, scale_format: str,
+                            scale_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return quant.quantize_fp8_blockwise(t, (block_rows, 128), dtype, scale_format, scale_layout)
+
+
+@_quantize_fp8_blockwise.register_fake
+def _(t, block_rows, dtype, scale_format, scale_layout):
+    v.check_tensor("t", t, quant._IN_DTYPES)
+    if dtype not in quant.FP8_TARGETS:
+        raise TypeError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
+    (q_shape, q_dtype), (s_shape, s_dtype, s_strides) = blockwise_output(t.shape, block_rows, dtype, scale_layout)
+    return t.new_empty(q_shape, dtype=q_dtype), t.new_empty_strided(s_shape, s_strides, dtype=s_dtype)
+
+
+def traced_quantize_fp8_blockwise(t, block, dtype, scale_format, scale_layout):
+    """quant.quantize_fp8_blockwise through torch.ops.gemmkit."""
+    if tuple(block) not in ((1, 128), (128, 128)):
+        raise ValueError(f"block must be (1, 128) (activations) or (128, 128) (weights), got {block!r}")
+    return torch.ops.gemmkit.quantize_fp8_blockwise(t, int(block[0]), dtype, scale_format, scale_layout)
 
 
 def traced_quantize_fp8(t, granularity, dtype, scale):

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .ops.grouped import grouped_gated_a16w16, grouped_gemm_a16w16
+from .ops.grouped import (FP8, grouped_gated_a16w16, grouped_gemm_a8w8, grouped_gemm_a8w8_blockscale,
+                          grouped_gemm_a16w16)
 
 
 def sort_by_expert(topk_ids: torch.Tensor, num_experts: int):
@@ -40,8 +41,8 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int):
     return gather_idx, scatter_idx, offsets
 
 
-def moe_mlp(x, topk_ids, topk_weights, w_gate_up, w_down, activation: str = "silu", *, config=None,
-            fused_activation: bool = True):
+def moe_mlp(x, topk_ids, topk_weights, w_gate_up, w_down, activation: str = "silu", *, w_gate_up_scale=None,
+            w_down_scale=None, config=None, fused_activation: bool = True):
     """sum_j topk_weights[t, j] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t, j].
 
     x: (T, H) bf16/fp16. topk_ids: (T, k) int. topk_weights: (T, k) float32/bf16/fp16 (contiguous).
@@ -54,6 +55,15 @@ def moe_mlp(x, topk_ids, topk_weights, w_gate_up, w_down, activation: str = "sil
     writes the (T * k, 2I) product and runs the activation in torch (measured 1.0-1.4x slower).
     Down writes each row, weighted, in x's dtype to its (token, slot) row, then a sum over k in
     fp32 (module docstring). No host synchronization.
+
+    FP8 weights (float8_e4m3fn / e5m2) with float32 scales, two schemes:
+    - per channel: w_gate_up_scale (E, 2I), w_down_scale (E, H) (or one per expert, (E,));
+      x and the intermediate are quantized per token (`quant.quantize_fp8`), grouped_gemm_a8w8;
+    - DeepSeek-V3 block scales: w_gate_up_scale (E, ceil(2I / 128), ceil(H / 128)), w_down_scale
+      (E, ceil(H / 128), ceil(I / 128)); x and the intermediate are quantized per 1 x 128 group
+      (`quant.quantize_fp8_blockwise`), grouped_gemm_a8w8_blockscale.
+    The gate/up GEMM writes the (T * k, 2I) product in x's dtype and the activation runs in torch
+    (the gated epilogue takes 16-bit operands only); fused_activation is ignored.
     """
     if activation not in ("silu", "gelu_tanh"):
         raise ValueError(f"activation must be 'silu' or 'gelu_tanh', got {activation!r}")
@@ -71,15 +81,56 @@ def moe_mlp(x, topk_ids, topk_weights, w_gate_up, w_down, activation: str = "sil
         raise ValueError(f"topk_weights must have topk_ids' shape {tuple(topk_ids.shape)}")
     T, k = topk_ids.shape
     E, I2, H = w_gate_up.shape
+    fp8 = w_gate_up.dtype in FP8
+    if fp8 != (w_down.dtype in FP8) or (w_gate_up_scale is None) != (w_down_scale is None) or fp8 != (
+            w_gate_up_scale is not None):
+        raise ValueError("FP8 weights come with both w_gate_up_scale and w_down_scale (float32); 16-bit weights with "
+                         f"neither (got w_gate_up {w_gate_up.dtype}, w_down {w_down.dtype}, scales "
+                         f"{'given' if w_gate_up_scale is not None else 'None'})")
     gather_idx, scatter_idx, offsets = sort_by_expert(topk_ids, E)
+    weights = topk_weights.contiguous()
+    if fp8:
+        return _moe_mlp_fp8(x, gather_idx, scatter_idx, offsets, weights, w_gate_up, w_down, w_gate_up_scale,
+                            w_down_scale, activation, config, T, k, H)
     if fused_activation:
         a = grouped_gated_a16w16(x, w_gate_up, offsets, gather_idx=gather_idx, activation=activation, config=config)
     else:
         h = grouped_gemm_a16w16(x, w_gate_up, offsets, gather_idx=gather_idx, config=config)  # (T k, 2I) sorted
-        gate, up = h[:, :I2 // 2], h[:, I2 // 2:]
-        act = torch.nn.functional.silu if activation == "silu" else (
-            lambda t: torch.nn.functional.gelu(t, approximate="tanh"))
-        a = (act(gate.float()) * up.float()).to(x.dtype)
-    y = grouped_gemm_a16w16(a, w_down, offsets, scatter_idx=scatter_idx, routing_weights=topk_weights.contiguous(),
+        a = _activation(h, activation, x.dtype)
+    y = grouped_gemm_a16w16(a, w_down, offsets, scatter_idx=scatter_idx, routing_weights=weights,
                             config=config)  # (T k, H), row t k + j
     return y.view(T, k, H).sum(dim=1)  # one reduction kernel, fp32 accumulation
+
+
+def _activation(h, activation: str, dtype):
+    """act(gate) * up of a (rows, 2I) [gate | up] product, in fp32, rounded to `dtype`."""
+    gate, up = h.chunk(2, dim=-1)
+    act = torch.nn.functional.silu if activation == "silu" else (
+        lambda t: torch.nn.functional.gelu(t, approximate="tanh"))
+    return (act(gate.float()) * up.float()).to(dtype)
+
+
+def _moe_mlp_fp8(x, gather_idx, scatter_idx, offsets, weights, w_gate_up, w_down, s_gate_up, s_down, activation,
+                 config, T, k, H):
+    """moe_mlp with FP8 weights: per-channel (row-wise) or DeepSeek-V3 block scales (see moe_mlp)."""
+    from . import quant
+
+    block = s_gate_up.ndim == 3
+    qdtype = w_gate_up.dtype
+
+    def quantize(t):
+        if block:
+            return quant.quantize_fp8_blockwise(t, (1, 128), qdtype)
+        return quant.quantize_fp8(t, "row", qdtype)
+
+    def gemm(a, a_scale, w, w_scale, **kw):
+        if block:
+            return grouped_gemm_a8w8_blockscale(a, w, a_scale, w_scale, offsets, out_dtype=x.dtype, config=config,
+                                                **kw)
+        return grouped_gemm_a8w8(a, w, a_scale, w_scale, offsets, out_dtype=x.dtype, config=config, **kw)
+
+    xq, xs = quantize(x)
+    h = gemm(xq, xs, w_gate_up, s_gate_up, gather_idx=gather_idx)  # (T k, 2I) sorted rows
+    aq, as_ = quantize(_activation(h, activation, x.dtype))
+    y = gemm(aq, as_, w_down, s_down, scatter_idx=scatter_idx, routing_weights=weights)  # (T k, H), row t k + j
+    return y.view(T, k, H).sum(dim=1)

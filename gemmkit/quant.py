@@ -177,6 +177,8 @@ def quantize_fp8_blockwise(t, block=(1, 128), dtype=torch.float8_e4m3fn, scale_f
     One Triton pass: each program reads its block once (absmax, scale, convert)."""
     if dtype not in FP8_TARGETS:
         raise TypeError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
+    if _is_compiling():  # torch.compile records torch.ops.gemmkit.quantize_fp8_blockwise (gemmkit.library)
+        return _library().traced_quantize_fp8_blockwise(t, block, dtype, scale_format, scale_layout)
     key = plan_key((t,), (block, dtype, scale_format, scale_layout))
     return _block_plans.plan_for(key, _make_block_plan, t, block, dtype, scale_format, scale_layout)(t)
 

@@ -271,3 +271,49 @@ def test_a8w8_blockscale_derived_config_and_bad_inputs():
     with pytest.raises(ValueError, match="K-contiguous"):
         wt = wq.transpose(1, 2).contiguous().transpose(1, 2)
         gemmkit.grouped_gemm_a8w8_blockscale(xq, wt, xs, ws, o)
+
+
+@pytest.mark.parametrize("scheme", ["channel", "block"])
+def test_moe_mlp_fp8(scheme):
+    """moe_mlp with FP8 expert weights: per-channel scales (x and the intermediate quantized per
+    token) or DeepSeek-V3 block scales (per 1x128 group), against a float64 reference of the
+    dequantized weights and the same quantization of x and the intermediate."""
+    from gemmkit import quant
+
+    Tm, H, I, E, k = sizes((9, 160, 72, 4, 2), (300, 1024, 512, 8, 2))
+    x = randn(Tm, H, dtype=torch.bfloat16)
+    w1, w2 = randn(E, 2 * I, H, dtype=torch.float32, scale=H ** -0.5), randn(E, H, I, dtype=torch.float32,
+                                                                            scale=I ** -0.5)
+    if scheme == "block":
+        q1 = [quant.quantize_fp8_blockwise(w1[e], (128, 128)) for e in range(E)]
+        q2 = [quant.quantize_fp8_blockwise(w2[e], (128, 128)) for e in range(E)]
+        deq = lambda q, s: quant.dequantize_fp8_blockwise(q, s, (128, 128))  # noqa: E731
+        act_q = lambda t: quant.dequantize_fp8_blockwise(*quant.quantize_fp8_blockwise(t, (1, 128)))  # noqa: E731
+    else:
+        q1 = [quant.quantize_fp8(w1[e], "row") for e in range(E)]
+        q2 = [quant.quantize_fp8(w2[e], "row") for e in range(E)]
+        deq = lambda q, s: q.float() * s  # noqa: E731
+        act_q = lambda t: quant.dequantize(*quant.quantize_fp8(t, "row"))  # noqa: E731
+    wq1, ws1 = torch.stack([q for q, _ in q1]), torch.stack([s for _, s in q1])
+    wq2, ws2 = torch.stack([q for q, _ in q2]), torch.stack([s for _, s in q2])
+    if scheme == "channel":
+        ws1, ws2 = ws1.reshape(E, 2 * I), ws2.reshape(E, H)
+    ids = torch.stack([torch.randperm(E, device=DEVICE)[:k] for _ in range(Tm)])
+    tw = torch.softmax(torch.randn(Tm, k, device=DEVICE), -1)
+    y = moe.moe_mlp(x, ids, tw, wq1, wq2, w_gate_up_scale=ws1, w_down_scale=ws2,
+                    config=None if ON_GPU else dict(CFG, BLOCK_K=32))
+    assert y.shape == (Tm, H) and y.dtype == torch.bfloat16
+    xd = act_q(x).double()
+    ref = torch.zeros(Tm, H, dtype=torch.float64, device=DEVICE)
+    for t in range(Tm):
+        for j in range(k):
+            e = ids[t, j]
+            h = (xd[t] @ deq(wq1[e], ws1[e] if scheme == "block" else ws1[e][:, None]).double().T).to(torch.bfloat16)
+            a = (torch.nn.functional.silu(h[:I].float()) * h[I:].float()).to(torch.bfloat16)
+            ref[t] += tw[t, j].double() * (act_q(a[None])[0].double()
+                                           @ deq(wq2[e], ws2[e] if scheme == "block" else ws2[e][:, None]).double().T)
+    assert_close(y, ref, tol=3e-2)
+    with pytest.raises(ValueError, match="w_down_scale"):
+        moe.moe_mlp(x, ids, tw, wq1, wq2, w_gate_up_scale=ws1)
+    with pytest.raises(ValueError, match="scale"):
+        moe.moe_mlp(x, ids, tw, wq1, wq2)

@@ -34,12 +34,17 @@ def _cases():
         "quantize_fp8_static": (OPS.quantize_fp8.default, (x, "tensor", torch.float8_e4m3fn,
                                                            torch.tensor([0.01], device=DEVICE))),
         "quantize_int8_tensor": (OPS.quantize_int8.default, (x, "tensor", None)),
+        "quantize_fp8_blockwise_col": (OPS.quantize_fp8_blockwise.default, (x, 1, torch.float8_e4m3fn, "float32",
+                                                                           "col")),
+        "quantize_fp8_blockwise_w": (OPS.quantize_fp8_blockwise.default, (w, 128, torch.float8_e4m3fn, "ue8m0",
+                                                                         "row")),
     }
 
 
 CASES = [
     "a16w16", "a16w16_out", "a8w8_int8", "a8w8_int8_out", "a8w8_fp8", "a8w8_fp8_dynamic", "a8w8_fp8_out",
-    "quantize_fp8_row", "quantize_fp8_static", "quantize_int8_tensor"]
+    "quantize_fp8_row", "quantize_fp8_static", "quantize_int8_tensor", "quantize_fp8_blockwise_col",
+    "quantize_fp8_blockwise_w"]
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -162,3 +162,38 @@ def test_cuda_graph_replay_new_routings_and_no_sync():
         tw.copy_(torch.softmax(torch.randn(T, k, device=DEVICE), -1))
         graph.replay()
         assert_close(y, _moe_ref(x, ids, tw, wgu, wd), tol=2e-2)
+
+
+@pytest.mark.parametrize("scheme", ["channel", "block"])
+def test_moe_mlp_fp8_compiles_fullgraph(scheme):
+    """moe_mlp with FP8 weights traces without a graph break (quantizers and grouped GEMMs as
+    torch.ops.gemmkit ops) and matches its eager result exactly."""
+    from gemmkit import quant
+
+    I = N
+    x = randn(T, K, dtype=torch.bfloat16)
+    ids, _ = _routing(2)
+    tw = torch.softmax(torch.randn(T, k, device=DEVICE), -1)
+    w1 = randn(E, 2 * I, K, dtype=torch.float32, scale=K ** -0.5)
+    w2 = randn(E, K, I, dtype=torch.float32, scale=I ** -0.5)
+    if scheme == "block":
+        q1 = [quant.quantize_fp8_blockwise(w1[e], (128, 128)) for e in range(E)]
+        q2 = [quant.quantize_fp8_blockwise(w2[e], (128, 128)) for e in range(E)]
+    else:
+        q1 = [quant.quantize_fp8(w1[e], "row") for e in range(E)]
+        q2 = [quant.quantize_fp8(w2[e], "row") for e in range(E)]
+    wq1, ws1 = torch.stack([q for q, _ in q1]), torch.stack([s for _, s in q1])
+    wq2, ws2 = torch.stack([q for q, _ in q2]), torch.stack([s for _, s in q2])
+    if scheme == "channel":
+        ws1, ws2 = ws1.reshape(E, 2 * I), ws2.reshape(E, K)
+
+    def program(x, ids, tw):
+        return moe.moe_mlp(x, ids, tw, wq1, wq2, w_gate_up_scale=ws1, w_down_scale=ws2)
+
+    ref = program(x, ids, tw)
+    torch._dynamo.reset()
+    assert torch._dynamo.explain(program)(x, ids, tw).graph_break_count == 0
+    torch._dynamo.reset()
+    out = torch.compile(program, fullgraph=True, backend="aot_eager")(x, ids, tw)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch._dynamo.reset()

@@ -33,6 +33,29 @@ def quantize_output(t_shape, granularity: str, qdtype: torch.dtype):
     return (tuple(t_shape), qdtype), (scale_shape, torch.float32)
 
 
+def blockwise_output(t_shape, block_rows: int, qdtype: torch.dtype, scale_layout: str):
+    """((q shape, q dtype), (scale shape, float32, scale strides)) of quantize_fp8_blockwise(t,
+    (block_rows, 128)): q has t's shape (contiguous); the scale (*, G) (block_rows 1) or
+    (ceil(N / 128), G), G = ceil(K / 128), row-major or (scale_layout "col") column-major."""
+    if len(t_shape) == 0:
+        raise ValueError("t must have at least 1 dimension, got a 0-d tensor")
+    G = -(-t_shape[-1] // 128)
+    shape = (*t_shape[:-1], G) if block_rows == 1 else (-(-t_shape[0] // 128), G)
+    def row_major(dims):
+        out, acc = [], 1
+        for d in reversed(dims):
+            out.append(acc)
+            acc *= d
+        return out[::-1], acc
+
+    if scale_layout == "col":  # the flattened rows are the unit-stride dimension
+        lead, rows = row_major(shape[:-1])
+        strides = (*lead, rows)
+    else:
+        strides = tuple(row_major(shape)[0])
+    return (tuple(t_shape), qdtype), (shape, torch.float32, tuple(strides))
+
+
 def ff_output(x_shape, w_first_shape, w_down_shape, out_dtype, default_dtype, gated: bool):
     """(shape, dtype) of a feed-forward block down(act(x @ w_first^T) [* up]): x (*, H), w_first
     (2I, H) (gated, [gate; up] or interleaved) or (I, H), w_down (H_out, I) -> (*, H_out)."""
