@@ -226,17 +226,19 @@ def _block_quantized(E, N, K, T_):
 
 @pytest.mark.parametrize("shape", [(T, K, N), (T, 200, 150), (T, 96, 40)], ids=["sizes", "ragged", "k-lt-128"])
 @pytest.mark.parametrize("cfg", [CFG, CFG_T], ids=["pointers", "tma"])
-@pytest.mark.parametrize("x_scale_layout", ["row", "col"])
-def test_a8w8_blockscale(shape, cfg, x_scale_layout):
+@pytest.mark.parametrize("x_scale_layout,routing", [("row", "random"), ("col", "skewed")])
+def test_a8w8_blockscale(shape, cfg, x_scale_layout, routing):
     """1x128 activation and 128x128 per-expert weight scales applied per K block in the K loop:
-    gathered rows (x scales read through them), weighted scattered rows, skewed routing with
-    empty experts, ragged N and K, K < 128, row- and column-major x_scale, pointers and TMA."""
+    gathered rows (x scales read through them), weighted scattered rows, every expert in use or
+    skewed routing with empty experts, ragged N and K, K < 128, row- and column-major x_scale,
+    pointers and TMA (8 experts: the B descriptor's rows of the last ones lie past 128, where a
+    scale looked up by descriptor row instead of column once read the next expert's)."""
     T_, K_, N_ = shape
-    E, k = 5, 2
+    E, k = 8, 2
     xq, xs, wq, ws, xd, wd = _block_quantized(E, N_, K_, T_)
     if x_scale_layout == "col":
         xs = xs.t().contiguous().t()
-    g, s, o = moe.sort_by_expert(_route("skewed", T_, k, E), E)
+    g, s, o = moe.sort_by_expert(_route(routing, T_, k, E), E)
     cfg = dict(cfg, BLOCK_K=max(32, min(128, cfg["BLOCK_K"])))
     bias = randn(E, N_, dtype=torch.float32)
     tw = torch.rand(T_, k, device=DEVICE)

@@ -53,14 +53,16 @@ def test_routing_flops_bytes():
 
 
 @pytest.mark.parametrize("name", ["grouped_a16w16@qwen3-30b-a3b-moe:zipf", "grouped_a8w8@mixtral-8x7b-moe:zipf",
-                                  "moe_mlp@mixtral-8x7b-moe-mlp:zipf", "batched_a16w16@b3"])
+                                  "grouped_a8w8_blockscale@mixtral-8x7b-moe", "moe_mlp@mixtral-8x7b-moe-mlp:zipf",
+                                  "moe_mlp_unfused@mixtral-8x7b-moe-mlp", "moe_mlp_fp8@mixtral-8x7b-moe-mlp:zipf",
+                                  "moe_mlp_fp8_block@mixtral-8x7b-moe-mlp", "batched_a16w16@b3"])
 def test_variant_runs(name):
     """Each variant's inputs, gemmkit call and float reference agree (on the suite's device); the
     torch baseline is checked on the CPU (on the GPU `gemmkit bench` checks it at real sizes)."""
     op = registry.get_op(name)
     inp = op.make_inputs(9, 16, 32, op.dtypes[0], DEVICE)
     assert tune.rel_error(op.run(inp), op.reference(inp)) < op.tolerance
-    if ON_GPU or name.startswith("grouped_a8w8"):  # torch._scaled_grouped_mm is CUDA-only
+    if ON_GPU or name.startswith(("grouped_a8w8", "moe_mlp_fp8")):  # torch._scaled_grouped_mm is CUDA-only
         return
     assert tune.rel_error(op.baseline(inp), op.reference(inp)) < op.tolerance
 

@@ -237,7 +237,7 @@ def gemm_kernel(
                               BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64, ACC_INT,
                               A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N,
                               b_zero, stride_bzn, stride_bzk, a_idx, b2=b2_t, GATED=GATED, A_WORDS=A_WORDS,
-                              FAST_UNPACK=FAST_UNPACK)
+                              FAST_UNPACK=FAST_UNPACK, scale_n=off_n)
 
         work_c += num_programs
         pid_m, pid_n, pid_k = work_item(work_c, num_pid_m, num_pid_n, num_tiles, GROUP_M, TILE_MAP)

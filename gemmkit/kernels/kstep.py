@@ -133,7 +133,7 @@ def dense_k_product(
     EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, ACC_INT: tl.constexpr,
     A_PRODUCER: tl.constexpr, PROMOTE: tl.constexpr, QUANT: tl.constexpr,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
-    a_idx=None, b2=None, GATED: tl.constexpr = False,
+    a_idx=None, b2=None, GATED: tl.constexpr = False, scale_n=None,
 ):
     """k_range_product for a B operand as stored (B_DENSE)."""
     row_scale, row_inv = a_prologue(a, off_m, k_lo, k_hi, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_K_MAJOR,
@@ -158,7 +158,8 @@ def dense_k_product(
             acc += tl.dot(x, w.T)
         else:
             tl.static_assert(PROMOTE == PROMOTE_KBLOCK, "unknown promotion")
-            acc += tl.dot(x, w.T) * kblock_scales(a_scale, b_scale, a_rows, off_m, off_n, off_k, M, N, stride_asm,
+            acc += tl.dot(x, w.T) * kblock_scales(a_scale, b_scale, a_rows, off_m,
+                                                  off_n if scale_n is None else scale_n, off_k, M, N, stride_asm,
                                                   stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, A_SCALE,
                                                   B_SCALE, GROUP_K, GROUP_N, a_idx)
         if GATED:
@@ -187,12 +188,14 @@ def k_range_product(
     A_PRODUCER: tl.constexpr, B_PRODUCER: tl.constexpr, PROMOTE: tl.constexpr, QUANT: tl.constexpr,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
     b_zero, stride_bzn, stride_bzk, a_idx=None, b2=None, GATED: tl.constexpr = False,
-    A_WORDS: tl.constexpr = False, FAST_UNPACK: tl.constexpr = False,
+    A_WORDS: tl.constexpr = False, FAST_UNPACK: tl.constexpr = False, scale_n=None,
 ):
     """(sum over the K tiles k_lo <= ki < k_hi of A[off_m:, k] @ B[off_n:, k]^T, the rows' scales):
     fp32, or int32 with ACC_INT (8-bit integer dots, PROMOTE_NONE). With A_QUANT_ROW the sum comes
     back already multiplied by the rows' scales (fp32), with PROMOTE_KBLOCK by the block scales.
-    A_GATHER: `a_idx` holds the tile's A row indices.
+    A_GATHER: `a_idx` holds the tile's A row indices. scale_n: the tile's first column for the
+    K-block scales of B where off_n is a descriptor row instead (a grouped map's B descriptor spans
+    every group's rows: off_n = g * N + column).
 
     GATED (fused feed-forward): each K step also loads the tile of a second B operand `b2` (the
     up projection; same shape, strides and layout as `b`, the gate projection) and feeds it to a
@@ -210,5 +213,5 @@ def k_range_product(
         acc = dense_k_product(a, b, a_scale, b_scale, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak,
                               stride_bn, stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N,
                               BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64, ACC_INT, A_PRODUCER,
-                              PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N, a_idx, b2, GATED)
+                              PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N, a_idx, b2, GATED, scale_n)
     return acc

@@ -209,6 +209,134 @@ def _mlp_torch(inp, reference=False):
     return out if reference else out.to(x.dtype)
 
 
+# FP8 expert weights: moe_mlp with per-channel or block scales, grouped a8w8 with block scales ------
+
+def _fp8_experts(E, N, K, device, block: bool):
+    """(row-wise (E, N, K) fp8, its (E, N) scales, and where `block`, the 128x128-block quantized
+    copy with (E, ceil(N/128), ceil(K/128)) scales) of random weights, one expert at a time (no
+    float copy of every expert: DeepSeek-V3 holds 7.5 G values)."""
+    from ..quant import quantize_fp8, quantize_fp8_blockwise
+
+    wr = torch.empty((E, N, K), dtype=torch.float8_e4m3fn, device=device)
+    sr = torch.empty((E, N), dtype=torch.float32, device=device)
+    wb = torch.empty_like(wr) if block else None
+    sb = torch.empty((E, -(-N // 128), -(-K // 128)), dtype=torch.float32, device=device) if block else None
+    for e in range(E):
+        w = _randn((N, K), torch.bfloat16, device, K ** -0.5)
+        q, sc = quantize_fp8(w, "row")
+        wr[e], sr[e] = q, sc.reshape(N)
+        if block:
+            wb[e], sb[e] = quantize_fp8_blockwise(w, (128, 128))
+    return wr, sr, wb, sb
+
+
+def _grouped_block_inputs(op):
+    def make(M, N, K, dtype, device):
+        from ..quant import quantize_fp8, quantize_fp8_blockwise
+
+        inp = _sorted(op.ids(M), op.experts, device)
+        x = _randn((M, K), torch.bfloat16, device)
+        xq, xs = quantize_fp8_blockwise(x, (1, 128))
+        xr, xrs = quantize_fp8(x, "row")
+        wr, sr, wb, sb = _fp8_experts(op.experts, N, K, device, True)
+        g = inp["g"].long()
+        inp.update(x=xq, xs=xs, w=wb, ws=sb, x_sorted=xr[g], xs_sorted=xrs.reshape(M)[g].contiguous(), wr=wr, wrs=sr)
+        return inp
+    return make
+
+
+def _grouped_block_run(inp, config=None):
+    from ..ops.grouped import grouped_gemm_a8w8_blockscale
+
+    return grouped_gemm_a8w8_blockscale(inp["x"], inp["w"], inp["xs"], inp["ws"], inp["o"], gather_idx=inp["g"],
+                                        config=config)
+
+
+def _grouped_block_reference(inp):
+    """float32 of the block-dequantized values, one expert at a time."""
+    from ..quant import dequantize_fp8_blockwise
+
+    xs = dequantize_fp8_blockwise(inp["x"], inp["xs"])[inp["g"].long()]
+    o, w = inp["o"].tolist(), inp["w"]
+    out = torch.empty(xs.shape[0], w.shape[1], device=xs.device)
+    for e in range(w.shape[0]):
+        if o[e + 1] > o[e]:
+            out[o[e]:o[e + 1]] = xs[o[e]:o[e + 1]] @ dequantize_fp8_blockwise(w[e], inp["ws"][e], (128, 128)).T
+    return out
+
+
+def _mlp_fp8_inputs(op, block: bool):
+    def make(M, N, K, dtype, device):
+        E = op.experts
+        ids = op.ids(M).to(device)
+        g = torch.Generator().manual_seed(SEED)
+        tw = torch.softmax(torch.randn(M, ids.shape[1], generator=g), -1).to(device)
+        w1r, s1r, w1b, s1b = _fp8_experts(E, 2 * N, K, device, block)
+        w2r, s2r, w2b, s2b = _fp8_experts(E, K, N, device, block)
+        inp = {"x": _randn((M, K), torch.bfloat16, device), "ids": ids, "tw": tw, "w1r": w1r, "s1r": s1r,
+               "w2r": w2r, "s2r": s2r}
+        if block:
+            inp.update(w1=w1b, s1=s1b, w2=w2b, s2=s2b)
+        else:
+            inp.update(w1=w1r, s1=s1r, w2=w2r, s2=s2r)
+        return inp
+    return make
+
+
+def _mlp_fp8_run(inp, config=None):
+    from ..moe import moe_mlp
+
+    return moe_mlp(inp["x"], inp["ids"], inp["tw"], inp["w1"], inp["w2"], w_gate_up_scale=inp["s1"],
+                   w_down_scale=inp["s2"], config=config)
+
+
+def _mlp_fp8_torch(inp):
+    """The FP8 row-wise block in torch: sort by expert, per-token quantize, index,
+    _scaled_grouped_mm, silu * mul, quantize, _scaled_grouped_mm, weighted sum over k."""
+    from .registry import _torch_quantize_rows
+
+    x, ids, tw = inp["x"], inp["ids"], inp["tw"]
+    T, k = ids.shape
+    E, H = inp["w1r"].shape[0], x.shape[1]
+    flat = ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    ends = torch.searchsorted(flat[order], torch.arange(1, E + 1, device=x.device, dtype=flat.dtype),
+                              out_int32=True)
+    xq, xs = _torch_quantize_rows(x)
+    rows = order // k
+    h = torch._scaled_grouped_mm(xq[rows], inp["w1r"].transpose(-2, -1), xs.reshape(T)[rows], inp["s1r"], offs=ends,
+                                 out_dtype=torch.bfloat16, use_fast_accum=True)
+    gate, up = h.chunk(2, dim=-1)
+    aq, as_ = _torch_quantize_rows(_F.silu(gate) * up)
+    y = torch._scaled_grouped_mm(aq, inp["w2r"].transpose(-2, -1), as_.reshape(-1), inp["s2r"], offs=ends,
+                                 out_dtype=torch.bfloat16, use_fast_accum=True)
+    out = torch.zeros(T * k, H, dtype=torch.float32, device=x.device)
+    out[order] = y.float() * tw.reshape(-1)[order, None].float()
+    return out.view(T, k, H).sum(1).to(x.dtype)
+
+
+def _mlp_fp8_reference(inp):
+    """float32 of the weights gemmkit runs, dequantized (row-wise or block scales), activations
+    unquantized."""
+    from ..quant import dequantize_fp8_blockwise
+
+    def weight(w, sc, e):
+        if sc.ndim == 3:
+            return dequantize_fp8_blockwise(w[e], sc[e], (128, 128))
+        return w[e].float() * sc[e][:, None]
+
+    x, ids, tw = inp["x"].float(), inp["ids"], inp["tw"]
+    T, k = ids.shape
+    out = torch.zeros(T, x.shape[1], device=x.device)
+    for e in range(inp["w1"].shape[0]):
+        t, j = (ids == e).nonzero(as_tuple=True)
+        if t.numel():
+            gate, up = (x[t] @ weight(inp["w1"], inp["s1"], e).T).chunk(2, dim=-1)
+            y = (_F.silu(gate) * up) @ weight(inp["w2"], inp["s2"], e).T
+            out.index_add_(0, t, y * tw[t, j, None].float())
+    return out
+
+
 # batched: B problems of (M, N, K) -----------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -269,6 +397,24 @@ OPS = {
         "torch: argsort by expert, index, _grouped_mm, silu * mul, _grouped_mm, weighted sum over k",
         lambda i: _mlp_torch(i, reference=True), 2e-2, 2, 2, 16, None, formats=(_BF16, _BF16), block=True,
         inputs_for=_mlp_inputs),
+    "grouped_a8w8_blockscale": MoEToolOp(
+        "grouped_a8w8_blockscale", ("e4m3",), None, _grouped_block_run, _grouped_fp8_torch,
+        "torch._scaled_grouped_mm row-wise (use_fast_accum=True) on x already sorted, the same values quantized "
+        "row-wise", _grouped_block_reference, 2e-2, 1, 2, 8, None,
+        formats=(dense(torch.float8_e4m3fn, Scale.KBLOCK, 128), dense(torch.float8_e4m3fn, Scale.KBLOCK, 128, 128)),
+        reads=(("x", "xs", "w", "ws", "g", "o"), ("x_sorted", "xs_sorted", "wr", "wrs", "offs")),
+        inputs_for=_grouped_block_inputs),
+    "moe_mlp_fp8": MoEToolOp(
+        "moe_mlp_fp8", ("e4m3",), None, _mlp_fp8_run, _mlp_fp8_torch,
+        "torch: argsort, per-token quantize, index, _scaled_grouped_mm, silu * mul, quantize, _scaled_grouped_mm, "
+        "weighted sum over k", _mlp_fp8_reference, 8e-2, 2, 2, 8, None, formats=_FP8_ROW, block=True,
+        inputs_for=lambda op: _mlp_fp8_inputs(op, False)),
+    "moe_mlp_fp8_block": MoEToolOp(
+        "moe_mlp_fp8_block", ("e4m3",), None, _mlp_fp8_run, _mlp_fp8_torch,
+        "torch row-wise FP8 pipeline (argsort, quantize, _scaled_grouped_mm, silu * mul, quantize, "
+        "_scaled_grouped_mm, weighted sum) on the same values", _mlp_fp8_reference, 8e-2, 2, 2, 8, None,
+        formats=(dense(torch.float8_e4m3fn, Scale.KBLOCK, 128), dense(torch.float8_e4m3fn, Scale.KBLOCK, 128, 128)),
+        block=True, inputs_for=lambda op: _mlp_fp8_inputs(op, True)),
     "batched_a16w16": BatchedToolOp(
         "batched_a16w16", ("bf16", "fp16"), None, _batched_run, lambda i: torch.bmm(i["x"], i["w"].transpose(1, 2)),
         "torch.bmm (cuBLAS batched)", lambda i: i["x"].float() @ i["w"].float().transpose(1, 2), 1e-2, 2, 2, 16,
