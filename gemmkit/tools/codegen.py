@@ -126,10 +126,11 @@ def compile_gemm(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16
 
 def compile_grouped(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloat16, out_dtype=torch.bfloat16,
                     tile_map: str = "grouped", experts: int = 8, gather: bool = True, scatter: bool = True,
-                    dev: DeviceInfo = H100, gated: bool = False) -> Binary:
+                    dev: DeviceInfo = H100, gated: bool = False, block_scales: bool = False) -> Binary:
     """Compile gemm_kernel for sm_90 as a grouped (MoE: M sorted rows over `experts`, gathered
     A rows, weighted scattered C rows) or batched (`experts` problems of M rows) launch would;
-    `gated`: the gate / up halves of (experts, 2N, K) weights with the gated epilogue (moe_mlp's)."""
+    `gated`: the gate / up halves of (experts, 2N, K) weights with the gated epilogue (moe_mlp's);
+    `block_scales` (FP8, grouped): DeepSeek-V3's 1x128 / 128x128 scales in the K loop."""
     from ..core.dense import _jit_kernel
     from ..core.epilogue import EpilogueSpec
     from ..core.formats import Scale, dense
@@ -141,14 +142,21 @@ def compile_grouped(M: int, N: int, K: int, cfg: GemmConfig, x_dtype=torch.bfloa
     w = torch.empty(experts, 2 * N, K, dtype=x_dtype)[:, :N] if gated else torch.empty(experts, N, K, dtype=x_dtype)
     xs, ws = (torch.empty(M, dtype=torch.float32), torch.empty(experts, N, dtype=torch.float32)) if fp8 else (None, None)
     a_fmt, b_fmt = dense(x_dtype, Scale.ROW if fp8 else Scale.NONE), dense(x_dtype, Scale.ROW if fp8 else Scale.NONE)
+    scale_strides, s_bsg = None, N
+    if block_scales:
+        G = -(-K // 128)
+        xs, ws = torch.empty(M, G, dtype=torch.float32), torch.empty(experts, -(-N // 128), G, dtype=torch.float32)
+        a_fmt, b_fmt = dense(x_dtype, Scale.KBLOCK, 128), dense(x_dtype, Scale.KBLOCK, 128, 128)
+        scale_strides = dict(stride_asm=G, stride_ask=1, stride_bsn=G, stride_bsk=1)
+        s_bsg = ws.stride(0)
     grouped = tile_map == "grouped"
     plan = GroupedPlan(modes.MAP_GROUPED if grouped else modes.MAP_BATCHED, x, w,
                        (M, N) if grouped else (experts, M, N), (N, 1), M, experts, a_fmt, b_fmt,
                        EpilogueSpec("silu", gated=True) if gated else EpilogueSpec("none"),
                        cfg, dev, out_dtype=out_dtype,
-                       group_strides=dict(stride_bsg=N) if grouped else dict(stride_ag=M * K, stride_cg=M * N,
-                                                                             stride_bsg=N),
-                       gather=grouped and gather, index_extent=0)
+                       group_strides=dict(stride_bsg=s_bsg) if grouped else dict(stride_ag=M * K, stride_cg=M * N,
+                                                                                 stride_bsg=N),
+                       gather=grouped and gather, index_extent=0, scale_strides=scale_strides)
     idx = torch.empty(M, dtype=torch.int32)
     head = (x if plan.a_desc is None else plan.a_desc(x, False), w if plan.b_desc is None else plan.b_desc(w, False),
             torch.empty(M, N, dtype=out_dtype), None, None, None, xs, ws, None, None, None, None,
@@ -317,6 +325,9 @@ CHECKS = {
     "fp8 grouped (MoE), per-token / per-channel scales, persistent 128x128x128": (
         8192, 4096, 7168, _tiles(128, 128, 128, 3, PERSISTENT=True),
         dict(tile_map="grouped", experts=256, x_dtype=torch.float8_e4m3fn), "QGMMA"),
+    "fp8 grouped (MoE) with DeepSeek-V3 block scales, TMA weights, 128x64x128 (derived for 128 rows per expert)": (
+        8192, 4096, 7168, _tiles(128, 64, 128, 3, 4, TMA=True),
+        dict(tile_map="grouped", experts=256, x_dtype=torch.float8_e4m3fn, block_scales=True), "QGMMA"),
     "bf16 batched persistent 128x128x64": (
         2048, 2048, 2048, _tiles(128, 128, 64, 3, PERSISTENT=True), dict(tile_map="batched", experts=8), "HGMMA"),
     "bf16 grouped (MoE, sorted rows), TMA descriptors over every expert 32x64x128 (derived for 8-63 rows per expert)": (
