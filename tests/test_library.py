@@ -61,7 +61,7 @@ def test_opcheck(case):
 @pytest.mark.parametrize("case", CASES)
 def test_custom_op_matches_eager_and_fake(case):
     """The op's result is the public function's, and its fake has the same shapes, dtypes and
-    (contiguous) strides."""
+    strides (contiguous, except the column-major scales asked for)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     op, args = _cases()[case]
@@ -75,7 +75,7 @@ def test_custom_op_matches_eager_and_fake(case):
     real, fake = (real,) if isinstance(real, torch.Tensor) else real, (fake,) if isinstance(fake, torch.Tensor) else fake
     for r, f in zip(real, fake):
         assert (r.shape, r.dtype, r.stride()) == (f.shape, f.dtype, f.stride())
-        assert r.is_contiguous()
+        assert r.is_contiguous() or case.endswith("_col")  # (column-major scales by request)
     if case.startswith("quantize_fp8_static"):
         assert real[1].data_ptr() != args[-1].data_ptr()  # a copy, not the input scale
 

@@ -252,6 +252,12 @@ def _grouped_block_run(inp, config=None):
                                         config=config)
 
 
+def _grouped_block_torch(inp):
+    """torch._scaled_grouped_mm row-wise on the same values quantized per token and channel."""
+    return torch._scaled_grouped_mm(inp["x_sorted"], inp["wr"].transpose(-2, -1), inp["xs_sorted"], inp["wrs"],
+                                    offs=inp["offs"], out_dtype=torch.bfloat16, use_fast_accum=True)
+
+
 def _grouped_block_reference(inp):
     """float32 of the block-dequantized values, one expert at a time."""
     from ..quant import dequantize_fp8_blockwise
@@ -398,7 +404,7 @@ OPS = {
         lambda i: _mlp_torch(i, reference=True), 2e-2, 2, 2, 16, None, formats=(_BF16, _BF16), block=True,
         inputs_for=_mlp_inputs),
     "grouped_a8w8_blockscale": MoEToolOp(
-        "grouped_a8w8_blockscale", ("e4m3",), None, _grouped_block_run, _grouped_fp8_torch,
+        "grouped_a8w8_blockscale", ("e4m3",), None, _grouped_block_run, _grouped_block_torch,
         "torch._scaled_grouped_mm row-wise (use_fast_accum=True) on x already sorted, the same values quantized "
         "row-wise", _grouped_block_reference, 2e-2, 1, 2, 8, None,
         formats=(dense(torch.float8_e4m3fn, Scale.KBLOCK, 128), dense(torch.float8_e4m3fn, Scale.KBLOCK, 128, 128)),
