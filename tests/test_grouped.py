@@ -319,3 +319,21 @@ def test_moe_mlp_fp8(scheme):
         moe.moe_mlp(x, ids, tw, wq1, wq2, w_gate_up_scale=ws1)
     with pytest.raises(ValueError, match="scale"):
         moe.moe_mlp(x, ids, tw, wq1, wq2)
+
+
+def test_grouped_gated_derived_config_from_64_rows_per_expert():
+    """With 64 or more rows per expert the gated grouped GEMM derives 128x128x64 tiles, 8 warps,
+    3 stages, one program per tile (tuning/gated_grouped_probe_h100.txt), and stays correct."""
+    from gemmkit.ops import grouped
+
+    E, I, K_ = 2, 24, 48
+    Tm = sizes(130, 1024)
+    x = randn(Tm, K_, dtype=torch.bfloat16)
+    wgu = randn(E, 2 * I, K_, dtype=torch.bfloat16, scale=K_ ** -0.5)
+    g, _, o = moe.sort_by_expert(_route("random", Tm, 1, E), E)
+    y = grouped.grouped_gated_a16w16(x, wgu, o, gather_idx=g)
+    plan = [p for p in grouped._plans.values() if getattr(p, "epilogue", None) and p.epilogue.gated][-1]
+    c = plan.cfg
+    assert (c.BLOCK_M, c.BLOCK_N, c.BLOCK_K, c.num_warps, c.PERSISTENT) == (128, 128, 64, 8, False)
+    h = _ref(x, wgu, o, g)
+    assert_close(y, torch.nn.functional.silu(h[:, :I]) * h[:, I:])
