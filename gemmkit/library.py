@@ -503,12 +503,17 @@ def _grouped_a8w8(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Tensor, w_sca
                                      activation=activation, out_dtype=out_dtype)
 
 
-@_grouped_a8w8.register_fake
-def _(x, w, x_scale, w_scale, expert_offsets, gather_idx, scatter_idx, routing_weights, bias, activation, out_dtype):
-    v.check_tensor("x", x, grouped.FP8 + (torch.int8,))
-    v.check_tensor("w", w, grouped.FP8 + (torch.int8,))
+def _fake_grouped_8bit(x, w, gather_idx, out_dtype, dtypes):
+    """The fake output of an 8-bit grouped GEMM: (R, N), bf16 by default."""
+    v.check_tensor("x", x, dtypes)
+    v.check_tensor("w", w, dtypes)
     return _fake_output(grouped_output(x.shape, w.shape, None if gather_idx is None else gather_idx.shape,
                                        v.check_out_dtype(out_dtype, None, torch.bfloat16), torch.bfloat16), x)
+
+
+@_grouped_a8w8.register_fake
+def _(x, w, x_scale, w_scale, expert_offsets, gather_idx, scatter_idx, routing_weights, bias, activation, out_dtype):
+    return _fake_grouped_8bit(x, w, gather_idx, out_dtype, grouped.FP8 + (torch.int8,))
 
 
 @torch.library.custom_op(f"{LIB}::grouped_gemm_a8w8_blockscale", mutates_args=())
@@ -524,10 +529,7 @@ def _grouped_a8w8_blockscale(x: torch.Tensor, w: torch.Tensor, x_scale: torch.Te
 
 @_grouped_a8w8_blockscale.register_fake
 def _(x, w, x_scale, w_scale, expert_offsets, gather_idx, scatter_idx, routing_weights, bias, activation, out_dtype):
-    v.check_tensor("x", x, grouped.FP8)
-    v.check_tensor("w", w, grouped.FP8)
-    return _fake_output(grouped_output(x.shape, w.shape, None if gather_idx is None else gather_idx.shape,
-                                       v.check_out_dtype(out_dtype, None, torch.bfloat16), torch.bfloat16), x)
+    return _fake_grouped_8bit(x, w, gather_idx, out_dtype, grouped.FP8)
 
 
 def traced_grouped_gemm_a8w8_blockscale(x, w, x_scale, w_scale, expert_offsets, m_sizes, gather_idx, scatter_idx,
