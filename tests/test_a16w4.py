@@ -252,20 +252,3 @@ def test_x_layouts(layout):
     assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=64), reference(x, wd))
     qm, sm = quant.quantize_mxfp4(wd.float())
     assert_close(gemmkit.gemm_a16wfp4(x, qm, sm), reference(x, quant.dequantize_mxfp4(qm, sm, torch.float64)))
-
-
-@pytest.mark.parametrize("split_k,cap", [(8, 128), (4, None)])
-def test_split_k_decode_register_cap(split_k, cap):
-    """4-bit decode launched with split-K 8 or more (4 warps) caps the registers at 128, which keeps
-    four programs per SM (core/dense.py PACKED_SPLIT_MAXNREG); fewer slices, no cap; results
-    unchanged."""
-    from gemmkit.ops import a16w4
-
-    M, N, K = 3, 48, 1024
-    x = randn(M, K, dtype=torch.bfloat16)
-    wq, ws, wz = quant.quantize_int4(randn(N, K, dtype=torch.bfloat16), 128)
-    cfg = dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, SPLIT_K=split_k, num_warps=4)
-    y = gemmkit.gemm_a16w4(x, wq, ws, wz, config=cfg)
-    plan = list(a16w4._plans.values())[-1]
-    assert plan.maxnreg == cap and plan.launch.maxnreg == cap
-    assert_close(y, reference(x, quant.dequantize_int4(wq, ws, wz, 128)), tol=1e-2)

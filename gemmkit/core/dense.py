@@ -19,12 +19,6 @@ from .plan import (PlanBase, TensorFacts, _get_device, contiguous_strides, kerne
                    split_k_counters)
 
 _INT32_MAX = 2**31 - 1
-
-# 4-bit decode with split-K (4 warps): the fix-up of the pieces takes the kernel from 127 to 158
-# registers, 3 instead of 4 programs per SM; a cap of 128 keeps 4 (previous session's ncu runs on
-# the H100: 32.7 -> 23.6 us at split-K 8, 1 us slower at split-K 4), so it applies from split-K 8.
-PACKED_SPLIT_MAXNREG = 128
-PACKED_SPLIT_MAXNREG_MIN_SPLIT = 8
 _kernels: dict = {}
 
 # gemm_kernel's per-call parameters, first in its signature, in this order
@@ -259,10 +253,7 @@ class DensePlan(PlanBase):
         self.ws_shape = (2 * grid if self.stream_k else num_tiles * split_k, bm, bn)
         self.ws_dtype = torch.int32 if acc_int and not quant_a else torch.float32
         self.num_tiles = num_tiles
-        self.maxnreg = (PACKED_SPLIT_MAXNREG if b_packed is not None and split_k >= PACKED_SPLIT_MAXNREG_MIN_SPLIT
-                        and cfg.num_warps == 4 else None)
-        self.launch = CachedLaunch(_jit_kernel(), (grid,), cfg.num_warps, cfg.num_stages, self.device_index,
-                                   self.maxnreg)
+        self.launch = CachedLaunch(_jit_kernel(), (grid,), cfg.num_warps, cfg.num_stages, self.device_index)
         self._bind()
 
     def head(self, x, w, c, ws, counters, bias, a_scale, b_scale, mul, add, checked: bool = True, c2=None,

@@ -39,16 +39,13 @@ def profiling_hooks_active() -> bool:
     return hook_set(launch_hooks())
 
 
-def launch_jit(fn, grid, args, num_warps: int, num_stages: int, maxnreg: int | None = None):
+def launch_jit(fn, grid, args, num_warps: int, num_stages: int):
     """Launch a @triton.jit function the regular way; returns the compiled kernel (None when
-    interpreted). `args`: every parameter in signature order, tensors as tensors. maxnreg: a
-    register cap per thread for the compiler (CUDA; None: the compiler's choice)."""
+    interpreted). `args`: every parameter in signature order, tensors as tensors."""
     if interpreter_active():
         apply_interpreter_fixes()
         fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
         return None
-    if maxnreg is not None:
-        return fn[grid](*args, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
     return fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
 
 
@@ -92,11 +89,10 @@ class CachedLaunch:
     `head` (the leading parameters: tensors, None or descriptors) and `tail` (the rest: ints,
     bools, strings), together every parameter of `fn` in order."""
 
-    __slots__ = ("fn", "grid", "num_warps", "num_stages", "device_index", "kernel", "direct", "pointers", "maxnreg")
+    __slots__ = ("fn", "grid", "num_warps", "num_stages", "device_index", "kernel", "direct", "pointers")
 
-    def __init__(self, fn, grid, num_warps: int, num_stages: int, device_index: int, maxnreg: int | None = None):
+    def __init__(self, fn, grid, num_warps: int, num_stages: int, device_index: int):
         self.fn, self.num_warps, self.num_stages, self.device_index = fn, num_warps, num_stages, device_index
-        self.maxnreg = maxnreg
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.kernel = self.direct = None
         self.pointers = ()  # which leading parameters are tensors (the same for every call)
@@ -124,6 +120,6 @@ class CachedLaunch:
             else:
                 launch_compiled(self.kernel, self.grid, args, self.device_index)
         else:
-            self.kernel = launch_jit(self.fn, self.grid, (*head, *tail), self.num_warps, self.num_stages, self.maxnreg)
+            self.kernel = launch_jit(self.fn, self.grid, (*head, *tail), self.num_warps, self.num_stages)
             self.pointers = tuple(isinstance(a, _Tensor) for a in head)
             self.direct = _direct_launch(self.kernel) if self.kernel is not None else None

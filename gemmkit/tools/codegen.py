@@ -192,7 +192,7 @@ def compile_packed(M: int, N: int, K: int, cfg: GemmConfig, packed: str, x_dtype
                      None, checked=False, b_zero=b_z)
     tail = list(plan.tail)  # the plan was built on the CPU: take the CUDA build's nibble decoding
     tail[_jit_kernel().arg_names.index("FAST_UNPACK") - len(head)] = True
-    return _compile(_jit_kernel(), (*head, *tail), cfg, plan.maxnreg)
+    return _compile(_jit_kernel(), (*head, *tail), cfg)
 
 
 def packed_formats(packed: str, x_dtype=torch.bfloat16, group: int = 128):
@@ -221,9 +221,8 @@ def compile_bare(M: int, N: int, K: int, cfg: GemmConfig, dtype=torch.float8_e4m
     return _compile(bare_persistent_gemm, args, cfg)
 
 
-def _compile(kernel, args, cfg: GemmConfig, maxnreg: int | None = None) -> Binary:
-    """Compile a JIT kernel for sm_90 with the specialization a launch with `args` would get
-    (maxnreg: the register cap the plan launches with)."""
+def _compile(kernel, args, cfg: GemmConfig) -> Binary:
+    """Compile a JIT kernel for sm_90 with the specialization a launch with `args` would get."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -240,8 +239,7 @@ def _compile(kernel, args, cfg: GemmConfig, maxnreg: int | None = None) -> Binar
         elif div16:
             attrs[(i,)] = [["tt.divisibility", 16]]
     compiled = triton.compile(ASTSource(kernel, signature, constants, attrs), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                                           **({} if maxnreg is None else dict(maxnreg=maxnreg))))
+                              options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
     return _inspect(compiled.asm["cubin"], compiled.metadata.shared)
 
 
@@ -356,8 +354,6 @@ CHECKS = {
     # 4-bit weights (issue 17): packed tiles decoded in registers, 16-bit dots
     "int4 weights (group 128), M=16, split-K 16x128x128 (derived for decode)": (
         16, 4096, 4096, _tiles(16, 128, 128, 3, 4, SPLIT_K=4), dict(packed="int4"), "HMMA"),
-    "int4 weights (group 128), M=16, split-K 8 16x128x128 under the 128-register cap (derived for N = 4096)": (
-        16, 4096, 14336, _tiles(16, 128, 128, 3, 4, SPLIT_K=8), dict(packed="int4"), "HMMA"),
     "int4 weights (group 128), M=16, pointer loads 16x32x256": (
         16, 4096, 4096, _tiles(16, 32, 256, 6, 4), dict(packed="int4"), "HMMA"),
     "int4 weights (group 32: 4 groups per K tile), M=16, split-K 16x64x128": (
