@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -329,8 +330,6 @@ def nearest_shape_entry(device_name: str, op: str, M: int, N: int, K: int) -> tu
     """(entry, (N', K')): M's bucket of the tuned shape nearest to (N, K) (|log2 N/N'| + |log2 K/K'|,
     ties to the larger shape) among the merged tables' shape entries that have a bucket for M;
     (None, (None, None)) where there are none."""
-    import math
-
     merged = load_table(device_name, op) or {}
     best = None
     for nk, entries in merged.get("shapes", {}).items():

@@ -236,11 +236,16 @@ def check_8bit_scales(x, w, x_scale, w_scale, x_shapes: tuple, w_shapes: tuple):
         raise ValueError("x_scale and w_scale are required (float32)")
     a = scale_kind("x_scale", x_scale, *x_shapes)
     b = scale_kind("w_scale", w_scale, *w_shapes)
+    check_k_major(x, w)
+    return (*a, *b)
+
+
+def check_k_major(x, w) -> None:
+    """8-bit tensor-core operands must be K-contiguous: ValueError naming the one that is not."""
     for name, t in (("x", x), ("w", w)):
         if t.shape[-1] > 1 and t.stride(-1) != 1:
             raise ValueError(f"{name} must be K-contiguous (stride 1 along K): FP8/INT8 tensor-core operands "
                              "are K-major (call .contiguous())")
-    return (*a, *b)
 
 
 def family_config_for(config, M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,

@@ -20,10 +20,12 @@ from ..core.config import fit_to_smem, gated_tiles
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense
-from ..core.grouped import GroupedPlan, family_config_for, group_epilogue, index_extent
+from ..core.grouped import (GroupedPlan, check_k_major, family_config_for, group_bias_stride, group_epilogue,
+                            index_extent)
 from ..core.plan import PlanCache, plan_key
 from ..core.tracing import is_compiling as _is_compiling, library as _library
 from ..kernels import modes
+from .a8w8_blockscale import GROUP as BLOCK  # DeepSeek-V3's 1 x 128 / 128 x 128 scale blocks
 
 _IN_DTYPES = (torch.bfloat16, torch.float16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -245,9 +247,9 @@ def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_
         a_fmt, b_fmt = dense(x.dtype, a_scale, BLOCK), dense(w.dtype, b_scale, BLOCK, BLOCK)
     else:
         a_fmt, b_fmt = dense(x.dtype, a_scale), dense(w.dtype, b_scale)
+    rows = max(1, -(-R // E))  # per expert on average: what the configs are chosen by
     if gated:  # two B tiles per K step, two accumulators: the shared memory of two, 8 warps from 128 x 128
         two_b = dataclasses.replace(b_fmt, bits=2 * b_fmt.bits)
-        rows = max(1, -(-R // E))
         cfg = family_config_for(config, rows, N, K, dev, a_fmt, two_b, out_dtype.itemsize, None)
         if config is None:
             if rows >= 64:  # 128x128x64 tiles, 8 warps, 3 stages, one program per tile (tuning/
@@ -257,7 +259,6 @@ def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_
                                           PERSISTENT=False, EPILOGUE_SUBTILE=False)
             cfg = fit_to_smem(gated_tiles(cfg), dev, a_fmt, two_b, out_dtype.itemsize)
     else:
-        rows = max(1, -(-R // E))
         cfg = family_config_for(config, rows, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize,
                                 None if kind == "a8w8_blockscale" else "grouped_" + kind)  # (untuned: derived)
         if kind == "a8w8_blockscale" and config is None and rows >= 8:
@@ -276,14 +277,9 @@ def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_
     return plan
 
 
-BLOCK = 128  # DeepSeek-V3's scale blocks: 1 x 128 of x, 128 x 128 of each expert's weight
-
-
 def _block_scales(x, w, bias, x_scale, w_scale, out_dtype, T, E, N, K):
     """(bias group stride, out_dtype, A / B scale kinds, B's expert stride, the scales' strides)
     of grouped_gemm_a8w8_blockscale, checked."""
-    from ..core.grouped import group_bias_stride
-
     stride_biasg = group_bias_stride(bias, E, N, "E", v.BIAS_DTYPES)
     out_dtype = v.check_out_dtype(out_dtype, None, torch.bfloat16)
     G = -(-K // BLOCK)
@@ -292,10 +288,7 @@ def _block_scales(x, w, bias, x_scale, w_scale, out_dtype, T, E, N, K):
         v.check_tensor(name, s, (torch.float32,))
         if tuple(s.shape) != shape:
             raise ValueError(f"{name} has shape {tuple(s.shape)}; expected {shape} ({what})")
-    for name, t in (("x", x), ("w", w)):
-        if t.shape[-1] > 1 and t.stride(-1) != 1:
-            raise ValueError(f"{name} must be K-contiguous (stride 1 along K): FP8 tensor-core operands are K-major "
-                             "(call .contiguous())")
+    check_k_major(x, w)
     strides = dict(stride_asm=x_scale.stride(0), stride_ask=x_scale.stride(1), stride_bsn=w_scale.stride(1),
                    stride_bsk=w_scale.stride(2))
     return stride_biasg, out_dtype, Scale.KBLOCK, Scale.KBLOCK, w_scale.stride(0), strides
