@@ -222,6 +222,18 @@ def test_split_k_counters_left_zero():
         assert plan_mod._counters and all(int(c.abs().sum()) == 0 for c in plan_mod._counters.values())
 
 
+@pytest.mark.parametrize("block,split_k", [((32, 32, 16), 11), ((64, 64, 16), 5), ((16, 32, 16), 16)])
+def test_split_k_many_pieces(block, split_k):
+    """The last K slice to arrive sums every slice's partial tile (kernels/reduce.py): 5 to 16
+    pieces, ragged M, N and K (the last slice shorter than the others)."""
+    bm, bn, bk = block
+    M, N, K = 2 * bm - 3, 2 * bn + 5, split_k * bk * 2 - 7
+    x, w = randn(M, K, dtype=BF16), randn(N, K, dtype=BF16)
+    y = poisoned((M, N), FP32)
+    out = gemmkit.gemm_a16w16(x, w, y=y, config=dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split_k))
+    assert_close(out, reference(x, w))
+
+
 # (M, N, K) whose tile counts fall below, at and between multiples of the SM count, with K shares
 # that start and end inside tiles (interpreter: 4 "SMs", 32 x 32 tiles; H100: 132 SMs, 128 x 128)
 STREAM_K_SHAPES = sizes(

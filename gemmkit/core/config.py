@@ -408,23 +408,40 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
     return dataclasses.replace(cfg, num_stages=stages)
 
 
+# packed INT4 B (groups >= 128) at decode sizes: up to this M, 64-row x 256-deep B tiles, ~3 programs per SM
+PACKED_DECODE_MAX_M = 16
+
+
 def _derive_packed(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,
                    out_bytes: int) -> GemmConfig:
-    """derive_config for a packed 4-bit B (decoded in registers, pointer loads). Up to M = 64 the
-    loop streams weights: 128-row B tiles, 128-wide K tiles, 4 warps, split-K until the tiles cover
-    the SMs twice (scripts/w4_sweep.py on the H100, M = 16 and 64: the best or within 6% of the
-    best of 16/64-row x 64/128-wide x 128/256-deep tiles and split-K for INT4; 256-deep tiles
-    held twice the registers). Larger M: 128x128x128 tiles with 8 warps, which share out the
-    decoding."""
-    if M <= 64:
-        block_m, block_n, warps = max(16, next_pow2(M)), 128, 4
+    """derive_config for a packed 4-bit B (decoded in registers, pointer loads).
+
+    Up to M = PACKED_DECODE_MAX_M (decode), INT4 in groups of 128 or more: 64-row x 256-deep B
+    tiles (128 contiguous bytes per row and K tile), 4 warps, and split-K to the power of two that
+    puts about 3 programs per SM in flight (scripts/w4_decode_probe.py on the H100, INT4 g128 at
+    M = 1 and 16 on six Llama-3 layers: up to 1.3x the 128-row tiles below, within 6% of the best
+    config measured on each; MXFP4, whose 32-wide scale groups cut a 256-deep tile into 8 decode
+    steps, measured faster with the 128-row tiles). Otherwise up to M = 64: 128-row B tiles,
+    128-wide K tiles, 4 warps, split-K until the tiles cover the SMs twice (scripts/w4_sweep.py;
+    256-deep tiles held twice the registers at M = 64). Larger M: 128x128x128 tiles with 8 warps,
+    which share out the decoding.
+    """
+    decode = M <= PACKED_DECODE_MAX_M and b.group_k >= 128
+    if decode:
+        block_m, block_n, block_k, warps, per_sm = 16, 64, 256, 4, 3
+    elif M <= 64:
+        block_m, block_n, block_k, warps, per_sm = max(16, next_pow2(M)), 128, 128, 4, 2
     else:
-        block_m, block_n, warps = 128, 128, 8
+        block_m, block_n, block_k, warps, per_sm = 128, 128, 128, 8, 2
     block_n = min(block_n, max(16, next_pow2(N)))
-    block_k = max(32, min(128, next_pow2(K)))
+    block_k = max(32, min(block_k, next_pow2(K)))
     tiles = -(-M // block_m) * -(-N // block_n)
     k_tiles = -(-K // block_k)
-    split_k = max(1, min(2 * dev.num_sms // tiles, k_tiles // 4, 16)) if tiles < dev.num_sms else 1
+    split_k = 1
+    if decode:
+        split_k = max(1, min(next_pow2(-(-per_sm * dev.num_sms // tiles)), k_tiles // 4, 16))
+    elif tiles < dev.num_sms:
+        split_k = max(1, min(per_sm * dev.num_sms // tiles, k_tiles // 4, 16))
     cfg = fit_to_smem(GemmConfig(block_m, block_n, block_k, 8, split_k, warps, 2, False, False, False, False),
                       dev, a, b, out_bytes)
     stages = cfg.num_stages
