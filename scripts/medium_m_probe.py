@@ -1,0 +1,72 @@
+"""Probe (device tool): gemm_a16w16 at medium M on held-out layers whose tile counts leave a ragged
+last wave (models.json heldout-*), with explicit configs (data-parallel, stream-K, split-K,
+narrower tiles) against F.linear (cuBLAS) and gemm_a16w16's own pick, under CUDA-graph replay.
+
+Usage: python3 scripts/medium_m_probe.py [OUT_FILE]
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import gemmkit  # noqa: E402
+from gemmkit.tools import tune  # noqa: E402
+from gemmkit.tools.timing import time_graphs_us  # noqa: E402
+
+out = open(sys.argv[1], "w") if len(sys.argv) > 1 else sys.stdout
+SHAPES = [(512, 5120, 14336), (512, 4608, 4096), (512, 4608, 36864), (128, 5120, 14336), (128, 4608, 4096),
+          (2048, 1280, 8192), (512, 5120, 5120), (128, 3072, 8192), (512, 2560, 8192), (2048, 5120, 4096),
+          (512, 3072, 3072), (2048, 4608, 4096)]
+TMA = dict(TMA=True)
+CONFIGS = {
+    "128x128x64 w8 s4 persistent": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4,
+                                        PERSISTENT=True, EPILOGUE_SUBTILE=True, **TMA),
+    "128x128x64 w8 s4 stream-K": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4,
+                                      PERSISTENT=True, STREAM_K=True, EPILOGUE_SUBTILE=True, **TMA),
+    "128x256x64 w8 s3 persistent": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3,
+                                        PERSISTENT=True, EPILOGUE_SUBTILE=True, **TMA),
+    "128x256x64 w8 s3 stream-K": dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=3,
+                                      PERSISTENT=True, STREAM_K=True, EPILOGUE_SUBTILE=True, **TMA),
+    "128x128x64 w4 s4 stream-K": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4,
+                                      PERSISTENT=True, STREAM_K=True, EPILOGUE_SUBTILE=True, **TMA),
+    "64x128x64 w4 s6 persistent": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=6,
+                                       PERSISTENT=True, **TMA),
+    "64x256x64 w8 s4 persistent": dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=64, num_warps=8, num_stages=4,
+                                       PERSISTENT=True, **TMA),
+    "128x128x64 w8 s4 split-K 2": dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4,
+                                       SPLIT_K=2, **TMA),
+    "128x64x64 w4 s6 persistent": dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=6,
+                                       PERSISTENT=True, **TMA),
+    "64x128x64 w4 s6 stream-K": dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=6,
+                                     PERSISTENT=True, STREAM_K=True, **TMA),
+}
+
+print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", file=out)
+for M, N, K in SHAPES:
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+    ref = x.float() @ w.float().T
+    calls = {"F.linear": lambda: F.linear(x, w), "own pick": lambda: gemmkit.gemm_a16w16(x, w)}
+    for name, cfg in CONFIGS.items():
+        try:
+            err = tune.rel_error(gemmkit.gemm_a16w16(x, w, config=cfg), ref)
+        except Exception as e:  # noqa: BLE001 - a probe reports and goes on
+            print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", file=out)
+            continue
+        if err > 1e-2:
+            print(f"  {name}: wrong result (rel err {err:.2e})", file=out)
+            continue
+        calls[name] = lambda cfg=cfg: gemmkit.gemm_a16w16(x, w, config=cfg)
+    names = list(calls)
+    times = time_graphs_us(*[[calls[n]] for n in names], rep_ms=10, retries=3)
+    base = times[0]
+    print(f"M={M} N={N} K={K}:", file=out)
+    for n, t in sorted(zip(names, times), key=lambda p: p[1]):
+        print(f"  {t:9.1f} us  {base / t:5.2f}x F.linear  {2 * M * N * K / t / 1e6:6.0f} TFLOP/s  {n}", file=out,
+              flush=True)
+    del x, w, ref, calls
+    torch.cuda.empty_cache()
