@@ -2,7 +2,11 @@
 last wave (models.json heldout-*), with explicit configs (data-parallel, stream-K, split-K,
 narrower tiles) against F.linear (cuBLAS) and gemm_a16w16's own pick, under CUDA-graph replay.
 
-Usage: python3 scripts/medium_m_probe.py [OUT_FILE]
+--tuned: instead, the H100 table entries that pick STREAM_K (A16W16 and row-wise FP8), each op's
+own pick against F.linear / torch._scaled_mm with fast accumulation (run it in two trees to compare
+two stream-K schedules on the same entries).
+
+Usage: python3 scripts/medium_m_probe.py [OUT_FILE] [--tuned]
 """
 
 import os
@@ -17,7 +21,11 @@ import gemmkit  # noqa: E402
 from gemmkit.tools import tune  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 
-out = open(sys.argv[1], "w") if len(sys.argv) > 1 else sys.stdout
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+out = open(args[0], "w") if args else sys.stdout
+TUNED = "--tuned" in sys.argv
+TUNED_BF16 = [(4096, 28672, 4096), (256, 36864, 7168), (256, 51200, 5120), (4096, 51200, 5120)]
+TUNED_FP8 = [(1024, 51200, 5120), (4096, 51200, 5120), (8192, 57344, 8192)]
 SHAPES = [(512, 5120, 14336), (512, 4608, 4096), (512, 4608, 36864), (128, 5120, 14336), (128, 4608, 4096),
           (2048, 1280, 8192), (512, 5120, 5120), (128, 3072, 8192), (512, 2560, 8192), (2048, 5120, 4096),
           (512, 3072, 3072), (2048, 4608, 4096)]
@@ -45,28 +53,62 @@ CONFIGS = {
                                      PERSISTENT=True, STREAM_K=True, **TMA),
 }
 
-print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", file=out)
-for M, N, K in SHAPES:
-    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
-    ref = x.float() @ w.float().T
-    calls = {"F.linear": lambda: F.linear(x, w), "own pick": lambda: gemmkit.gemm_a16w16(x, w)}
-    for name, cfg in CONFIGS.items():
-        try:
-            err = tune.rel_error(gemmkit.gemm_a16w16(x, w, config=cfg), ref)
-        except Exception as e:  # noqa: BLE001 - a probe reports and goes on
-            print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", file=out)
-            continue
-        if err > 1e-2:
-            print(f"  {name}: wrong result (rel err {err:.2e})", file=out)
-            continue
-        calls[name] = lambda cfg=cfg: gemmkit.gemm_a16w16(x, w, config=cfg)
-    names = list(calls)
-    times = time_graphs_us(*[[calls[n]] for n in names], rep_ms=10, retries=3)
+def report(M, N, K, names, times):
     base = times[0]
     print(f"M={M} N={N} K={K}:", file=out)
     for n, t in sorted(zip(names, times), key=lambda p: p[1]):
-        print(f"  {t:9.1f} us  {base / t:5.2f}x F.linear  {2 * M * N * K / t / 1e6:6.0f} TFLOP/s  {n}", file=out,
+        print(f"  {t:9.1f} us  {base / t:5.2f}x {names[0]}  {2 * M * N * K / t / 1e6:6.0f} TFLOP/s  {n}", file=out,
               flush=True)
-    del x, w, ref, calls
+
+
+def tuned():
+    from gemmkit.quant import quantize_fp8
+
+    for M, N, K in TUNED_BF16:
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+        assert tune.rel_error(gemmkit.gemm_a16w16(x, w), x.float() @ w.float().T) < 1e-2
+        names = ["F.linear", "gemm_a16w16 (table)"]
+        report(M, N, K, names, time_graphs_us([lambda: F.linear(x, w)], [lambda: gemmkit.gemm_a16w16(x, w)],
+                                              rep_ms=10, retries=3))
+        del x, w
+    for M, N, K in TUNED_FP8:
+        (xq, xs), (wq, ws) = quantize_fp8(torch.randn(M, K, device="cuda"), "row"), quantize_fp8(
+            torch.randn(N, K, device="cuda"), "row")
+        ws = ws.reshape(1, N)
+        ref = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16, use_fast_accum=True)
+        assert tune.rel_error(gemmkit.gemm_a8w8(xq, wq, xs, ws), ref.float()) < 1e-2
+        names = ["_scaled_mm fast", "gemm_a8w8 (table)"]
+        report(M, N, K, names, time_graphs_us(
+            [lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16,
+                                      use_fast_accum=True)],
+            [lambda: gemmkit.gemm_a8w8(xq, wq, xs, ws)], rep_ms=10, retries=3))
+        del xq, wq
     torch.cuda.empty_cache()
+
+
+def held_out():
+    for M, N, K in SHAPES:
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+        ref = x.float() @ w.float().T
+        calls = {"F.linear": lambda: F.linear(x, w), "own pick": lambda: gemmkit.gemm_a16w16(x, w)}
+        for name, cfg in CONFIGS.items():
+            try:
+                err = tune.rel_error(gemmkit.gemm_a16w16(x, w, config=cfg), ref)
+            except Exception as e:  # noqa: BLE001 - a probe reports and goes on
+                print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", file=out)
+                continue
+            if err > 1e-2:
+                print(f"  {name}: wrong result (rel err {err:.2e})", file=out)
+                continue
+            calls[name] = lambda cfg=cfg: gemmkit.gemm_a16w16(x, w, config=cfg)
+        names = list(calls)
+        report(M, N, K, names, time_graphs_us(*[[calls[n]] for n in names], rep_ms=10, retries=3))
+        del x, w, ref, calls
+        torch.cuda.empty_cache()
+
+
+print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, gemmkit from {os.path.dirname(gemmkit.__file__)}",
+      file=out)
+tuned() if TUNED else held_out()

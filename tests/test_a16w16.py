@@ -234,10 +234,12 @@ def test_split_k_many_pieces(block, split_k):
     assert_close(out, reference(x, w))
 
 
-# (M, N, K) whose tile counts fall below, at and between multiples of the SM count, with K shares
-# that start and end inside tiles (interpreter: 4 "SMs", 32 x 32 tiles; H100: 132 SMs, 128 x 128)
+# (M, N, K) whose tile counts fall below, at and between multiples of the SM count, with K tile
+# counts that the slices do and do not divide, tails on and off (interpreter: 4 "SMs", 32 x 32 x 32
+# tiles; H100: 132 SMs, 128 x 128 x 64)
 STREAM_K_SHAPES = sizes(
-    [(20, 30, 200), (96, 32, 250), (64, 96, 96), (128, 64, 64), (160, 96, 160), (64, 160, 20), (33, 250, 40)],
+    [(20, 30, 200), (96, 32, 250), (64, 96, 96), (128, 64, 64), (160, 96, 160), (64, 160, 20), (33, 250, 40),
+     (20, 30, 600), (5, 20, 1100), (64, 160, 300), (32, 64, 520), (96, 96, 600)],
     [(100, 1000, 3000), (256, 4096, 4096), (1024, 1024, 1024), (2000, 2200, 512), (1536, 1408, 512), (300, 2000, 100)],
 )
 
@@ -245,8 +247,8 @@ STREAM_K_SHAPES = sizes(
 @pytest.mark.parametrize("path", ["ptr_streamk", "tma_streamk"])
 @pytest.mark.parametrize("M,N,K", STREAM_K_SHAPES)
 def test_stream_k_schedules(path, M, N, K):
-    """Stream-K on every split of tiles into data-parallel waves and shared K iterations; the
-    arrival counters are left zero for the next launch."""
+    """Stream-K on every split of tiles into data-parallel waves and a tail of K-sliced tiles;
+    the arrival counters are left zero for the next launch."""
     from gemmkit.core import plan as plan_mod
     from gemmkit.ops import a16w16
 
@@ -258,7 +260,13 @@ def test_stream_k_schedules(path, M, N, K):
     plan = next(reversed(a16w16._plans.values()))
     cfg = plan.cfg
     tiles = -(-M // cfg.BLOCK_M) * -(-N // cfg.BLOCK_N)
-    assert plan.stream_k == (tiles % plan.launch.grid[0] != 0 or tiles < plan.launch.grid[0])
+    # the ragged last wave in K slices of at least 4 K tiles, as many as fit the SMs (at most 16)
+    sms, k_tiles = plan.dev.num_sms, -(-K // cfg.BLOCK_K)
+    ragged = tiles % sms
+    split = min(sms // ragged, k_tiles // 4, 16) if ragged else 1
+    assert plan.stream_k == (split > 1)
+    if plan.stream_k:
+        assert plan.ws_shape[0] == ragged * split and plan.launch.grid[0] == min(sms, max(tiles - ragged, ragged * split))
     assert all(int(c.abs().sum()) == 0 for c in plan_mod._counters.values())
 
 

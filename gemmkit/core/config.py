@@ -78,9 +78,10 @@ class GemmConfig:
     over tiles, with the tile and K loops flattened into one software-pipelined loop.
     WARP_SPECIALIZE: producer/consumer warp groups (needs TMA and PERSISTENT). EPILOGUE_SUBTILE:
     store the tile in two halves (halves the epilogue's shared memory, freeing it for stages).
-    STREAM_K: on the persistent grid, the ragged last wave of tiles (plus one full wave) is shared
-    out among all programs by K iterations, so every SM gets the same work (needs PERSISTENT and
-    SPLIT_K == 1; the pieces of a tile meet like split-K slices).
+    STREAM_K: on the persistent grid, the tiles of the ragged last wave are computed in K slices
+    (as many as keep every slice on its own SM, at least 4 K tiles each), so that the last wave
+    costs a fraction of a tile rather than a whole one while the full waves run as data-parallel
+    tiles (needs PERSISTENT and SPLIT_K == 1; the slices of a tile meet like split-K slices).
     """
 
     BLOCK_M: int
@@ -400,8 +401,9 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
         split_k = max(1, min(dev.num_sms // work, k_tiles // 4, 16))
     persistent = use_tma and split_k == 1 and work > dev.num_sms and not promoting
     subtile = use_tma and block_n >= 128 and block_m >= 128
+    # persistent: the ragged last wave in K slices (STREAM_K; plain waves where it divides evenly)
     cfg = fit_to_smem(GemmConfig(block_m, block_n, block_k, 8, split_k, num_warps, 2, use_tma, persistent, False,
-                                 subtile), dev, a, b, out_bytes)
+                                 subtile, persistent), dev, a, b, out_bytes)
     stages = cfg.num_stages
     while stages < 6 and dataclasses.replace(cfg, num_stages=stages + 1).smem_bytes(a, b, out_bytes) <= shared - SMEM_SLACK:
         stages += 1
@@ -455,10 +457,14 @@ def _derive_packed(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b:
 def _select(op: str, bucket: str, below_tma: bool, N: int, K: int, dev: DeviceInfo, a: OperandFormat,
             b: OperandFormat, out_bytes: int) -> GemmConfig:
     M = _lookup_m(bucket, below_tma)  # a bucket straddling TMA_MIN_M derives for an M below it
-    cfg, _ = lookup_entry(dev.name, op, M, N, K)
-    if cfg is not None:
-        return fit_to_smem(GemmConfig.from_dict(cfg), dev, a, b, out_bytes)
-    return derive_config(M, N, K, dev, a, b, out_bytes)
+    cfg, source = lookup_entry(dev.name, op, M, N, K)
+    if cfg is None:
+        return derive_config(M, N, K, dev, a, b, out_bytes)
+    cfg = GemmConfig.from_dict(cfg)
+    if "nearest shape" in source and cfg.PERSISTENT and cfg.SPLIT_K == 1:
+        # another shape's tiles: their last wave here is as ragged as it comes, so it is K-sliced
+        cfg = dataclasses.replace(cfg, STREAM_K=True)
+    return fit_to_smem(cfg, dev, a, b, out_bytes)
 
 
 def select_config(op: str, M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,

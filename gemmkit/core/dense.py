@@ -42,6 +42,16 @@ def packed_args(x2=None, a_k_major: bool = False, stride_am: int = 0, b_packed: 
     return dict(A_WORDS=bool(words), FAST_UNPACK=cuda and not interpreter_active())
 
 
+def stream_k_tail(num_tiles: int, k_tiles: int, num_sms: int) -> tuple[int, int]:
+    """(tail tiles, K slices per tail tile) of a STREAM_K launch on num_sms programs: the tiles of
+    the ragged last wave (num_tiles % num_sms, or all of them below one wave), each cut into as
+    many K slices as keep the slices within the programs (at least 4 K tiles per slice, 16 slices
+    at most); (0, 1) where that is one slice (a whole tile: plain data-parallel waves)."""
+    ragged = num_tiles % num_sms
+    split = min(num_sms // ragged, k_tiles // 4, 16) if ragged else 1
+    return (ragged, split) if split > 1 else (0, 1)
+
+
 def _jit_kernel():
     """The Triton kernel, imported on first use: TRITON_INTERPRET is read when it is defined."""
     if not _kernels:
@@ -198,15 +208,11 @@ class DensePlan(PlanBase):
         num_tiles = -(-M // bm) * -(-N // bn)
         num_work = num_tiles * split_k
         grid = min(num_work, dev.num_sms) if cfg.PERSISTENT else num_work
-        sk_tiles = 0
+        sk_tiles, sk_split = 0, 1
         if cfg.STREAM_K and split_k == 1:
-            # one program per SM (fewer if there are fewer K iterations than SMs); the ragged last
-            # wave plus one full wave (or every tile, if there are fewer tiles than programs) is
-            # shared out by K iterations: two tiles' worth at most per program keeps the pieces
-            # of a tile few (little fix-up) and still balances the SMs
-            grid = min(dev.num_sms, num_tiles * -(-K // bk))
-            ragged = num_tiles % grid
-            sk_tiles = num_tiles if num_tiles < grid else (grid + ragged if ragged else 0)
+            sk_tiles, sk_split = stream_k_tail(num_tiles, -(-K // bk), dev.num_sms)
+            if sk_tiles:
+                grid = min(dev.num_sms, max(num_tiles - sk_tiles, sk_tiles * sk_split))
         self.stream_k = sk_tiles > 0
         flatten = cfg.PERSISTENT and split_k == 1 and not quant_a
         warp_specialize = cfg.WARP_SPECIALIZE and flatten and self.a_desc is not None and self.b_desc is not None
@@ -231,7 +237,7 @@ class DensePlan(PlanBase):
             stride_cn=s_cn, stride_asm=s_asm, stride_ask=s_ask, stride_bsn=s_bsn, stride_bsk=s_bsk,
             stride_mul_m=s_mul[0], stride_mul_n=s_mul[1], stride_add_m=s_add[0], stride_add_n=s_add[1],
             stride_bzn=s_bzn, stride_bzk=s_bzk,
-            sk_tiles=sk_tiles, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.GROUP_M, SPLIT_K=split_k,
+            sk_tiles=sk_tiles, sk_split=sk_split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.GROUP_M, SPLIT_K=split_k,
             STREAM_K=self.stream_k, TILE_MAP=modes.MAP_DENSE.value,
             A_TMA=self.a_desc is not None, A_K_MAJOR=a_km, B_TMA=self.b_desc is not None, B_K_MAJOR=b_km,
             C_TMA=self.c_desc is not None, EVEN_K=K % bk == 0, INDEX_64=index_64,
@@ -250,7 +256,7 @@ class DensePlan(PlanBase):
         # partial tiles (kernels/reduce.py): one block per (tile, K slice), or two per program;
         # int32 where the pieces' sums are (unscaled int8 products), else fp32
         self.pieces = split_k > 1 or self.stream_k
-        self.ws_shape = (2 * grid if self.stream_k else num_tiles * split_k, bm, bn)
+        self.ws_shape = (sk_tiles * sk_split if self.stream_k else num_tiles * split_k, bm, bn)
         self.ws_dtype = torch.int32 if acc_int and not quant_a else torch.float32
         self.num_tiles = num_tiles
         self.launch = CachedLaunch(_jit_kernel(), (grid,), cfg.num_warps, cfg.num_stages, self.device_index)

@@ -96,7 +96,7 @@ class GroupedPlan(PlanBase):
             stride_cm=self.c_strides[0], stride_cn=self.c_strides[1], stride_asm=ss.get("stride_asm", 0),
             stride_ask=ss.get("stride_ask", 0), stride_bsn=ss.get("stride_bsn", 0),
             stride_bsk=ss.get("stride_bsk", 0), stride_mul_m=0, stride_mul_n=0, stride_add_m=0, stride_add_n=0,
-            sk_tiles=0,
+            sk_tiles=0, sk_split=1,
             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.GROUP_M, SPLIT_K=1, STREAM_K=False,
             TILE_MAP=self.tile_map.value, A_TMA=self.a_desc is not None, A_K_MAJOR=s_ak == 1,
             B_TMA=self.b_desc is not None, B_K_MAJOR=s_bk == 1,

@@ -112,7 +112,7 @@ def gemm_kernel(
     stride_asm, stride_ask, stride_bsn, stride_bsk,  # K-block scales (SCALE_KBLOCK)
     stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,
     stride_bzn, stride_bzk,  # 4-bit weights (INT4 groups): B's zero points (b_zero)
-    sk_tiles,  # STREAM_K: how many of the last tiles (in schedule order) are shared out by K iterations
+    sk_tiles, sk_split,  # STREAM_K: the last sk_tiles tiles (in schedule order) are computed in sk_split K slices
     # MoE / batched family (TILE_MAP MAP_GROUPED / MAP_BATCHED): the groups (experts, batch entries)
     # and each operand's stride between groups (0: shared by every group)
     num_groups, stride_ag, stride_bg, stride_cg, stride_asg, stride_bsg, stride_biasg, NUM_GROUPS_P2: tl.constexpr,
@@ -141,11 +141,13 @@ def gemm_kernel(
     (kernels/reduce.py: the last piece to arrive sums the partials and runs the epilogue; one
     launch; counters zero on entry and left zero):
     - SPLIT_K > 1: each tile in SPLIT_K slices of K; `ws` holds tiles * SPLIT_K blocks.
-    - STREAM_K (persistent grid, SPLIT_K == 1): the first tiles in whole tiles, one program each
-      (data-parallel waves); the last `sk_tiles` tiles (the ragged wave plus one, chosen by the
-      host) as one range of (tile, K tile) iterations cut into equal contiguous shares, one per
-      program, so every SM gets the same work whatever the tile count. `ws` holds 2 blocks per
-      program.
+    - STREAM_K (persistent grid, SPLIT_K == 1): the first tiles whole, one program each
+      (data-parallel waves, every program the same number); the last `sk_tiles` (the ragged last
+      wave, chosen by the host) in `sk_split` K slices each, so that the last wave keeps the SMs
+      busy for 1 / sk_split of a tile instead of a whole one. `ws` holds sk_tiles * sk_split
+      blocks. (Shares of one range of (tile, K) iterations, the textbook form, skewed the
+      programs' K positions: tiles that share operands read them at different times, and DRAM
+      traffic grew 5x, scripts/streamk_probe.py.)
 
     The K loop (kernels/kstep.py): A_PRODUCER, B_PRODUCER and PROMOTE (kernels/modes.py); QUANT
     names the in-kernel quantization target of A ("e4m3", "e5m2", "int8" or ""); ACC_INT: int8
@@ -281,31 +283,26 @@ def gemm_kernel(
                       BLOCK_M, BLOCK_N, C_TMA, INDEX_64, a_mode, b_mode, ACTIVATION, EPILOGUE_SUBTILE)
 
     if STREAM_K:
-        # this program's share of the iterations of the stream-K tiles: [it_lo, it_hi)
-        share = tl.cdiv(sk_tiles * k_tiles, num_programs)
-        it_lo = pid * share
-        it_hi = tl.minimum(it_lo + share, sk_tiles * k_tiles)
-        t_first = it_lo // k_tiles
-        n_seg = tl.where(it_hi > it_lo, (it_hi - 1) // k_tiles - t_first + 1, 0)
-        for t in range(t_first, t_first + n_seg):
-            t_start = t * k_tiles
+        # the tail: the last sk_tiles tiles, each in sk_split K slices (unit u: slice u // sk_tiles
+        # of tail tile u % sk_tiles; the slice is the slowest index, as in work_item, so programs
+        # running together read the same K range of neighbouring tiles and share it in L2)
+        k_per_slice = tl.cdiv(k_tiles, sk_split)
+        for u in range(pid, sk_tiles * sk_split, num_programs):
+            s = u // sk_tiles
+            t = u % sk_tiles
             tile = dp_tiles + t
             pid_m, pid_n = map_tile(tile, num_pid_m, num_pid_n, GROUP_M, TILE_MAP)
             off_m = pid_m * BLOCK_M
             off_n = pid_n * BLOCK_N
-            acc = k_range_product(a, b, a_scale, b_scale, off_m, off_n, tl.maximum(it_lo - t_start, 0),
-                                  tl.minimum(it_hi - t_start, k_tiles), M, N, K, stride_am, stride_ak, stride_bn,
-                                  stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk,
-                                  BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64,
-                                  ACC_INT, A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N,
-                                  b_zero, stride_bzn, stride_bzk, A_WORDS=A_WORDS, FAST_UNPACK=FAST_UNPACK)
-            # the tile's pieces come from programs p_first..p_last (shares are contiguous)
-            p_first = t_start // share
-            n_parts = (t_start + k_tiles - 1) // share - p_first + 1
-            last = n_parts == 1
-            if n_parts > 1:
-                last, acc = fixup_tile(acc, ws, counters, tile, 2 * pid + (t != t_first).to(tl.int32), 2 * p_first,
-                                       2, (p_first * share < t_start).to(tl.int32), n_parts, BLOCK_M, BLOCK_N)
+            k_lo = s * k_per_slice
+            acc = k_range_product(a, b, a_scale, b_scale, off_m, off_n, k_lo, tl.minimum(k_lo + k_per_slice, k_tiles),
+                                  M, N, K, stride_am, stride_ak, stride_bn, stride_bk, stride_asm, stride_ask,
+                                  stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR,
+                                  EVEN_K, INDEX_64, ACC_INT, A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE,
+                                  GROUP_K, GROUP_N, b_zero, stride_bzn, stride_bzk, A_WORDS=A_WORDS,
+                                  FAST_UNPACK=FAST_UNPACK)
+            last, acc = fixup_tile(acc, ws, counters, tile, t * sk_split + s, t * sk_split, 1, 0, sk_split,
+                                   BLOCK_M, BLOCK_N)
             if last:
                 _epilogue(acc, c, off_m, off_n, M, N, stride_cm, stride_cn, bias, a_scale, b_scale, mul, add,
                           stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,

@@ -8,6 +8,7 @@ shipped table's shape entry or generic bucket, or derived from the device. Needs
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from ..core.config import GemmConfig, config_source, select_config, table_path, user_config_dir
 from ..core.device import KNOWN_DEVICES, DeviceInfo, device_info, known_device
@@ -49,9 +50,14 @@ def show_lines(ops, shapes, dev: DeviceInfo, dtype: str | None, out_dtype: str) 
         for M, N, K in shapes:
             cfg = select_config(op.table, M, N, K, dev, *op.formats, out_bytes)
             entry, source = config_source(op.table, M, N, K, dev)
-            fitted = entry is not None and GemmConfig.from_dict(entry) != cfg
-            lines.append(f"  M={M} N={N} K={K}: {describe(cfg)}  [{source}"
-                         f"{', fitted to the shared memory' if fitted else ''}]")
+            notes = []
+            if entry is not None:
+                given = GemmConfig.from_dict(entry)
+                if cfg.STREAM_K and not given.STREAM_K:
+                    notes.append("last wave K-sliced")
+                if dataclasses.replace(given, STREAM_K=cfg.STREAM_K) != cfg:
+                    notes.append("fitted to the shared memory")
+            lines.append(f"  M={M} N={N} K={K}: {describe(cfg)}  [{', '.join([source] + notes)}]")
     return lines
 
 
