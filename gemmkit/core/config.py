@@ -289,7 +289,7 @@ DERIVED = "derived from the device"
 # 1, 8, 32, 128 the nearest shape's entry 1.020 / 1.013 / 0.972 / 0.869 against the generic buckets'
 # 0.992 / 0.977 / 0.906 / 0.799 and derived 1.012 / 1.010 / 0.949 / 0.728; at M = 512, 2048, 8192
 # derived 0.837 / 0.917 / 0.979 against nearest 0.783 / 0.889 / 0.978 and buckets 0.777 / 0.863 / 0.948.
-NEAREST_SHAPE_MAX_M = 128
+NEAREST_SHAPE_MAX_M = 64
 
 
 def lookup_entry(device_name: str, op: str, M: int, N: int, K: int) -> tuple[dict | None, str]:
@@ -376,7 +376,7 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
         return _derive_packed(M, N, K, dev, a, b, out_bytes)
     small_m = M <= 64
     promoting = Scale.KBLOCK in (a.scale, b.scale) or a.quantize == "group"
-    block_m = min(128, max(16, next_pow2(M)))
+    block_m = min(128 if M > 128 else 64, max(16, next_pow2(M)))
     block_n = 64 if small_m else (256 if M >= 1024 and N >= 4096 else 128)
     if promoting and not small_m:
         block_m, block_n = (64, 128) if M >= 1024 else (128, 64)
@@ -457,14 +457,10 @@ def _derive_packed(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b:
 def _select(op: str, bucket: str, below_tma: bool, N: int, K: int, dev: DeviceInfo, a: OperandFormat,
             b: OperandFormat, out_bytes: int) -> GemmConfig:
     M = _lookup_m(bucket, below_tma)  # a bucket straddling TMA_MIN_M derives for an M below it
-    cfg, source = lookup_entry(dev.name, op, M, N, K)
+    cfg, _ = lookup_entry(dev.name, op, M, N, K)
     if cfg is None:
         return derive_config(M, N, K, dev, a, b, out_bytes)
-    cfg = GemmConfig.from_dict(cfg)
-    if "nearest shape" in source and cfg.PERSISTENT and cfg.SPLIT_K == 1:
-        # another shape's tiles: their last wave here is as ragged as it comes, so it is K-sliced
-        cfg = dataclasses.replace(cfg, STREAM_K=True)
-    return fit_to_smem(cfg, dev, a, b, out_bytes)
+    return fit_to_smem(GemmConfig.from_dict(cfg), dev, a, b, out_bytes)
 
 
 def select_config(op: str, M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,
