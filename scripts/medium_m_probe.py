@@ -2,9 +2,9 @@
 last wave (models.json heldout-*), with explicit configs (data-parallel, stream-K, split-K,
 narrower tiles) against F.linear (cuBLAS) and gemm_a16w16's own pick, under CUDA-graph replay.
 
---tuned: instead, the H100 table entries that pick STREAM_K (A16W16 and row-wise FP8), each op's
-own pick against F.linear / torch._scaled_mm with fast accumulation (run it in two trees to compare
-two stream-K schedules on the same entries).
+--tuned: instead, the device's (H100 or H200) table entries that pick STREAM_K (A16W16 and
+row-wise FP8), each op's own pick against F.linear / torch._scaled_mm with fast accumulation (run
+it in two trees to compare two stream-K schedules on the same entries).
 
 Usage: python3 scripts/medium_m_probe.py [OUT_FILE] [--tuned]
 """
@@ -24,8 +24,13 @@ from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 out = open(args[0], "w") if args else sys.stdout
 TUNED = "--tuned" in sys.argv
-TUNED_BF16 = [(4096, 28672, 4096), (256, 36864, 7168), (256, 51200, 5120), (4096, 51200, 5120)]
-TUNED_FP8 = [(1024, 51200, 5120), (4096, 51200, 5120), (8192, 57344, 8192)]
+if "H200" in torch.cuda.get_device_name():  # the NVIDIA_H200 tables' STREAM_K entries
+    TUNED_BF16 = [(4096, 24576, 4096), (4096, 28672, 4096), (256, 51200, 5120), (256, 59136, 8192)]
+    TUNED_FP8 = [(4096, 2112, 7168), (256, 51200, 5120), (1024, 51200, 5120), (4096, 51200, 5120),
+                 (4096, 57344, 8192)]
+else:
+    TUNED_BF16 = [(4096, 28672, 4096), (256, 36864, 7168), (256, 51200, 5120), (4096, 51200, 5120)]
+    TUNED_FP8 = [(1024, 51200, 5120), (4096, 51200, 5120), (8192, 57344, 8192)]
 SHAPES = [(512, 5120, 14336), (512, 4608, 4096), (512, 4608, 36864), (128, 5120, 14336), (128, 4608, 4096),
           (2048, 1280, 8192), (512, 5120, 5120), (128, 3072, 8192), (512, 2560, 8192), (2048, 5120, 4096),
           (512, 3072, 3072), (2048, 4608, 4096)]
