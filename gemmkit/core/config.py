@@ -421,8 +421,9 @@ def _derive_packed(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b:
     Up to M = PACKED_DECODE_MAX_M (decode), INT4 in groups of 128 or more: 64-row x 256-deep B
     tiles (128 contiguous bytes per row and K tile), 4 warps, and split-K to the power of two that
     puts about 3 programs per SM in flight (scripts/w4_decode_probe.py on the H100, INT4 g128 at
-    M = 1 and 16 on six Llama-3 layers: up to 1.3x the 128-row tiles below, within 6% of the best
-    config measured on each; MXFP4, whose 32-wide scale groups cut a 256-deep tile into 8 decode
+    M = 1 and 16 on six Llama-3 layers: up to 1.5x the 128-row tiles below, within 6% of the best
+    config measured on 10 of 12 points, the other two at split-K 7 before the power-of-two
+    rounding, whose 8 measured within 2%; MXFP4, whose 32-wide scale groups cut a 256-deep tile into 8 decode
     steps, measured faster with the 128-row tiles). Otherwise up to M = 64: 128-row B tiles,
     128-wide K tiles, 4 warps, split-K until the tiles cover the SMs twice (scripts/w4_sweep.py;
     256-deep tiles held twice the registers at M = 64). Larger M: 128x128x128 tiles with 8 warps,
