@@ -6,7 +6,10 @@ narrower tiles) against F.linear (cuBLAS) and gemm_a16w16's own pick, under CUDA
 row-wise FP8), each op's own pick against F.linear / torch._scaled_mm with fast accumulation (run
 it in two trees to compare two stream-K schedules on the same entries).
 
-Usage: python3 scripts/medium_m_probe.py [OUT_FILE] [--tuned]
+--large: instead, held-out problems at M = 2048 and 8192, A16W16 and row-wise FP8, the derived
+config against the 128x256 / 128x128 / 256x128 families the tuned tables pick at large M.
+
+Usage: python3 scripts/medium_m_probe.py [OUT_FILE] [--tuned | --large]
 """
 
 import os
@@ -24,6 +27,24 @@ from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 out = open(args[0], "w") if args else sys.stdout
 TUNED = "--tuned" in sys.argv
+LARGE = "--large" in sys.argv
+LARGE_SHAPES = [(8192, 28672, 3584), (8192, 3584, 4096), (8192, 9216, 3072), (2048, 5120, 4096), (8192, 8192, 2048),
+                (2048, 4608, 4096), (8192, 16384, 3072), (2048, 28672, 3584)]
+
+
+def large_configs(bk):
+    base = dict(BLOCK_K=bk, num_warps=8, TMA=True, PERSISTENT=True)
+    return {
+        "128x256 s3": dict(base, BLOCK_M=128, BLOCK_N=256, num_stages=3),
+        "128x256 s3 stream-K": dict(base, BLOCK_M=128, BLOCK_N=256, num_stages=3, STREAM_K=True),
+        "128x256 s3 subtile stream-K": dict(base, BLOCK_M=128, BLOCK_N=256, num_stages=3, EPILOGUE_SUBTILE=True,
+                                            STREAM_K=True),
+        "128x256 s4 subtile stream-K": dict(base, BLOCK_M=128, BLOCK_N=256, num_stages=4, EPILOGUE_SUBTILE=True,
+                                            STREAM_K=True),
+        "128x128 s4 stream-K": dict(base, BLOCK_M=128, BLOCK_N=128, num_stages=4, STREAM_K=True),
+        "256x128 s3 stream-K": dict(base, BLOCK_M=256, BLOCK_N=128, num_stages=3, EPILOGUE_SUBTILE=True,
+                                    STREAM_K=True),
+    }
 if "H200" in torch.cuda.get_device_name():  # the NVIDIA_H200 tables' STREAM_K entries
     TUNED_BF16 = [(4096, 24576, 4096), (4096, 28672, 4096), (256, 51200, 5120), (256, 59136, 8192)]
     TUNED_FP8 = [(4096, 2112, 7168), (256, 51200, 5120), (1024, 51200, 5120), (4096, 51200, 5120),
@@ -114,6 +135,43 @@ def held_out():
         torch.cuda.empty_cache()
 
 
+def large():
+    from gemmkit.quant import quantize_fp8
+
+    for M, N, K in LARGE_SHAPES:
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+        (xq, xs), (wq, ws) = quantize_fp8(x, "row"), quantize_fp8(w, "row")
+        ws = ws.reshape(1, N)
+        for fp8 in (False, True):
+            if fp8:
+                ref = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=torch.bfloat16,
+                                       use_fast_accum=True).float()
+                run = lambda cfg=None: gemmkit.gemm_a8w8(xq, wq, xs, ws, config=cfg)  # noqa: E731
+                calls = {"_scaled_mm fast": lambda: torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws,
+                                                                     out_dtype=torch.bfloat16, use_fast_accum=True)}
+            else:
+                ref = x.float() @ w.float().T
+                run = lambda cfg=None: gemmkit.gemm_a16w16(x, w, config=cfg)  # noqa: E731
+                calls = {"F.linear": lambda: F.linear(x, w)}
+            calls["own pick"] = run
+            for name, cfg in large_configs(128 if fp8 else 64).items():
+                try:
+                    err = tune.rel_error(run(cfg), ref)
+                except Exception as e:  # noqa: BLE001 - a probe reports and goes on
+                    print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", file=out)
+                    continue
+                if err > 1e-2:
+                    print(f"  {name}: wrong result (rel err {err:.2e})", file=out)
+                    continue
+                calls[name] = lambda cfg=cfg, run=run: run(cfg)
+            names = list(calls)
+            print("FP8" if fp8 else "BF16", end=" ", file=out)
+            report(M, N, K, names, time_graphs_us(*[[calls[n]] for n in names], rep_ms=10, retries=3))
+        del x, w, xq, wq
+        torch.cuda.empty_cache()
+
+
 print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, gemmkit from {os.path.dirname(gemmkit.__file__)}",
       file=out)
-tuned() if TUNED else held_out()
+tuned() if TUNED else large() if LARGE else held_out()
