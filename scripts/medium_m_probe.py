@@ -23,6 +23,7 @@ import torch.nn.functional as F  # noqa: E402
 import gemmkit  # noqa: E402
 from gemmkit.tools import tune  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
+from probe_util import checked_calls  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 out = open(args[0], "w") if args else sys.stdout
@@ -118,17 +119,8 @@ def held_out():
         x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
         ref = x.float() @ w.float().T
-        calls = {"F.linear": lambda: F.linear(x, w), "own pick": lambda: gemmkit.gemm_a16w16(x, w)}
-        for name, cfg in CONFIGS.items():
-            try:
-                err = tune.rel_error(gemmkit.gemm_a16w16(x, w, config=cfg), ref)
-            except Exception as e:  # noqa: BLE001 - a probe reports and goes on
-                print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", file=out)
-                continue
-            if err > 1e-2:
-                print(f"  {name}: wrong result (rel err {err:.2e})", file=out)
-                continue
-            calls[name] = lambda cfg=cfg: gemmkit.gemm_a16w16(x, w, config=cfg)
+        calls = checked_calls({"F.linear": lambda: F.linear(x, w), "own pick": lambda: gemmkit.gemm_a16w16(x, w)},
+                              CONFIGS, lambda cfg: gemmkit.gemm_a16w16(x, w, config=cfg), ref, out, 1e-2)
         names = list(calls)
         report(M, N, K, names, time_graphs_us(*[[calls[n]] for n in names], rep_ms=10, retries=3))
         del x, w, ref, calls
@@ -155,16 +147,7 @@ def large():
                 run = lambda cfg=None: gemmkit.gemm_a16w16(x, w, config=cfg)  # noqa: E731
                 calls = {"F.linear": lambda: F.linear(x, w)}
             calls["own pick"] = run
-            for name, cfg in large_configs(128 if fp8 else 64).items():
-                try:
-                    err = tune.rel_error(run(cfg), ref)
-                except Exception as e:  # noqa: BLE001 - a probe reports and goes on
-                    print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", file=out)
-                    continue
-                if err > 1e-2:
-                    print(f"  {name}: wrong result (rel err {err:.2e})", file=out)
-                    continue
-                calls[name] = lambda cfg=cfg, run=run: run(cfg)
+            checked_calls(calls, large_configs(128 if fp8 else 64), run, ref, out, 1e-2)
             names = list(calls)
             print("FP8" if fp8 else "BF16", end=" ", file=out)
             report(M, N, K, names, time_graphs_us(*[[calls[n]] for n in names], rep_ms=10, retries=3))

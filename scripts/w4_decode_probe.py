@@ -20,8 +20,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from gemmkit.ops import a16w4, fp4  # noqa: E402
-from gemmkit.tools import registry, tune  # noqa: E402
+from gemmkit.tools import registry  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
+from probe_util import checked_calls  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 out = open(args[0], "w") if args else sys.stdout
@@ -88,17 +89,7 @@ for N, K in SHAPES:
                 for sk in sorted({max(1, r // 2), r, min(16, 2 * r)}):
                     configs[f"{bm}x{bn}x{bk} s{st} sk{sk}"] = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
                                                                     num_stages=st, SPLIT_K=sk)
-        calls = {"F.linear bf16": lambda: F.linear(inp["x"], inp["w16"])}
-        for name, cfg in configs.items():
-            try:
-                err = tune.rel_error(run(cfg), ref)
-            except Exception as e:  # noqa: BLE001 - a probe reports and goes on
-                print(f"  {name}: {type(e).__name__}: {str(e)[:120]}", file=out)
-                continue
-            if err > 2e-2:
-                print(f"  {name}: wrong result (rel err {err:.2e})", file=out)
-                continue
-            calls[name] = lambda cfg=cfg: run(cfg)
+        calls = checked_calls({"F.linear bf16": lambda: F.linear(inp["x"], inp["w16"])}, configs, run, ref, out, 2e-2)
         names = list(calls)
         times = time_graphs_us(*[[calls[n]] for n in names], rep_ms=10, retries=3)
         base = times[0]
