@@ -384,3 +384,21 @@ def test_cli_bench_cpu_fallback_in_a_fresh_process():
                          timeout=600)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "correct" in run.stdout
+
+
+def test_load_cache_leaves_out_earlier_stream_k_records(tmp_path, capsys):
+    """A STREAM_K record without the current schedule stamp timed the earlier stream-K schedule: the
+    tuner measures it again (other records, and stamped STREAM_K ones, are kept)."""
+    from gemmkit.core.config import GemmConfig
+
+    plain = GemmConfig(128, 128, 64, TMA=True, PERSISTENT=True)
+    sk = GemmConfig(128, 128, 64, TMA=True, PERSISTENT=True, STREAM_K=True)
+    recs = [{"M": 512, "N": 5120, "K": 4096, "dtype": "bf16", "cfg": tune.cfg_key(plain), "us": 50.0},
+            {"M": 512, "N": 5120, "K": 4096, "dtype": "bf16", "cfg": tune.cfg_key(sk), "us": 90.0},
+            {"M": 256, "N": 5120, "K": 4096, "dtype": "bf16", "cfg": tune.cfg_key(sk), "us": 30.0,
+             "schedule": tune.STREAM_K_SCHEDULE}]
+    path = tmp_path / "cache.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    cache = tune.load_cache(path)
+    assert sorted(r["us"] for r in cache.values()) == [30.0, 50.0]
+    assert "1 STREAM_K records of an earlier stream-K schedule" in capsys.readouterr().err

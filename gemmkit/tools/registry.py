@@ -755,7 +755,7 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
                 add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=True)
             if bn >= 128:
                 add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True, EPILOGUE_SUBTILE=True)
-            # stream-K: the ragged last wave shared out by K iterations (wide tiles, few waves)
+            # stream-K: the ragged last wave's tiles in K slices (wide tiles, few waves)
             if bm * bn >= 128 * 128:
                 add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True, STREAM_K=True)
                 if warp_specialize:

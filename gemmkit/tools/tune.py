@@ -197,18 +197,31 @@ def precompile(op_name, jobs, workers: int, verbose: bool = True) -> dict:
 # the tuning run
 
 
+# the STREAM_K schedule a record measured (kernels/gemm.py); records of STREAM_K configs without it
+# timed the earlier one (contiguous shares of (tile, K) iterations) and are measured again
+STREAM_K_SCHEDULE = "last-wave-k-slices"
+
+
 def load_cache(path: Path) -> dict:
     """Measurements by (M, N, K, dtype, config key), the last record of each winning. A line that
-    does not parse (a run killed mid-write) is skipped with a warning: its candidate is re-measured."""
-    cache = {}
+    does not parse (a run killed mid-write) is skipped with a warning: its candidate is re-measured;
+    so are STREAM_K configs timed with an earlier stream-K schedule (STREAM_K_SCHEDULE)."""
+    cache, stale = {}, 0
     if path.is_file():
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if line.strip():
                 try:
                     r = json.loads(line)
-                    cache[(r["M"], r["N"], r["K"], r["dtype"], r["cfg"])] = r
-                except (json.JSONDecodeError, KeyError, TypeError):
+                    key = (r["M"], r["N"], r["K"], r["dtype"], r["cfg"])
+                    if json.loads(r["cfg"]).get("STREAM_K") and r.get("schedule") != STREAM_K_SCHEDULE:
+                        stale += 1
+                        continue
+                    cache[key] = r
+                except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
                     print(f"{path}:{number}: skipping a malformed record", file=sys.stderr)
+    if stale:
+        print(f"{path}: {stale} STREAM_K records of an earlier stream-K schedule left out (re-measured)",
+              file=sys.stderr)
     return cache
 
 
@@ -263,6 +276,8 @@ def tune(op_name, problems, dtype, out_path: Path, cache_path: Path, workers: in
                               {cfg_key(c): compiled.get((M, N, K, cfg_key(c)), (None, None))[1] for c in cands})
             for cfg in cands:
                 rec = {"M": M, "N": N, "K": K, "dtype": dtype, "cfg": cfg_key(cfg)}
+                if cfg.STREAM_K:
+                    rec["schedule"] = STREAM_K_SCHEDULE
                 err = compiled.get((M, N, K, rec["cfg"]), (None, None))[0]
                 if rec["cfg"] in same:  # the same binaries on the same grid: timed once
                     rec["same_kernel_as"] = same[rec["cfg"]]
