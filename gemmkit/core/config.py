@@ -289,6 +289,8 @@ DERIVED = "derived from the device"
 # 1, 8, 32, 128 the nearest shape's entry 1.020 / 1.013 / 0.972 / 0.869 against the generic buckets'
 # 0.992 / 0.977 / 0.906 / 0.799 and derived 1.012 / 1.010 / 0.949 / 0.728; at M = 512, 2048, 8192
 # derived 0.837 / 0.917 / 0.979 against nearest 0.783 / 0.889 / 0.978 and buckets 0.777 / 0.863 / 0.948.
+# Since the derived rule takes 64-row tiles up to M = 128, it beats the nearest entry there too (all
+# eight held-out models, one run: A16W16 0.880 against 0.849, FP8 1.006 against 1.001), hence 64.
 NEAREST_SHAPE_MAX_M = 64
 
 
@@ -362,9 +364,11 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
     """A config from the device's limits, for shapes and devices without a tuned entry.
 
     BLOCK_K spans one 128-byte line of the operand (64 bf16, 128 fp8), doubled when M is small and
-    the loop only streams weights; BLOCK_M follows M; BLOCK_N shrinks until the tiles cover the
-    SMs; num_stages fills the shared memory; SPLIT_K makes up for tiles that still leave SMs idle
-    when K is long (the way OpenAI's triton_kernels picks its opt_flags).
+    the loop only streams weights; BLOCK_M follows M (64 rows up to M = 128); BLOCK_N shrinks until
+    the tiles cover the SMs; num_stages fills the shared memory; SPLIT_K makes up for tiles that
+    still leave SMs idle when K is long (the way OpenAI's triton_kernels picks its opt_flags); more
+    tiles than SMs run on the persistent grid with STREAM_K, which cuts the ragged last wave's
+    tiles into K slices (scripts/medium_m_probe.py on held-out layers, H100).
 
     A K loop that promotes per K block (block-scaled operands) waits for each tile's tensor-core
     product before scaling it: there, from M = TMA_MIN_M, 4-warp 64x128 (M >= 1024) or 128x64
@@ -402,8 +406,8 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
     persistent = use_tma and split_k == 1 and work > dev.num_sms and not promoting
     subtile = use_tma and block_n >= 128 and block_m >= 128
     # persistent: the ragged last wave in K slices (STREAM_K; plain waves where it divides evenly)
-    cfg = fit_to_smem(GemmConfig(block_m, block_n, block_k, 8, split_k, num_warps, 2, use_tma, persistent, False,
-                                 subtile, persistent), dev, a, b, out_bytes)
+    cfg = fit_to_smem(GemmConfig(block_m, block_n, block_k, 8, split_k, num_warps, 2, use_tma, persistent,
+                                 False, subtile, persistent), dev, a, b, out_bytes)
     stages = cfg.num_stages
     while stages < 6 and dataclasses.replace(cfg, num_stages=stages + 1).smem_bytes(a, b, out_bytes) <= shared - SMEM_SLACK:
         stages += 1
@@ -423,8 +427,8 @@ def _derive_packed(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b:
     puts about 3 programs per SM in flight (scripts/w4_decode_probe.py on the H100, INT4 g128 at
     M = 1 and 16 on six Llama-3 layers: up to 1.5x the 128-row tiles below, within 6% of the best
     config measured on 10 of 12 points, the other two at split-K 7 before the power-of-two
-    rounding, whose 8 measured within 2%; MXFP4, whose 32-wide scale groups cut a 256-deep tile into 8 decode
-    steps, measured faster with the 128-row tiles). Otherwise up to M = 64: 128-row B tiles,
+    rounding, whose 8 measured within 2%; MXFP4, whose 32-wide scale groups cut a 256-deep tile
+    into 8 decode steps, measured faster with the 128-row tiles). Otherwise up to M = 64: 128-row B tiles,
     128-wide K tiles, 4 warps, split-K until the tiles cover the SMs twice (scripts/w4_sweep.py;
     256-deep tiles held twice the registers at M = 64). Larger M: 128x128x128 tiles with 8 warps,
     which share out the decoding.
@@ -459,9 +463,9 @@ def _select(op: str, bucket: str, below_tma: bool, N: int, K: int, dev: DeviceIn
             b: OperandFormat, out_bytes: int) -> GemmConfig:
     M = _lookup_m(bucket, below_tma)  # a bucket straddling TMA_MIN_M derives for an M below it
     cfg, _ = lookup_entry(dev.name, op, M, N, K)
-    if cfg is None:
-        return derive_config(M, N, K, dev, a, b, out_bytes)
-    return fit_to_smem(GemmConfig.from_dict(cfg), dev, a, b, out_bytes)
+    if cfg is not None:
+        return fit_to_smem(GemmConfig.from_dict(cfg), dev, a, b, out_bytes)
+    return derive_config(M, N, K, dev, a, b, out_bytes)
 
 
 def select_config(op: str, M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,

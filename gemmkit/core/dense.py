@@ -237,7 +237,8 @@ class DensePlan(PlanBase):
             stride_cn=s_cn, stride_asm=s_asm, stride_ask=s_ask, stride_bsn=s_bsn, stride_bsk=s_bsk,
             stride_mul_m=s_mul[0], stride_mul_n=s_mul[1], stride_add_m=s_add[0], stride_add_n=s_add[1],
             stride_bzn=s_bzn, stride_bzk=s_bzk,
-            sk_tiles=sk_tiles, sk_split=sk_split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.GROUP_M, SPLIT_K=split_k,
+            sk_tiles=sk_tiles, sk_split=sk_split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=cfg.GROUP_M,
+            SPLIT_K=split_k,
             STREAM_K=self.stream_k, TILE_MAP=modes.MAP_DENSE.value,
             A_TMA=self.a_desc is not None, A_K_MAJOR=a_km, B_TMA=self.b_desc is not None, B_K_MAJOR=b_km,
             C_TMA=self.c_desc is not None, EVEN_K=K % bk == 0, INDEX_64=index_64,
@@ -253,7 +254,7 @@ class DensePlan(PlanBase):
             **fused_args(self.up_scale, ep.gated, self.split_cat),
             **packed_args(x2, a_km, s_am, b_packed is not None, self.cuda),
         ))
-        # partial tiles (kernels/reduce.py): one block per (tile, K slice), or two per program;
+        # partial tiles (kernels/reduce.py): one block per (tile, K slice) of the sliced tiles;
         # int32 where the pieces' sums are (unscaled int8 products), else fp32
         self.pieces = split_k > 1 or self.stream_k
         self.ws_shape = (sk_tiles * sk_split if self.stream_k else num_tiles * split_k, bm, bn)

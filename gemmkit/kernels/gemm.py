@@ -112,7 +112,7 @@ def gemm_kernel(
     stride_asm, stride_ask, stride_bsn, stride_bsk,  # K-block scales (SCALE_KBLOCK)
     stride_mul_m, stride_mul_n, stride_add_m, stride_add_n,
     stride_bzn, stride_bzk,  # 4-bit weights (INT4 groups): B's zero points (b_zero)
-    sk_tiles, sk_split,  # STREAM_K: the last sk_tiles tiles (in schedule order) are computed in sk_split K slices
+    sk_tiles, sk_split,  # STREAM_K: the last sk_tiles tiles (in schedule order) in sk_split K slices each
     # MoE / batched family (TILE_MAP MAP_GROUPED / MAP_BATCHED): the groups (experts, batch entries)
     # and each operand's stride between groups (0: shared by every group)
     num_groups, stride_ag, stride_bg, stride_cg, stride_asg, stride_bsg, stride_biasg, NUM_GROUPS_P2: tl.constexpr,
