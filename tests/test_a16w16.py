@@ -1,5 +1,7 @@
 """Correctness of gemm_a16w16 against a float64 torch reference, on every kernel path."""
 
+import math
+
 import pytest
 import torch
 
@@ -260,10 +262,11 @@ def test_stream_k_schedules(path, M, N, K):
     plan = next(reversed(a16w16._plans.values()))
     cfg = plan.cfg
     tiles = -(-M // cfg.BLOCK_M) * -(-N // cfg.BLOCK_N)
-    # the ragged last wave in K slices of at least 4 K tiles, as many as fit the SMs (at most 16)
+    # the ragged last wave in K slices of at least 4 K tiles, as many as fit the SMs (at most 16
+    # and sqrt(K tiles))
     sms, k_tiles = plan.dev.num_sms, -(-K // cfg.BLOCK_K)
     ragged = tiles % sms
-    split = min(sms // ragged, k_tiles // 4, 16) if ragged else 1
+    split = min(sms // ragged, k_tiles // 4, math.isqrt(k_tiles), 16) if ragged else 1
     assert plan.stream_k == (split > 1)
     if plan.stream_k:
         assert plan.ws_shape[0] == ragged * split and plan.launch.grid[0] == min(sms, max(tiles - ragged, ragged * split))

@@ -7,6 +7,8 @@ epilogue spec select.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..kernels import modes
@@ -45,10 +47,16 @@ def packed_args(x2=None, a_k_major: bool = False, stride_am: int = 0, b_packed: 
 def stream_k_tail(num_tiles: int, k_tiles: int, num_sms: int) -> tuple[int, int]:
     """(tail tiles, K slices per tail tile) of a STREAM_K launch on num_sms programs: the tiles of
     the ragged last wave (num_tiles % num_sms, or all of them below one wave), each cut into as
-    many K slices as keep the slices within the programs (at least 4 K tiles per slice, 16 slices
-    at most); (0, 1) where that is one slice (a whole tile: plain data-parallel waves)."""
+    many K slices as keep the slices within the programs, at most sqrt(k_tiles) (and 16), at least
+    4 K tiles per slice; (0, 1) where that is one slice (a whole tile: plain data-parallel waves).
+
+    sqrt(k_tiles): the tail costs about t / S + S * f for S slices, t a whole tile's K loop and f
+    one partial tile's read by the program that sums them (one SM's share of L2 bandwidth), so it
+    is least at S = sqrt(t / f); with K tiles of one 128-byte line per operand row that is close
+    to sqrt(k_tiles) for 16-bit and 8-bit operands alike (a 4-tile last wave in 16 slices ran 8%
+    behind 2 pieces per tile on an H200, tuning/streamk_tuned_*_h200.txt)."""
     ragged = num_tiles % num_sms
-    split = min(num_sms // ragged, k_tiles // 4, 16) if ragged else 1
+    split = min(num_sms // ragged, k_tiles // 4, math.isqrt(k_tiles), 16) if ragged else 1
     return (ragged, split) if split > 1 else (0, 1)
 
 
