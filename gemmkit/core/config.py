@@ -79,7 +79,8 @@ class GemmConfig:
     WARP_SPECIALIZE: producer/consumer warp groups (needs TMA and PERSISTENT). EPILOGUE_SUBTILE:
     store the tile in two halves (halves the epilogue's shared memory, freeing it for stages).
     STREAM_K: on the persistent grid, the tiles of the ragged last wave are computed in K slices
-    (as many as keep every slice on its own SM, at least 4 K tiles each), so that the last wave
+    (as many as keep every slice on its own SM, at most sqrt(K tiles), at least 4 K tiles each:
+    core/dense.py stream_k_tail), so that the last wave
     costs a fraction of a tile rather than a whole one while the full waves run as data-parallel
     tiles (needs PERSISTENT and SPLIT_K == 1; the slices of a tile meet like split-K slices).
     """
