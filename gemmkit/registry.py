@@ -18,7 +18,7 @@ class OpEntry:
 
 OPS = {
     "gemm_a16w16": OpEntry("gemmkit.ops.a16w16", ("a16w16",)),
-    "gemm_a8w8": OpEntry("gemmkit.ops.a8w8", ("a8w8_fp8", "a8w8_int8", "a8w8_fp8_dynamic")),
+    "gemm_a8w8": OpEntry("gemmkit.ops.a8w8", ("a8w8_fp8", "a8w8_int8", "a8w8_fp8_dynamic", "a8w8_fp8_exact")),
     "gemm_a8w8_blockscale": OpEntry("gemmkit.ops.a8w8_blockscale", ("a8w8_blockscale", "a8w8_blockscale_dynamic")),
     # MoE / batched family (issue 13): grouped tables keyed by the average rows per expert
     "grouped_gemm_a16w16": OpEntry("gemmkit.ops.grouped", ("grouped_a16w16",)),

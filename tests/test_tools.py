@@ -402,3 +402,18 @@ def test_load_cache_leaves_out_earlier_stream_k_records(tmp_path, capsys):
     cache = tune.load_cache(path)
     assert sorted(r["us"] for r in cache.values()) == [30.0, 50.0]
     assert "1 STREAM_K records of an earlier stream-K schedule" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("M", [256, 1024, 4096])
+def test_exact_fp8_accumulation_derives_promoting_tiles(M):
+    """fast_accum=False reads its own table; where that has no entry, the rule for K loops that
+    promote per K tile (two 4-warp programs per SM), not the fast-accumulation 128x256 tiles."""
+    fast = select_config("a8w8_fp8", M, 7168, 7168, A100, FP8, FP8, 2)
+    exact = select_config("a8w8_fp8_exact", M, 7168, 7168, A100, FP8, FP8, 2)
+    assert exact == derive_config(M, 7168, 7168, A100, FP8, FP8, 2, promote=True) != fast
+    assert exact.num_warps == 4 and exact.BLOCK_M * exact.BLOCK_N == 64 * 128 and not exact.PERSISTENT
+    assert registry.table_op("a8w8_fp8_exact").name == "a8w8_default_accum"
+    # the tuner searches the promoting tiles for it, as for block scales
+    tiles = {(c.BLOCK_M, c.BLOCK_N, c.num_warps) for c in registry.search_space(registry.OPS["a8w8_default_accum"],
+                                                                              M, 7168, 7168, H100)}
+    assert (64, 128, 4) in tiles and (128, 64, 4) in tiles

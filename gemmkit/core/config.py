@@ -361,7 +361,7 @@ def config_source(op: str, M: int, N: int, K: int, dev: DeviceInfo) -> tuple[dic
 
 
 def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,
-                  out_bytes: int) -> GemmConfig:
+                  out_bytes: int, promote: bool = False) -> GemmConfig:
     """A config from the device's limits, for shapes and devices without a tuned entry.
 
     BLOCK_K spans one 128-byte line of the operand (64 bf16, 128 fp8), doubled when M is small and
@@ -371,7 +371,8 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
     tiles than SMs run on the persistent grid with STREAM_K, which cuts the ragged last wave's
     tiles into K slices (scripts/medium_m_probe.py on held-out layers, H100).
 
-    A K loop that promotes per K block (block-scaled operands) waits for each tile's tensor-core
+    A K loop that promotes per K block (block-scaled operands; `promote`: FP8 with fp32 promotion
+    of every K tile, gemm_a8w8(fast_accum=False)) waits for each tile's tensor-core
     product before scaling it: there, from M = TMA_MIN_M, 4-warp 64x128 (M >= 1024) or 128x64
     tiles, not persistent, with the stages of half the shared memory, so that two programs share
     an SM and one's tensor-core work covers the other's promotion (scripts/accum_probe.py: at
@@ -380,7 +381,7 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
     if b.bits < b.dot_bits:
         return _derive_packed(M, N, K, dev, a, b, out_bytes)
     small_m = M <= 64
-    promoting = Scale.KBLOCK in (a.scale, b.scale) or a.quantize == "group"
+    promoting = promote or Scale.KBLOCK in (a.scale, b.scale) or a.quantize == "group"
     block_m = min(128 if M > 128 else 64, max(16, next_pow2(M)))
     block_n = 64 if small_m else (256 if M >= 1024 and N >= 4096 else 128)
     if promoting and not small_m:
@@ -459,6 +460,10 @@ def _derive_packed(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b:
     return dataclasses.replace(cfg, num_stages=stages)
 
 
+# tables of K loops that promote every K tile to fp32 (derived configs as for block scales)
+PROMOTING_TABLES = ("a8w8_fp8_exact",)
+
+
 @functools.lru_cache(maxsize=8192)
 def _select(op: str, bucket: str, below_tma: bool, N: int, K: int, dev: DeviceInfo, a: OperandFormat,
             b: OperandFormat, out_bytes: int) -> GemmConfig:
@@ -466,7 +471,7 @@ def _select(op: str, bucket: str, below_tma: bool, N: int, K: int, dev: DeviceIn
     cfg, _ = lookup_entry(dev.name, op, M, N, K)
     if cfg is not None:
         return fit_to_smem(GemmConfig.from_dict(cfg), dev, a, b, out_bytes)
-    return derive_config(M, N, K, dev, a, b, out_bytes)
+    return derive_config(M, N, K, dev, a, b, out_bytes, promote=op in PROMOTING_TABLES)
 
 
 def select_config(op: str, M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,

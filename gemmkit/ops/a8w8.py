@@ -47,7 +47,8 @@ def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=t
     accumulation inside each K tile (Triton's sm_90 default), like
     torch._scaled_mm(..., use_fast_accum=True). fast_accum=False: each K tile's partial sum is
     promoted to fp32 (every BLOCK_K, at most 128, elements of K), like _scaled_mm's default
-    accumulation. INT8 accumulation is exact either way.
+    accumulation, with configs of its own (table a8w8_fp8_exact). INT8 accumulation is exact
+    either way.
     """
     if _is_compiling():  # torch.compile records torch.ops.gemmkit.gemm_a8w8 (gemmkit.library)
         return _library().traced_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config,
@@ -110,8 +111,11 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, f
         return degenerate
     dev = device_info(device)
     op = "a8w8_int8" if w.dtype == torch.int8 else "a8w8_fp8"
+    # fp32 promotion per K tile: its own table (the fast-accumulation tables' 128x256 tiles hold
+    # the accumulator and the partial product in too many registers), else the promoting rule
+    table = op + "_exact" if not fast_accum and op == "a8w8_fp8" else op
     a_fmt = dense(w.dtype if dynamic else x.dtype, a_kind)  # a dynamic x is quantized to w's type
-    cfg = resolve_config(op, config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
+    cfg = resolve_config(table, config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
     example_y = y2 if y2 is not None else torch.empty((M, N), dtype=out_dtype, device=device)
     epilogue = EpilogueSpec(activation, bias is not None)
     common = dict(out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=x.ndim != 2, auto_config=config is None,

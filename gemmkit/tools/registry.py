@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..core.config import GemmConfig, TMA_MIN_M
+from ..core.config import PROMOTING_TABLES, TMA_MIN_M, GemmConfig
 from ..core.device import DeviceInfo
 from ..core.formats import OperandFormat, Scale, check_block_k, dense, packed4, quantized_in_kernel
 
@@ -372,8 +372,8 @@ OPS = {
     "a8w8_default_accum": ToolOp(
         "a8w8_default_accum", ("e4m3",), _a8w8_inputs("row"), lambda i, config=None: _a8w8_run(i, config, False),
         lambda i: _scaled_mm(i, False), "torch._scaled_mm row-wise with its default use_fast_accum=False (gemmkit "
-        "with fast_accum=False: the same fp32 promotion per K tile)", _a8w8_reference, 1e-2, 1, 2, 8, "a8w8_fp8",
-        formats=_FP8_ROW),
+        "with fast_accum=False: the same fp32 promotion per K tile)", _a8w8_reference, 1e-2, 1, 2, 8,
+        "a8w8_fp8_exact", formats=_FP8_ROW),
     "a8w8_tensor": ToolOp(
         "a8w8_tensor", ("e4m3",), _a8w8_inputs("tensor"), _a8w8_run, _scaled_mm,
         "torch._scaled_mm tensor-wise (cuBLASLt, use_fast_accum=True)", _a8w8_reference, 1e-2, 1, 2, 8, "a8w8_fp8",
@@ -699,7 +699,8 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
     # on sm_90 Triton (3.6 to 3.9) compiles WARP_SPECIALIZE to the binary of its plain persistent
     # twin (README, Architecture; `python -m gemmkit.tools.codegen --warp-specialize`): not enumerated
     warp_specialize = dev.capability != (9, 0)
-    promoting = Scale.KBLOCK in (a_fmt.scale, b_fmt.scale) or a_fmt.quantize == "group"  # K-block promotion
+    promoting = (Scale.KBLOCK in (a_fmt.scale, b_fmt.scale) or a_fmt.quantize == "group"  # K-block promotion
+                 or op.table in PROMOTING_TABLES)
     dot_bytes = max(a_fmt.dot_bits, b_fmt.dot_bits) // 8
     elem_k = 128 // dot_bytes  # BLOCK_K of one 128-byte line
     cands = []
@@ -750,6 +751,8 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
             tiles = list(dict.fromkeys(tiles))
         for bm, bn, bk, warps, stages in tiles:
             add(bm, bn, bk, warps, stages, 1, TMA=True)
+            if promoting and warps == 4:  # pointer loads too: no TMA barriers in the promoting loop
+                add(bm, bn, bk, warps, stages, 1)
             add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True)
             if warp_specialize:
                 add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=True)
