@@ -751,8 +751,6 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
             tiles = list(dict.fromkeys(tiles))
         for bm, bn, bk, warps, stages in tiles:
             add(bm, bn, bk, warps, stages, 1, TMA=True)
-            if promoting and warps == 4:  # pointer loads too: no TMA barriers in the promoting loop
-                add(bm, bn, bk, warps, stages, 1)
             add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True)
             if warp_specialize:
                 add(bm, bn, bk, warps, stages, 1, TMA=True, PERSISTENT=True, WARP_SPECIALIZE=True)
