@@ -316,3 +316,29 @@ def test_a8w8_exact_accumulation_matches_scaled_mm_at_long_k():
         return ((out.double() - ref).norm() / ref.norm()).item()
 
     assert err(ours) <= 2 * err(torch_out), (err(ours), err(torch_out))
+
+
+def test_a8w8_exact_accumulation_promotes_at_least_every_128_of_k(monkeypatch):
+    """fast_accum=False: no K tile deeper than EXACT_MAX_BLOCK_K, whatever the table holds (a deeper
+    table entry is cut to it, static and dynamic x); a caller's deeper config is refused."""
+    from gemmkit.core import config as cfgmod
+    from gemmkit.core.config import GemmConfig
+    from gemmkit.ops import a8w8
+
+    deep = GemmConfig(16, 32, 256, num_warps=4, num_stages=2)
+    monkeypatch.setattr(a8w8, "resolve_config", lambda *a, **k: deep)
+    monkeypatch.setattr(a8w8, "select_config", lambda *a, **k: deep)
+    x = randn(5, 512, dtype=BF16)
+    w = randn(40, 512, dtype=FP32).to(E4M3)
+    ws = torch.rand(1, 40, device=DEVICE) + 0.5
+    xq, xs = quant.quantize_fp8(x, "row")
+    for args in ((xq, w, xs, ws), (x, w, None, ws)):
+        plan = a8w8._make_plan(*args, None, None, None, BF16, None, False)
+        plans = [plan.gemm, plan.fused] if hasattr(plan, "gemm") else [plan]
+        assert all(p.cfg.BLOCK_K == cfgmod.EXACT_MAX_BLOCK_K for p in plans if p is not None)
+    assert a8w8._make_plan(xq, w, xs, ws, None, None, None, BF16, None, True).cfg.BLOCK_K == 256  # fast: as given
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="BLOCK_K must be <= 128"):
+        gemmkit.gemm_a8w8(xq, w, xs, ws, config=dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256), fast_accum=False)
+    out = gemmkit.gemm_a8w8(xq, w, xs, ws, out_dtype=FP32, fast_accum=False)
+    assert_close(out, reference(xq, w, x_scale=xs, w_scale=ws), tol=EXACT_TOL)

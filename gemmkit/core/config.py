@@ -392,7 +392,7 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
         block_n //= 2
     dot_bytes = max(a.dot_bits, b.dot_bits) / 8
     block_k = max(16, int(128 // dot_bytes))
-    if small_m and K >= 8 * block_k:
+    if small_m and K >= 8 * block_k and not promoting:  # (promoting loops: one scale block or 128 of K)
         block_k *= 2
     block_k = min(block_k, max(max(a.min_block_k(), b.min_block_k()), next_pow2(K)))
     num_warps = 8 if block_m * block_n >= 128 * 256 else 4
@@ -460,8 +460,11 @@ def _derive_packed(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b:
     return dataclasses.replace(cfg, num_stages=stages)
 
 
-# tables of K loops that promote every K tile to fp32 (derived configs as for block scales)
+# tables of K loops that promote every K tile to fp32 (derived configs as for block scales), and
+# the deepest K tile whose FP8 partial sum accumulates in the tensor cores before its promotion
+# there (4 wgmma K steps, as DeepGEMM and cuBLASLt promote)
 PROMOTING_TABLES = ("a8w8_fp8_exact",)
+EXACT_MAX_BLOCK_K = 128
 
 
 @functools.lru_cache(maxsize=8192)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..core import validate as v
-from ..core.config import fit_to_smem, load_table, resolve_config, select_config
+from ..core.config import EXACT_MAX_BLOCK_K, GemmConfig, fit_to_smem, load_table, resolve_config, select_config
 from ..core.dense import DensePlan
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
@@ -116,6 +118,8 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, f
     table = op + "_exact" if not fast_accum and op == "a8w8_fp8" else op
     a_fmt = dense(w.dtype if dynamic else x.dtype, a_kind)  # a dynamic x is quantized to w's type
     cfg = resolve_config(table, config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
+    if not fast_accum:
+        cfg = _exact_block_k(cfg, config is not None)
     example_y = y2 if y2 is not None else torch.empty((M, N), dtype=out_dtype, device=device)
     epilogue = EpilogueSpec(activation, bias is not None)
     common = dict(out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=x.ndim != 2, auto_config=config is None,
@@ -136,10 +140,23 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, f
         fused_a = quantized_in_kernel(x.dtype, w.dtype, "row")
         if config is None and load_table(dev.name, fused_op) is not None:
             cfg = select_config(fused_op, M, N, K, dev, fused_a, b_fmt, out_dtype.itemsize)
+        if not fast_accum:
+            cfg = _exact_block_k(cfg, config is not None)
         fused_cfg = fit_to_smem(cfg, dev, fused_a, b_fmt, out_dtype.itemsize)
         fused = DensePlan(x2, w, example_y, fused_a, b_fmt, epilogue, fused_cfg, dev,
                           inputs=dict(bias=bias, b_scale=w_scale), **common)
     return _Dynamic(quantize, gemm, fused, M, K, x.ndim != 2, always_fused=dynamic_path == "fused")
+
+
+def _exact_block_k(cfg: GemmConfig, given: bool) -> GemmConfig:
+    """fast_accum=False: partial sums promoted at least every EXACT_MAX_BLOCK_K elements of K (a
+    table's or derived deeper K tile is cut to that; a caller's is refused)."""
+    if cfg.BLOCK_K <= EXACT_MAX_BLOCK_K:
+        return cfg
+    if given:
+        raise ValueError(f"config: BLOCK_K={cfg.BLOCK_K}; fast_accum=False promotes every K tile to fp32, at "
+                         f"least every {EXACT_MAX_BLOCK_K} elements of K: BLOCK_K must be <= {EXACT_MAX_BLOCK_K}")
+    return dataclasses.replace(cfg, BLOCK_K=EXACT_MAX_BLOCK_K)
 
 
 class _Dynamic:

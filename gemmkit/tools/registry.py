@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..core.config import PROMOTING_TABLES, TMA_MIN_M, GemmConfig
+from ..core.config import EXACT_MAX_BLOCK_K, PROMOTING_TABLES, TMA_MIN_M, GemmConfig
 from ..core.device import DeviceInfo
 from ..core.formats import OperandFormat, Scale, check_block_k, dense, packed4, quantized_in_kernel
 
@@ -710,6 +710,8 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
         if op.gated and (split > 1 or flags.get("STREAM_K") or bm * bn > 128 * 128):
             return  # whole tiles (the activation needs the full sums), two accumulators in registers
         if split > 1 and (tiles * split > 4 * dev.num_sms or -(-K // bk) < 4 * split):
+            return
+        if op.table in PROMOTING_TABLES and bk > EXACT_MAX_BLOCK_K:  # promoted at least every 128 of K
             return
         if flags.get("STREAM_K"):
             if tiles % dev.num_sms == 0:  # whole waves: the same schedule as plain persistent
