@@ -263,7 +263,9 @@ def test_bad_bias_out_dtype_activation():
 
 # gemm_a8w8's exact accumulation -----------------------------------------------------------------
 
-A8W8_PATHS = {k: v for k, v in kernel_paths(gpu_block_k=128).items() if k != "tma_warp_specialized"}
+# (K tiles of at most 128: fast_accum=False refuses deeper ones)
+A8W8_PATHS = {k: dict(v, BLOCK_K=min(v["BLOCK_K"], 128)) for k, v in kernel_paths(gpu_block_k=128).items()
+              if k != "tma_warp_specialized"}
 
 
 # fast_accum=False promotes each K tile's partial sum to fp32; inside a tile (at most 128 of K) the
