@@ -38,18 +38,9 @@ def tile_grid(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TILE_MAP: tl.c
 @triton.jit
 def map_tile(tile_id, num_pid_m, num_pid_n, GROUP_M: tl.constexpr, TILE_MAP: tl.constexpr):
     """(pid_m, pid_n) of tile `tile_id` in the map's order (MAP_GROUPED / MAP_BATCHED: pid_m is a
-    virtual tile-row, see group_rows).
-
-    MAP_GROUPED walks the experts' column of tile-rows from both ends at once (even ids from the
-    first tile on, odd ids from the last one back): where routing clusters the heavily loaded
-    experts (a popularity order), the programs running together then mix their compute-bound
-    tiles with the weight-streaming tiles of lightly loaded experts instead of running one kind
-    after the other."""
+    virtual tile-row, see group_rows)."""
     tl.static_assert(TILE_MAP == MAP_DENSE or TILE_MAP == MAP_GROUPED or TILE_MAP == MAP_BATCHED,
                      "unknown tile map")
-    if TILE_MAP == MAP_GROUPED:
-        half = tile_id // 2
-        tile_id = tl.where(tile_id % 2 == 0, half, num_pid_m * num_pid_n - 1 - half)
     return grouped_tile(tile_id, num_pid_m, num_pid_n, GROUP_M)
 
 
