@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import triton  # noqa: E402
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma, warpgroup_mma_init,  # noqa: E402
+                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: E402
 
 from gemmkit.tools.registry import get_op  # noqa: E402
@@ -45,52 +46,182 @@ def blockscale_kernel(a_desc, b_desc, c, a_scale, b_scale, M, N, K, stride_cm, s
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(ready.index(s), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
     k_tiles = gl.cdiv(K, BLOCK_K)
     nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
-    for s in gl.static_range(STAGES - 1):  # prologue: the first STAGES - 1 K blocks in flight
-        if s < k_tiles:
-            mbarrier.expect(ready.index(s), nbytes)
-            tma.async_copy_global_to_shared(a_desc, [off_m, s * BLOCK_K], ready.index(s), a_bufs.index(s))
-            tma.async_copy_global_to_shared(b_desc, [off_n, s * BLOCK_K], ready.index(s), b_bufs.index(s))
+    for i in gl.static_range(STAGES - 1):  # prologue: the first STAGES - 1 K blocks in flight
+        if i < k_tiles:
+            mbarrier.expect(ready.index(i), nbytes)
+            tma.async_copy_global_to_shared(a_desc, [off_m, i * BLOCK_K], ready.index(i), a_bufs.index(i))
+            tma.async_copy_global_to_shared(b_desc, [off_n, i * BLOCK_K], ready.index(i), b_bufs.index(i))
     rm = off_m + gl.arange(0, BLOCK_M, layout=rows_l)
     row_ok = rm < M
     sb_row = b_scale + (off_n // 128) * stride_bsn
     acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma)
-    p_prev = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma)
-    s_prev = gl.zeros((BLOCK_M, ), dtype=gl.float32, layout=rows_l)
-    for ki in range(k_tiles):
-        s = ki % STAGES
-        mbarrier.wait(ready.index(s), (ki // STAGES) & 1)
-        kb = (ki * BLOCK_K) // 128
-        sa = gl.load(a_scale + rm * stride_asm + kb * stride_ask, mask=row_ok, other=0.0)
-        sk = sa * gl.load(sb_row + kb * stride_bsk)
-        zero = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma)  # (ignored: use_acc=False)
-        p = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
-        if DEFER:  # block ki - 1's product is done once only block ki's is outstanding
-            p_prev = warpgroup_mma_wait(num_outstanding=1, deps=(p_prev, ))
-            acc += p_prev * s_prev[:, None]
-            p_prev = p
-            s_prev = sk
-        else:
+    if DEFER:
+        # two products in turn, A (even K blocks) and B (odd): each is promoted while the other
+        # runs; an odd count ends with a repeat of the last block at scale 0 (its stage still holds it)
+        p_b = warpgroup_mma_init(gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma))
+        s_b = gl.zeros((BLOCK_M, ), dtype=gl.float32, layout=rows_l)
+        for j in range(gl.cdiv(k_tiles, 2)):
+            b0 = 2 * j
+            s0 = b0 % STAGES
+            mbarrier.wait(ready.index(s0), (b0 // STAGES) & 1)
+            zero_a = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma)
+            p_a = warpgroup_mma(a_bufs.index(s0), b_bufs.index(s0).permute((1, 0)), zero_a, use_acc=False,
+                                is_async=True)
+            done = warpgroup_mma_wait(num_outstanding=1, deps=(p_b, ))  # block b0 - 1
+            acc += done * s_b[:, None]
+            nk = b0 - 1 + STAGES  # block b0 - 1's stage is free (b0 = 0: the stage the prologue left empty)
+            if nk < k_tiles:
+                ns = nk % STAGES
+                mbarrier.expect(ready.index(ns), nbytes)
+                tma.async_copy_global_to_shared(a_desc, [off_m, nk * BLOCK_K], ready.index(ns), a_bufs.index(ns))
+                tma.async_copy_global_to_shared(b_desc, [off_n, nk * BLOCK_K], ready.index(ns), b_bufs.index(ns))
+            kb0 = (b0 * BLOCK_K) // 128
+            s_a = gl.load(a_scale + rm * stride_asm + kb0 * stride_ask, mask=row_ok, other=0.0) * gl.load(
+                sb_row + kb0 * stride_bsk)
+            b1 = b0 + 1
+            real = b1 < k_tiles
+            b1c = gl.minimum(b1, k_tiles - 1)
+            s1 = b1c % STAGES
+            mbarrier.wait(ready.index(s1), (b1c // STAGES) & 1, pred=real)
+            zero_b = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma)
+            p_b = warpgroup_mma(a_bufs.index(s1), b_bufs.index(s1).permute((1, 0)), zero_b, use_acc=False,
+                                is_async=True)
+            done = warpgroup_mma_wait(num_outstanding=1, deps=(p_a, ))  # block b0
+            acc += done * s_a[:, None]
+            nk = b0 + STAGES
+            if nk < k_tiles:
+                ns = nk % STAGES
+                mbarrier.expect(ready.index(ns), nbytes)
+                tma.async_copy_global_to_shared(a_desc, [off_m, nk * BLOCK_K], ready.index(ns), a_bufs.index(ns))
+                tma.async_copy_global_to_shared(b_desc, [off_n, nk * BLOCK_K], ready.index(ns), b_bufs.index(ns))
+            kb1 = (b1c * BLOCK_K) // 128
+            s_b = gl.load(a_scale + rm * stride_asm + kb1 * stride_ask, mask=row_ok & real, other=0.0) * gl.load(
+                sb_row + kb1 * stride_bsk)
+        done = warpgroup_mma_wait(num_outstanding=0, deps=(p_b, ))
+        acc += done * s_b[:, None]
+    else:
+        for ki in range(k_tiles):
+            s = ki % STAGES
+            mbarrier.wait(ready.index(s), (ki // STAGES) & 1)
+            kb = (ki * BLOCK_K) // 128
+            sk = gl.load(a_scale + rm * stride_asm + kb * stride_ask, mask=row_ok, other=0.0) * gl.load(
+                sb_row + kb * stride_bsk)
+            zero = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=mma)
+            p = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
             p = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
             acc += p * sk[:, None]
-        # the stage block ki - 1 used is free now (its product is complete): load block ki + STAGES - 1
-        nk = ki + STAGES - 1
-        if nk < k_tiles:
-            ns = nk % STAGES
-            mbarrier.expect(ready.index(ns), nbytes)
-            tma.async_copy_global_to_shared(a_desc, [off_m, nk * BLOCK_K], ready.index(ns), a_bufs.index(ns))
-            tma.async_copy_global_to_shared(b_desc, [off_n, nk * BLOCK_K], ready.index(ns), b_bufs.index(ns))
-    if DEFER:
-        p_prev = warpgroup_mma_wait(num_outstanding=0, deps=(p_prev, ))
-        acc += p_prev * s_prev[:, None]
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(s))
+            nk = ki + STAGES - 1  # the stage block ki - 1 used is free: load block ki + STAGES - 1 there
+            if nk < k_tiles:
+                ns = nk % STAGES
+                mbarrier.expect(ready.index(ns), nbytes)
+                tma.async_copy_global_to_shared(a_desc, [off_m, nk * BLOCK_K], ready.index(ns), a_bufs.index(ns))
+                tma.async_copy_global_to_shared(b_desc, [off_n, nk * BLOCK_K], ready.index(ns), b_bufs.index(ns))
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
     rn = off_n + gl.arange(0, BLOCK_N, layout=cols_l)
     ptrs = c + rm[:, None] * stride_cm + rn[None, :]
     gl.store(ptrs, acc.to(c.dtype.element_ty), mask=row_ok[:, None] & (rn < N)[None, :])
+
+
+@gluon.jit
+def _ws_producer(a_desc, b_desc, a0_bufs, a1_bufs, b_bufs, ready, empty, off_m, off_n, k_tiles,
+                 STAGES: gl.constexpr):
+    """One warp: TMA loads of the two A halves and the B tile of each K block, STAGES deep, each
+    stage reused once both consumers released it."""
+    HALF: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    nbytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    for ki in range(k_tiles):
+        s = ki % STAGES
+        mbarrier.wait(empty.index(s), ((ki // STAGES) & 1) ^ 1)  # (the first round passes at once)
+        mbarrier.expect(ready.index(s), nbytes)
+        tma.async_copy_global_to_shared(a_desc, [off_m, ki * BLOCK_K], ready.index(s), a0_bufs.index(s))
+        tma.async_copy_global_to_shared(a_desc, [off_m + HALF, ki * BLOCK_K], ready.index(s), a1_bufs.index(s))
+        tma.async_copy_global_to_shared(b_desc, [off_n, ki * BLOCK_K], ready.index(s), b_bufs.index(s))
+
+
+@gluon.jit
+def _ws_consumer(a_bufs, b_bufs, ready, empty, turn, c, a_scale, b_scale, row0, off_n, M, N, k_tiles, stride_cm,
+                 stride_asm, stride_ask, stride_bsn, stride_bsk, STAGES: gl.constexpr, HALF: gl.constexpr,
+                 BLOCK_N: gl.constexpr, ROLE: gl.constexpr, ORDERED: gl.constexpr):
+    """One warp group: rows [row0, row0 + HALF) of the tile. Waits for each K block's product and
+    promotes it, while the other consumer's product runs on the tensor cores. ORDERED: the two
+    take turns on the tensor cores (ping-pong): each issues its product of block ki only once
+    the other's has completed (turn barriers), so that one promotes while the other multiplies."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32])
+    rows_l: gl.constexpr = gl.SliceLayout(1, mma)
+    cols_l: gl.constexpr = gl.SliceLayout(0, mma)
+    rm = row0 + gl.arange(0, HALF, layout=rows_l)
+    row_ok = rm < M
+    sb_row = b_scale + (off_n // 128) * stride_bsn
+    acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=mma)
+    for ki in range(k_tiles):
+        s = ki % STAGES
+        kb = ki  # BLOCK_K = 128: K block ki is scale group ki
+        sk = gl.load(a_scale + rm * stride_asm + kb * stride_ask, mask=row_ok, other=0.0) * gl.load(
+            sb_row + kb * stride_bsk)
+        mbarrier.wait(ready.index(s), (ki // STAGES) & 1)
+        if ORDERED:  # role 0 waits for role 1's product of block ki - 1 (ki = 0: passes), role 1 for role 0's of ki
+            mbarrier.wait(turn.index(ROLE), (ki + 1 - ROLE) & 1)
+        zero = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=mma)
+        p = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+        p = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
+        if ORDERED:
+            mbarrier.arrive(turn.index(1 - ROLE), count=1)
+        mbarrier.arrive(empty.index(s), count=1)
+        acc += p * sk[:, None]
+    rn = off_n + gl.arange(0, BLOCK_N, layout=cols_l)
+    gl.store(c + rm[:, None] * stride_cm + rn[None, :], acc.to(c.dtype.element_ty),
+             mask=row_ok[:, None] & (rn < N)[None, :])
+
+
+@gluon.jit
+def blockscale_ws_kernel(a_desc, b_desc, c, a_scale, b_scale, M, N, K, stride_cm, stride_asm, stride_ask,
+                         stride_bsn, stride_bsk, STAGES: gl.constexpr, ORDERED: gl.constexpr):
+    """A (2 x HALF) x BLOCK_N tile per program: a producer warp and two consumer warp groups
+    (DeepGEMM's arrangement); BLOCK_K = 128 = the scale group."""
+    HALF: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    off_m = gl.program_id(0) * (2 * HALF)
+    off_n = gl.program_id(1) * BLOCK_N
+    a0_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
+    a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    gl.warp_specialize([
+        (_ws_consumer, (a0_bufs, b_bufs, ready, empty, turn, c, a_scale, b_scale, off_m, off_n, M, N, k_tiles,
+                        stride_cm, stride_asm, stride_ask, stride_bsn, stride_bsk, STAGES, HALF, BLOCK_N, 0, ORDERED)),
+        (_ws_consumer, (a1_bufs, b_bufs, ready, empty, turn, c, a_scale, b_scale, off_m + HALF, off_n, M, N, k_tiles,
+                        stride_cm, stride_asm, stride_ask, stride_bsn, stride_bsk, STAGES, HALF, BLOCK_N, 1, ORDERED)),
+        (_ws_producer, (a_desc, b_desc, a0_bufs, a1_bufs, b_bufs, ready, empty, off_m, off_n, k_tiles, STAGES)),
+    ], [4, 1], [232, 40])
+
+
+def run_ws(x, w, xs, ws, block_n=128, stages=4, ordered=False):
+    M, K = x.shape
+    N = w.shape[0]
+    a_layout = gl.NVMMASharedLayout.get_default_for([64, 128], gl.float8e4nv)
+    b_layout = gl.NVMMASharedLayout.get_default_for([block_n, 128], gl.float8e4nv)
+    a_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [64, 128], a_layout)
+    b_desc = TensorDescriptor(w, list(w.shape), list(w.stride()), [block_n, 128], b_layout)
+    c = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
+    grid = (triton.cdiv(M, 128), triton.cdiv(N, block_n))
+    blockscale_ws_kernel[grid](a_desc, b_desc, c, xs, ws, M, N, K, c.stride(0), xs.stride(0), xs.stride(1),
+                               ws.stride(0), ws.stride(1), STAGES=stages, ORDERED=ordered, num_warps=4)
+    return c
 
 
 def run(x, w, xs, ws, block=(128, 128, 128), stages=4, defer=True, warps=8):
@@ -125,7 +256,7 @@ def main(argv):
         print(f"M={M} N={N} K={K}", flush=True)
         calls = {"torch block-wise _scaled_mm": lambda: op.baseline(inp),
                  "gemmkit (tl, table)": lambda: gemmkit.gemm_a8w8_blockscale(x, w, xs, ws)}
-        for defer in (False, True):
+        for defer in (False, ):  # (the deferred form: ptxas serializes its wgmma, C7514; see tuning/README.md)
             for stages in (3, 4):
                 for block, warps in (((128, 128, 128), 8), ((64, 128, 128), 4)):
                     name = f"gluon {'deferred' if defer else 'waiting'} {block} w{warps} s{stages}"
@@ -133,12 +264,24 @@ def main(argv):
                     try:
                         err = rel_error(fn(), ref)
                     except Exception as e:  # noqa: BLE001 - a probe reports and goes on
-                        print(f"  {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                        print(f"  {name}: {type(e).__name__}: {str(e)[-700:]}", flush=True)
                         continue
                     if err > 2e-2:
                         print(f"  {name}: wrong result (rel err {err:.2e})", flush=True)
                         continue
                     calls[name] = fn
+        for block_n, stages, ordered in ((128, 4, False), (128, 4, True), (128, 6, True)):
+            name = f"gluon warp-specialized 128x{block_n}x128 s{stages}{' ping-pong' if ordered else ''}"
+            fn = (lambda bn=block_n, st=stages, o=ordered: run_ws(x, w, xs, ws, bn, st, o))
+            try:
+                err = rel_error(fn(), ref)
+            except Exception as e:  # noqa: BLE001
+                print(f"  {name}: {type(e).__name__}: {str(e)[-700:]}", flush=True)
+                continue
+            if err > 2e-2:
+                print(f"  {name}: wrong result (rel err {err:.2e})", flush=True)
+                continue
+            calls[name] = fn
         times = time_graphs_us(*[[f] for f in calls.values()], rep_ms=10)
         for name, t in zip(calls, times):
             print(f"  {t:8.1f} us {flops / t / 1e6:7.1f} TFLOP/s  {name}", flush=True)
