@@ -147,7 +147,7 @@ def _ws_producer(a_desc, b_desc, a0_bufs, a1_bufs, b_bufs, ready, empty, off_m, 
 @gluon.jit
 def _ws_consumer(a_bufs, b_bufs, ready, empty, turn, c, a_scale, b_scale, row0, off_n, M, N, k_tiles, stride_cm,
                  stride_asm, stride_ask, stride_bsn, stride_bsk, STAGES: gl.constexpr, HALF: gl.constexpr,
-                 BLOCK_N: gl.constexpr, ROLE: gl.constexpr, ORDERED: gl.constexpr):
+                 BLOCK_N: gl.constexpr, ROLE: gl.constexpr, ORDERED: gl.constexpr, PROMOTE: gl.constexpr):
     """One warp group: rows [row0, row0 + HALF) of the tile. Waits for each K block's product and
     promotes it, while the other consumer's product runs on the tensor cores. ORDERED: the two
     take turns on the tensor cores (ping-pong): each issues its product of block ki only once
@@ -159,6 +159,15 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, turn, c, a_scale, b_scale, row0, 
     row_ok = rm < M
     sb_row = b_scale + (off_n // 128) * stride_bsn
     acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=mma)
+    if not PROMOTE:  # timing reference: the tensor cores' own accumulation, one product in flight
+        for ki in range(k_tiles):
+            s = ki % STAGES
+            mbarrier.wait(ready.index(s), (ki // STAGES) & 1)
+            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+            mbarrier.arrive(empty.index((ki + STAGES - 1) % STAGES), count=1, pred=ki > 0)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        k_tiles = 0
     for ki in range(k_tiles):
         s = ki % STAGES
         kb = ki  # BLOCK_K = 128: K block ki is scale group ki
@@ -181,7 +190,8 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, turn, c, a_scale, b_scale, row0, 
 
 @gluon.jit
 def blockscale_ws_kernel(a_desc, b_desc, c, a_scale, b_scale, M, N, K, stride_cm, stride_asm, stride_ask,
-                         stride_bsn, stride_bsk, STAGES: gl.constexpr, ORDERED: gl.constexpr):
+                         stride_bsn, stride_bsk, STAGES: gl.constexpr, ORDERED: gl.constexpr,
+                         PROMOTE: gl.constexpr):
     """A (2 x HALF) x BLOCK_N tile per program: a producer warp and two consumer warp groups
     (DeepGEMM's arrangement); BLOCK_K = 128 = the scale group."""
     HALF: gl.constexpr = a_desc.block_type.shape[0]
@@ -203,14 +213,14 @@ def blockscale_ws_kernel(a_desc, b_desc, c, a_scale, b_scale, M, N, K, stride_cm
     k_tiles = gl.cdiv(K, BLOCK_K)
     gl.warp_specialize([
         (_ws_consumer, (a0_bufs, b_bufs, ready, empty, turn, c, a_scale, b_scale, off_m, off_n, M, N, k_tiles,
-                        stride_cm, stride_asm, stride_ask, stride_bsn, stride_bsk, STAGES, HALF, BLOCK_N, 0, ORDERED)),
+                        stride_cm, stride_asm, stride_ask, stride_bsn, stride_bsk, STAGES, HALF, BLOCK_N, 0, ORDERED, PROMOTE)),
         (_ws_consumer, (a1_bufs, b_bufs, ready, empty, turn, c, a_scale, b_scale, off_m + HALF, off_n, M, N, k_tiles,
-                        stride_cm, stride_asm, stride_ask, stride_bsn, stride_bsk, STAGES, HALF, BLOCK_N, 1, ORDERED)),
+                        stride_cm, stride_asm, stride_ask, stride_bsn, stride_bsk, STAGES, HALF, BLOCK_N, 1, ORDERED, PROMOTE)),
         (_ws_producer, (a_desc, b_desc, a0_bufs, a1_bufs, b_bufs, ready, empty, off_m, off_n, k_tiles, STAGES)),
     ], [4, 1], [232, 40])
 
 
-def run_ws(x, w, xs, ws, block_n=128, stages=4, ordered=False):
+def run_ws(x, w, xs, ws, block_n=128, stages=4, ordered=False, promote=True):
     M, K = x.shape
     N = w.shape[0]
     a_layout = gl.NVMMASharedLayout.get_default_for([64, 128], gl.float8e4nv)
@@ -220,7 +230,7 @@ def run_ws(x, w, xs, ws, block_n=128, stages=4, ordered=False):
     c = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
     grid = (triton.cdiv(M, 128), triton.cdiv(N, block_n))
     blockscale_ws_kernel[grid](a_desc, b_desc, c, xs, ws, M, N, K, c.stride(0), xs.stride(0), xs.stride(1),
-                               ws.stride(0), ws.stride(1), STAGES=stages, ORDERED=ordered, num_warps=4)
+                               ws.stride(0), ws.stride(1), STAGES=stages, ORDERED=ordered, PROMOTE=promote, num_warps=4)
     return c
 
 
@@ -270,7 +280,7 @@ def main(argv):
                         print(f"  {name}: wrong result (rel err {err:.2e})", flush=True)
                         continue
                     calls[name] = fn
-        for block_n, stages, ordered in ((128, 4, False), (128, 4, True), (128, 6, True)):
+        for block_n, stages, ordered in ((128, 4, False), (128, 4, True)):  # (Gluon shapes: powers of 2)
             name = f"gluon warp-specialized 128x{block_n}x128 s{stages}{' ping-pong' if ordered else ''}"
             fn = (lambda bn=block_n, st=stages, o=ordered: run_ws(x, w, xs, ws, bn, st, o))
             try:
@@ -282,6 +292,14 @@ def main(argv):
                 print(f"  {name}: wrong result (rel err {err:.2e})", flush=True)
                 continue
             calls[name] = fn
+        for block_n, stages in ((128, 4), (256, 3)):  # timing only: no promotion, no scales (not block-scaled)
+            name = f"gluon warp-specialized 128x{block_n}x128 s{stages}, NO promotion (timing reference)"
+            fn = (lambda bn=block_n, st=stages: run_ws(x, w, xs, ws, bn, st, False, False))
+            try:
+                fn()
+                calls[name] = fn
+            except Exception as e:  # noqa: BLE001
+                print(f"  {name}: {type(e).__name__}: {str(e)[-700:]}", flush=True)
         times = time_graphs_us(*[[f] for f in calls.values()], rep_ms=10)
         for name, t in zip(calls, times):
             print(f"  {t:8.1f} us {flops / t / 1e6:7.1f} TFLOP/s  {name}", flush=True)
