@@ -128,24 +128,27 @@ def blockscale_kernel(a_desc, b_desc, c, a_scale, b_scale, M, N, K, stride_cm, s
 
 
 @gluon.jit
-def _ws_producer(a_desc, b_desc, a0_bufs, a1_bufs, b_bufs, ready, empty, off_m, off_n, k_tiles,
-                 STAGES: gl.constexpr):
+def _ws_producer(a_desc, b_desc, xs_desc, a0_bufs, a1_bufs, b_bufs, xs_bufs, ready, empty, off_m, off_n, M, k_tiles,
+                 STAGES: gl.constexpr, PROMOTE: gl.constexpr):
     """One warp: TMA loads of the two A halves and the B tile of each K block, STAGES deep, each
     stage reused once both consumers released it."""
     HALF: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    nbytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    nbytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes + (
+        xs_desc.block_type.nbytes if PROMOTE == 5 else 0)
     for ki in range(k_tiles):
         s = ki % STAGES
         mbarrier.wait(empty.index(s), ((ki // STAGES) & 1) ^ 1)  # (the first round passes at once)
         mbarrier.expect(ready.index(s), nbytes)
+        if PROMOTE == 5:  # the tile's 2 * HALF x scales of K block ki (x_scale as a flat (G * M,) array)
+            tma.async_copy_global_to_shared(xs_desc, [ki * M + off_m], ready.index(s), xs_bufs.index(s))
         tma.async_copy_global_to_shared(a_desc, [off_m, ki * BLOCK_K], ready.index(s), a0_bufs.index(s))
         tma.async_copy_global_to_shared(a_desc, [off_m + HALF, ki * BLOCK_K], ready.index(s), a1_bufs.index(s))
         tma.async_copy_global_to_shared(b_desc, [off_n, ki * BLOCK_K], ready.index(s), b_bufs.index(s))
 
 
 @gluon.jit
-def _ws_consumer(a_bufs, b_bufs, ready, empty, turn, c, a_scale, b_scale, row0, off_n, M, N, k_tiles, stride_cm,
+def _ws_consumer(a_bufs, b_bufs, xs_bufs, ready, empty, turn, c, a_scale, b_scale, row0, off_n, M, N, k_tiles, stride_cm,
                  stride_asm, stride_ask, stride_bsn, stride_bsk, STAGES: gl.constexpr, HALF: gl.constexpr,
                  BLOCK_N: gl.constexpr, ROLE: gl.constexpr, ORDERED: gl.constexpr, PROMOTE: gl.constexpr):
     """One warp group: rows [row0, row0 + HALF) of the tile. Waits for each K block's product and
@@ -168,28 +171,45 @@ def _ws_consumer(a_bufs, b_bufs, ready, empty, turn, c, a_scale, b_scale, row0, 
             mbarrier.arrive(empty.index((ki + STAGES - 1) % STAGES), count=1, pred=ki > 0)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
         k_tiles = 0
+    # K block ki's scales (BLOCK_K = 128: block ki is scale group ki) are loaded one block ahead, right
+    # after a product is issued: the fence before each product (wgmma.fence) waits for every register
+    # load in flight, so a scale load issued before it puts its latency between two products (1.5x at
+    # 4096^2 x 7168, tuning/gluon_blockscale_probe_h100.txt), one issued after it runs under the product
+    sa_cur = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)
+    sb_cur = gl.load(sb_row)
     for ki in range(k_tiles):
         s = ki % STAGES
-        kb = ki  # BLOCK_K = 128: K block ki is scale group ki
-        sk = gl.load(a_scale + rm * stride_asm + kb * stride_ask, mask=row_ok, other=0.0) * gl.load(
-            sb_row + kb * stride_bsk)
         mbarrier.wait(ready.index(s), (ki // STAGES) & 1)
         if ORDERED:  # role 0 waits for role 1's product of block ki - 1 (ki = 0: passes), role 1 for role 0's of ki
             mbarrier.wait(turn.index(ROLE), (ki + 1 - ROLE) & 1)
         zero = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=mma)
         p = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False, is_async=True)
+        kn = gl.minimum(ki + 1, k_tiles - 1)
+        sa_nxt = sa_cur
+        sb_nxt = sb_cur
+        if PROMOTE != 4 and PROMOTE != 5:  # (3: A's scales only, 4: B's only: timing references)
+            sa_nxt = gl.load(a_scale + rm * stride_asm + kn * stride_ask, mask=row_ok, other=0.0)
+        if PROMOTE != 3:
+            sb_nxt = gl.load(sb_row + kn * stride_bsk)
         p = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
+        if PROMOTE == 5:  # this block's x scales from the stage (before the stage is released)
+            sa_cur = xs_bufs.index(s).slice(ROLE * HALF, HALF).load(rows_l)
         if ORDERED:
             mbarrier.arrive(turn.index(1 - ROLE), count=1)
         mbarrier.arrive(empty.index(s), count=1)
-        acc += p * sk[:, None]
+        if PROMOTE == 2:  # timing reference: the promotion without its scales
+            acc += p
+        else:
+            acc += p * (sa_cur * sb_cur)[:, None]
+        sa_cur = sa_nxt
+        sb_cur = sb_nxt
     rn = off_n + gl.arange(0, BLOCK_N, layout=cols_l)
     gl.store(c + rm[:, None] * stride_cm + rn[None, :], acc.to(c.dtype.element_ty),
              mask=row_ok[:, None] & (rn < N)[None, :])
 
 
 @gluon.jit
-def blockscale_ws_kernel(a_desc, b_desc, c, a_scale, b_scale, M, N, K, stride_cm, stride_asm, stride_ask,
+def blockscale_ws_kernel(a_desc, b_desc, xs_desc, c, a_scale, b_scale, M, N, K, stride_cm, stride_asm, stride_ask,
                          stride_bsn, stride_bsk, STAGES: gl.constexpr, ORDERED: gl.constexpr,
                          PROMOTE: gl.constexpr):
     """A (2 x HALF) x BLOCK_N tile per program: a producer warp and two consumer warp groups
@@ -202,6 +222,7 @@ def blockscale_ws_kernel(a_desc, b_desc, c, a_scale, b_scale, M, N, K, stride_cm
     a0_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
     a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    xs_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * HALF], xs_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -212,11 +233,12 @@ def blockscale_ws_kernel(a_desc, b_desc, c, a_scale, b_scale, M, N, K, stride_cm
         mbarrier.init(turn.index(i), count=1)
     k_tiles = gl.cdiv(K, BLOCK_K)
     gl.warp_specialize([
-        (_ws_consumer, (a0_bufs, b_bufs, ready, empty, turn, c, a_scale, b_scale, off_m, off_n, M, N, k_tiles,
+        (_ws_consumer, (a0_bufs, b_bufs, xs_bufs, ready, empty, turn, c, a_scale, b_scale, off_m, off_n, M, N, k_tiles,
                         stride_cm, stride_asm, stride_ask, stride_bsn, stride_bsk, STAGES, HALF, BLOCK_N, 0, ORDERED, PROMOTE)),
-        (_ws_consumer, (a1_bufs, b_bufs, ready, empty, turn, c, a_scale, b_scale, off_m + HALF, off_n, M, N, k_tiles,
+        (_ws_consumer, (a1_bufs, b_bufs, xs_bufs, ready, empty, turn, c, a_scale, b_scale, off_m + HALF, off_n, M, N, k_tiles,
                         stride_cm, stride_asm, stride_ask, stride_bsn, stride_bsk, STAGES, HALF, BLOCK_N, 1, ORDERED, PROMOTE)),
-        (_ws_producer, (a_desc, b_desc, a0_bufs, a1_bufs, b_bufs, ready, empty, off_m, off_n, k_tiles, STAGES)),
+        (_ws_producer, (a_desc, b_desc, xs_desc, a0_bufs, a1_bufs, b_bufs, xs_bufs, ready, empty, off_m, off_n, M,
+                        k_tiles, STAGES, PROMOTE)),
     ], [4, 1], [232, 40])
 
 
@@ -227,9 +249,13 @@ def run_ws(x, w, xs, ws, block_n=128, stages=4, ordered=False, promote=True):
     b_layout = gl.NVMMASharedLayout.get_default_for([block_n, 128], gl.float8e4nv)
     a_desc = TensorDescriptor(x, list(x.shape), list(x.stride()), [64, 128], a_layout)
     b_desc = TensorDescriptor(w, list(w.shape), list(w.stride()), [block_n, 128], b_layout)
+    assert xs.stride(0) == 1 and M % 4 == 0, "the probe's TMA x scales: column-major, M a multiple of 4"
+    xs_flat = xs.t().reshape(-1)  # (G, M) row-major, flat
+    xs_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+    xs_desc = TensorDescriptor(xs_flat, [xs_flat.numel()], [1], [128], xs_layout)
     c = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)
     grid = (triton.cdiv(M, 128), triton.cdiv(N, block_n))
-    blockscale_ws_kernel[grid](a_desc, b_desc, c, xs, ws, M, N, K, c.stride(0), xs.stride(0), xs.stride(1),
+    blockscale_ws_kernel[grid](a_desc, b_desc, xs_desc, c, xs, ws, M, N, K, c.stride(0), xs.stride(0), xs.stride(1),
                                ws.stride(0), ws.stride(1), STAGES=stages, ORDERED=ordered, PROMOTE=promote, num_warps=4)
     return c
 
@@ -280,9 +306,11 @@ def main(argv):
                         print(f"  {name}: wrong result (rel err {err:.2e})", flush=True)
                         continue
                     calls[name] = fn
-        for block_n, stages, ordered in ((128, 4, False), (128, 4, True)):  # (Gluon shapes: powers of 2)
-            name = f"gluon warp-specialized 128x{block_n}x128 s{stages}{' ping-pong' if ordered else ''}"
-            fn = (lambda bn=block_n, st=stages, o=ordered: run_ws(x, w, xs, ws, bn, st, o))
+        for block_n, stages, ordered, promote in ((128, 4, False, True), (128, 4, False, 5), (128, 5, False, 5),
+                                                  (128, 6, False, 5)):
+            name = (f"gluon warp-specialized 128x{block_n}x128 s{stages}{' ping-pong' if ordered else ''}"
+                    f"{', x scales by TMA' if promote == 5 else ''}")
+            fn = (lambda bn=block_n, st=stages, o=ordered, pr=promote: run_ws(x, w, xs, ws, bn, st, o, pr))
             try:
                 err = rel_error(fn(), ref)
             except Exception as e:  # noqa: BLE001
@@ -292,9 +320,11 @@ def main(argv):
                 print(f"  {name}: wrong result (rel err {err:.2e})", flush=True)
                 continue
             calls[name] = fn
-        for block_n, stages in ((128, 4), (256, 3)):  # timing only: no promotion, no scales (not block-scaled)
-            name = f"gluon warp-specialized 128x{block_n}x128 s{stages}, NO promotion (timing reference)"
-            fn = (lambda bn=block_n, st=stages: run_ws(x, w, xs, ws, bn, st, False, False))
+        for block_n, stages, promote in ((128, 4, False), (256, 3, False), (128, 4, 2)):
+            what = {False: "NO promotion", 2: "promotion without scale loads", 3: "promotion, x scale loads only",
+                    4: "promotion, w scale loads only"}[promote]
+            name = f"gluon warp-specialized 128x{block_n}x128 s{stages}, {what} (timing reference)"
+            fn = (lambda bn=block_n, st=stages, pr=promote: run_ws(x, w, xs, ws, bn, st, False, pr))
             try:
                 fn()
                 calls[name] = fn

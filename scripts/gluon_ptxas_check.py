@@ -23,11 +23,17 @@ from gemmkit.tools.registry import get_op  # noqa: E402
 
 inp = get_op("a8w8_blockscale").make_inputs(512, 512, 1024, "e4m3", "cuda")
 probe.run(inp["x"], inp["w"], inp["xs"], inp["ws"], (64, 128, 128), 3, True, 4)
+for promote in (True, 2):  # the warp-specialized kernel with its scale loads, and without them
+    probe.run_ws(inp["x"], inp["w"], inp["xs"], inp["ws"], 128, 4, False, promote)
 ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
-for cache in probe.blockscale_kernel.device_caches.values():
-    for k in cache[0].values():
-        print("PTX wgmma waits:", re.findall(r"wgmma.wait_group.sync.aligned (\d+)", k.asm["ptx"]))
-        with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
-            f.write(k.asm["ptx"])
-        r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
-        print(r.stdout, r.stderr)
+for kernel in (probe.blockscale_kernel, probe.blockscale_ws_kernel):
+    for cache in kernel.device_caches.values():
+        for k in cache[0].values():
+            print(kernel.__name__, "PTX wgmma waits:", re.findall(r"wgmma.wait_group.sync.aligned (\d+)", k.asm["ptx"]))
+            with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+                f.write(k.asm["ptx"])
+            r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
+            print(r.stdout, r.stderr)
+            sass = k.asm.get("sass", "") if hasattr(k.asm, "get") else ""
+            print("  SASS: QGMMA", len(re.findall(r"QGMMA", sass)), "DEPBAR", len(re.findall(r"WARPGROUP.DEPBAR", sass)),
+                  "BAR.SYNC", len(re.findall(r"BAR.SYNC", sass)), "LDG", len(re.findall(r"LDG", sass)))
