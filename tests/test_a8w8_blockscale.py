@@ -45,23 +45,6 @@ def test_paths_ragged(path, M, N, K):
     assert_close(out, reference(xd, wd, bias), tol=2e-3 if ON_GPU else None)
 
 
-@pytest.mark.parametrize("path", ["tma", "tma_persistent", "tma_streamk", "tma_splitk"])
-def test_scales_through_tma(path):
-    """With TMA operands, column-major x scales and w scales whose rows are 16-byte multiples (G % 4
-    == 0) reach the K loop through TMA descriptors (kernels/modes.py SCALE_KBLOCK_TMA), the
-    others through pointers: the same results either way."""
-    from gemmkit.ops import a8w8_blockscale as ab
-
-    M, N, K = sizes((40, 136, 1024), (256, 1000, 4096))
-    xq, xs, wq, ws, xd, wd = operands(M, N, K)
-    for x_scale, descriptors in ((col_major(xs), (True, True)), (xs, (False, False))):
-        ab._plans.clear()
-        out = gemmkit.gemm_a8w8_blockscale(xq, wq, x_scale, ws, out_dtype=FP32, config=PATHS[path])
-        assert_close(out, reference(xd, wd), tol=2e-3 if ON_GPU else None)
-        (plan,) = [p.gemm for p in ab._plans.values()]
-        assert (plan.as_desc is not None, plan.bs_desc is not None) == descriptors
-
-
 @pytest.mark.parametrize("block_k", [32, 64, 128])
 @pytest.mark.parametrize("layout", ["row", "col"])
 @pytest.mark.parametrize("scale_format", ["float32", "ue8m0"])

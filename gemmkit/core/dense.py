@@ -122,30 +122,6 @@ def _operand_descriptor(t, layout, block_r, block_k):
     return None
 
 
-def _scale_descriptor(s, M: int, block_m: int):
-    """A TMA descriptor over the (G, M) transpose of column-major (M, G) K-block scales of A
-    (kernels/modes.py SCALE_KBLOCK_TMA: the K loop's scales then arrive through shared memory
-    with the operands; a per-block register load instead stalls each tensor-core product's fence,
-    tuning/gluon_blockscale_probe_h100.txt), or None (row-major scales, M = 1, or no TMA layout)."""
-    if s is None or len(s.shape) != 2 or M < 2 or s.stride()[0] != 1:
-        return None
-    G, s_k = s.shape[1], s.stride()[1]
-    if not _tma_ok(s, s_k, (1, block_m)):
-        return None
-    return _Descriptor((G, M), (s_k, 1), (1, block_m), False)
-
-
-def _block_scale_descriptor(s):
-    """A TMA descriptor over B's (N / GROUP_N, G) K-block scales, block (1, 4) (TMA's 16-byte
-    minimum; the kernel uses the first), or None (no TMA layout: row stride not 16-byte aligned)."""
-    if s is None or len(s.shape) != 2 or s.stride()[1] != 1 and s.shape[1] > 1:
-        return None
-    s_n = s.stride()[0] if s.shape[0] > 1 else s.shape[1]
-    if not _tma_ok(s, s_n, (1, 4)):
-        return None
-    return _Descriptor(tuple(s.shape), (s_n, 1), (1, 4), False)
-
-
 def _max_offset(t: torch.Tensor) -> int:
     return sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
 
@@ -225,10 +201,6 @@ class DensePlan(PlanBase):
         self.a_desc = (_operand_descriptor(x2, x_layout, bm, bk)
                        if want_tma and not quant_a and a_packed is None and b_packed is None else None)
         self.b_desc = _operand_descriptor(w, w_layout, bn, bk) if want_tma and b_packed is None else None
-        self.as_desc = _scale_descriptor(self.inputs.get("a_scale"), M, bm) if (
-            a_fmt.scale == Scale.KBLOCK and self.a_desc is not None) else None
-        self.bs_desc = _block_scale_descriptor(self.inputs.get("b_scale")) if (
-            b_fmt.scale == Scale.KBLOCK and self.as_desc is not None and bn <= b_fmt.group_rows) else None
         # GATED: the up weight (inputs["b2"]) has w's facts, so the same descriptor layout
         self.b2_desc = self.b_desc if self.epilogue.gated else None
         self.c_desc = None
@@ -283,8 +255,7 @@ class DensePlan(PlanBase):
             B_PRODUCER=modes.B_DENSE.value if b_packed is None else b_packed, QUANT=a_fmt.quant_target, ACC_INT=acc_int,
             PROMOTE=(modes.PROMOTE_KBLOCK if kblock else modes.PROMOTE_TILE if self.exact_accumulation and not acc_int
                      else modes.PROMOTE_NONE).value,
-            A_SCALE=modes.SCALE_KBLOCK_TMA.value if self.as_desc is not None else int(a_fmt.scale),
-            B_SCALE=modes.SCALE_KBLOCK_TMA.value if self.bs_desc is not None else int(b_fmt.scale),
+            A_SCALE=int(a_fmt.scale), B_SCALE=int(b_fmt.scale),
             GROUP_K=max(a_fmt.group_k, b_fmt.group_k, 1), GROUP_N=max(b_fmt.group_rows, 1),
             ACTIVATION=ep.activation, FLATTEN=flatten, WARP_SPECIALIZE=warp_specialize, EPILOGUE_SUBTILE=subtile,
             **NO_GROUPS,
@@ -303,11 +274,7 @@ class DensePlan(PlanBase):
     def head(self, x, w, c, ws, counters, bias, a_scale, b_scale, mul, add, checked: bool = True, c2=None,
              b2=None, cat_src=None, b_zero=None) -> tuple:
         """gemm_kernel's per-call arguments (PER_CALL order) for the regular (Triton) launch."""
-        a_desc, b_desc, c_desc, b2_desc, as_desc = self.a_desc, self.b_desc, self.c_desc, self.b2_desc, self.as_desc
-        if as_desc is not None:
-            a_scale = as_desc(a_scale.t(), checked)
-        if self.bs_desc is not None:
-            b_scale = self.bs_desc(b_scale, checked)
+        a_desc, b_desc, c_desc, b2_desc = self.a_desc, self.b_desc, self.c_desc, self.b2_desc
         return (x if a_desc is None else a_desc(x, checked), w if b_desc is None else b_desc(w, checked),
                 c if c_desc is None else c_desc(c, checked), ws, counters, bias, a_scale, b_scale, mul, add,
                 b_zero, c2, None, None, None, None, b2 if b2_desc is None or b2 is None else b2_desc(b2, checked),
@@ -323,8 +290,7 @@ class DensePlan(PlanBase):
         M, N, idx, device = self.M, self.N, self.device_index, self.device
         out_shape, out_dtype, tail = self.out_shape, self.out_dtype, self.tail
         flatten_x, view_out = self.flatten_x, len(self.out_shape) != 2
-        a_desc, b_desc, c_desc, b2_desc, as_desc = self.a_desc, self.b_desc, self.c_desc, self.b2_desc, self.as_desc
-        bs_desc = self.bs_desc
+        a_desc, b_desc, c_desc, b2_desc = self.a_desc, self.b_desc, self.c_desc, self.b2_desc
         pieces, ws_shape, ws_dtype, num_tiles = self.pieces, self.ws_shape, self.ws_dtype, self.num_tiles
         out_strides, ws_strides = contiguous_strides(out_shape), contiguous_strides(ws_shape)
         empty, launch_regular, head, flat = torch.empty_strided, self.launch, self.head, direct is not None
@@ -364,10 +330,8 @@ class DensePlan(PlanBase):
                        None if ws is None else ws.data_ptr(),
                        None if counters is None else counters.data_ptr(),
                        None if bias is None else bias.data_ptr(),
-                       None if a_scale is None else (a_scale.data_ptr() if as_desc is None
-                                                     else as_desc(a_scale.t(), True)),
-                       None if b_scale is None else (b_scale.data_ptr() if bs_desc is None
-                                                     else bs_desc(b_scale, True)),
+                       None if a_scale is None else a_scale.data_ptr(),
+                       None if b_scale is None else b_scale.data_ptr(),
                        None if mul is None else mul.data_ptr(),
                        None if add is None else add.data_ptr(),
                        None if b_zero is None else b_zero.data_ptr(), None if c2 is None else c2.data_ptr(),

@@ -12,7 +12,7 @@ import triton.language as tl
 
 from .memory import load_k_halves, load_k_tile, load_rows_k_tile
 from .modes import (A_GATHER, A_MXFP4, A_QUANT_GROUP, A_QUANT_ROW, B_DENSE, B_INT4, PROMOTE_KBLOCK, PROMOTE_NONE,
-                    PROMOTE_TILE, SCALE_KBLOCK, SCALE_KBLOCK_TMA)
+                    PROMOTE_TILE, SCALE_KBLOCK)
 from .packed import packed_a_halves, packed_b_halves
 from .quant import quantize_values, rows_absmax, scales_from_absmax
 
@@ -103,9 +103,7 @@ def kblock_scales(a_scale, b_scale, a_rows, off_m, off_n, off_k, M, N, stride_as
     row (loaded for SCALE_KBLOCK, else `a_rows` from the producer; gathered rows: A's rows
     `a_idx`), B's per GROUP_N rows of B."""
     kg = off_k // GROUP_K
-    if A_SCALE == SCALE_KBLOCK_TMA:  # `a_scale`: a descriptor over the (G, M) transpose, block (1, BLOCK_M)
-        sa = tl.reshape(a_scale.load([kg, off_m]), (BLOCK_M, ))
-    elif A_SCALE == SCALE_KBLOCK:
+    if A_SCALE == SCALE_KBLOCK:
         if a_idx is not None:  # (rows past the tile's group read row 0's: their outputs are dropped)
             sa = tl.load(a_scale + a_idx.to(tl.int64) * stride_asm + kg * stride_ask)
         else:
@@ -113,12 +111,7 @@ def kblock_scales(a_scale, b_scale, a_rows, off_m, off_n, off_k, M, N, stride_as
             sa = tl.load(a_scale + rm * stride_asm + kg * stride_ask, mask=rm < M, other=0.0)
     else:
         sa = a_rows
-    if B_SCALE == SCALE_KBLOCK_TMA:  # `b_scale`: a descriptor over B's (N / GROUP_N, G) scales, block (1, 4)
-        tl.static_assert(BLOCK_N <= GROUP_N, "one B scale per tile")
-        four = b_scale.load([off_n // GROUP_N, kg // 4 * 4])  # (1, 4) from a 16-byte aligned column
-        sb = tl.sum(tl.where(tl.arange(0, 4)[None, :] == kg % 4, four, 0.0))
-        s = sa[:, None] * sb
-    elif B_SCALE == SCALE_KBLOCK:
+    if B_SCALE == SCALE_KBLOCK:
         if BLOCK_N <= GROUP_N:  # one scale for the tile's columns (tiles never straddle a group)
             sb = tl.load(b_scale + (off_n // GROUP_N) * stride_bsn + kg * stride_bsk)
             s = sa[:, None] * sb

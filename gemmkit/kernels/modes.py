@@ -18,11 +18,6 @@ SCALE_KBLOCK = tl.constexpr(3)
 # producer, before the dot: GROUP (INT4, with zero points), MX (e8m0 2^(e - 127) per 32 along K).
 SCALE_GROUP = tl.constexpr(4)
 SCALE_MX = tl.constexpr(5)
-# SCALE_KBLOCK read through a TMA descriptor: A's over the scales' transpose (G, M) (column-major x
-# scales, as engines store them), B's over its (N / GROUP_N, G) scales (one per tile): the K loop's
-# scales then go through shared memory like the operands, not through register loads that the
-# next tensor-core product's fence waits for
-SCALE_KBLOCK_TMA = tl.constexpr(6)
 
 # A producers (A_PRODUCER): how the K loop gets its A tile.
 A_DENSE = tl.constexpr(0)  # loaded as stored (TMA or pointers)
