@@ -32,6 +32,16 @@ from gemmkit.tools.tune import rel_error  # noqa: E402
 
 
 @gluon.jit
+def _load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, ki, off_m, off_n, STAGES: gl.constexpr):
+    """TMA loads of K block ki's A and B tiles into stage ki % STAGES, arriving on its barrier."""
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    s = ki % STAGES
+    mbarrier.expect(ready.index(s), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(a_desc, [off_m, ki * BLOCK_K], ready.index(s), a_bufs.index(s))
+    tma.async_copy_global_to_shared(b_desc, [off_n, ki * BLOCK_K], ready.index(s), b_bufs.index(s))
+
+
+@gluon.jit
 def blockscale_kernel(a_desc, b_desc, c, a_scale, b_scale, M, N, K, stride_cm, stride_asm, stride_ask, stride_bsn,
                       stride_bsk, STAGES: gl.constexpr, DEFER: gl.constexpr, num_warps: gl.constexpr):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
@@ -49,12 +59,9 @@ def blockscale_kernel(a_desc, b_desc, c, a_scale, b_scale, M, N, K, stride_cm, s
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
     k_tiles = gl.cdiv(K, BLOCK_K)
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
     for i in gl.static_range(STAGES - 1):  # prologue: the first STAGES - 1 K blocks in flight
         if i < k_tiles:
-            mbarrier.expect(ready.index(i), nbytes)
-            tma.async_copy_global_to_shared(a_desc, [off_m, i * BLOCK_K], ready.index(i), a_bufs.index(i))
-            tma.async_copy_global_to_shared(b_desc, [off_n, i * BLOCK_K], ready.index(i), b_bufs.index(i))
+            _load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, i, off_m, off_n, STAGES)
     rm = off_m + gl.arange(0, BLOCK_M, layout=rows_l)
     row_ok = rm < M
     sb_row = b_scale + (off_n // 128) * stride_bsn
@@ -75,10 +82,7 @@ def blockscale_kernel(a_desc, b_desc, c, a_scale, b_scale, M, N, K, stride_cm, s
             acc += done * s_b[:, None]
             nk = b0 - 1 + STAGES  # block b0 - 1's stage is free (b0 = 0: the stage the prologue left empty)
             if nk < k_tiles:
-                ns = nk % STAGES
-                mbarrier.expect(ready.index(ns), nbytes)
-                tma.async_copy_global_to_shared(a_desc, [off_m, nk * BLOCK_K], ready.index(ns), a_bufs.index(ns))
-                tma.async_copy_global_to_shared(b_desc, [off_n, nk * BLOCK_K], ready.index(ns), b_bufs.index(ns))
+                _load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, nk, off_m, off_n, STAGES)
             kb0 = (b0 * BLOCK_K) // 128
             s_a = gl.load(a_scale + rm * stride_asm + kb0 * stride_ask, mask=row_ok, other=0.0) * gl.load(
                 sb_row + kb0 * stride_bsk)
@@ -94,10 +98,7 @@ def blockscale_kernel(a_desc, b_desc, c, a_scale, b_scale, M, N, K, stride_cm, s
             acc += done * s_a[:, None]
             nk = b0 + STAGES
             if nk < k_tiles:
-                ns = nk % STAGES
-                mbarrier.expect(ready.index(ns), nbytes)
-                tma.async_copy_global_to_shared(a_desc, [off_m, nk * BLOCK_K], ready.index(ns), a_bufs.index(ns))
-                tma.async_copy_global_to_shared(b_desc, [off_n, nk * BLOCK_K], ready.index(ns), b_bufs.index(ns))
+                _load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, nk, off_m, off_n, STAGES)
             kb1 = (b1c * BLOCK_K) // 128
             s_b = gl.load(a_scale + rm * stride_asm + kb1 * stride_ask, mask=row_ok & real, other=0.0) * gl.load(
                 sb_row + kb1 * stride_bsk)
@@ -116,10 +117,7 @@ def blockscale_kernel(a_desc, b_desc, c, a_scale, b_scale, M, N, K, stride_cm, s
             acc += p * sk[:, None]
             nk = ki + STAGES - 1  # the stage block ki - 1 used is free: load block ki + STAGES - 1 there
             if nk < k_tiles:
-                ns = nk % STAGES
-                mbarrier.expect(ready.index(ns), nbytes)
-                tma.async_copy_global_to_shared(a_desc, [off_m, nk * BLOCK_K], ready.index(ns), a_bufs.index(ns))
-                tma.async_copy_global_to_shared(b_desc, [off_n, nk * BLOCK_K], ready.index(ns), b_bufs.index(ns))
+                _load_stage(a_desc, b_desc, a_bufs, b_bufs, ready, nk, off_m, off_n, STAGES)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(ready.index(i))
     rn = off_n + gl.arange(0, BLOCK_N, layout=cols_l)
@@ -292,44 +290,34 @@ def main(argv):
         print(f"M={M} N={N} K={K}", flush=True)
         calls = {"torch block-wise _scaled_mm": lambda: op.baseline(inp),
                  "gemmkit (tl, table)": lambda: gemmkit.gemm_a8w8_blockscale(x, w, xs, ws)}
-        for defer in (False, ):  # (the deferred form: ptxas serializes its wgmma, C7514; see tuning/README.md)
-            for stages in (3, 4):
-                for block, warps in (((128, 128, 128), 8), ((64, 128, 128), 4)):
-                    name = f"gluon {'deferred' if defer else 'waiting'} {block} w{warps} s{stages}"
-                    fn = (lambda d=defer, s=stages, b=block, wp=warps: run(x, w, xs, ws, b, s, d, wp))
-                    try:
-                        err = rel_error(fn(), ref)
-                    except Exception as e:  # noqa: BLE001 - a probe reports and goes on
-                        print(f"  {name}: {type(e).__name__}: {str(e)[-700:]}", flush=True)
-                        continue
-                    if err > 2e-2:
-                        print(f"  {name}: wrong result (rel err {err:.2e})", flush=True)
-                        continue
-                    calls[name] = fn
+
+        def add(name, fn, check=True):
+            """Time fn with the others if it runs (and, checked, matches the reference)."""
+            try:
+                out = fn()
+            except Exception as e:  # noqa: BLE001 - a probe reports and goes on
+                print(f"  {name}: {type(e).__name__}: {str(e)[-700:]}", flush=True)
+                return
+            err = rel_error(out, ref)
+            if check and err > 2e-2:
+                print(f"  {name}: wrong result (rel err {err:.2e})", flush=True)
+                return
+            calls[name] = fn
+
+        # (the deferred form of `run`: ptxas serializes its wgmma, C7514; tuning/README.md)
+        for stages in (3, 4):
+            for block, warps in (((128, 128, 128), 8), ((64, 128, 128), 4)):
+                add(f"gluon waiting {block} w{warps} s{stages}",
+                    lambda s=stages, b=block, wp=warps: run(x, w, xs, ws, b, s, False, wp))
         for block_n, stages, ordered, promote in ((128, 4, False, True), (128, 4, False, 5), (128, 5, False, 5),
                                                   (128, 6, False, 5)):
-            name = (f"gluon warp-specialized 128x{block_n}x128 s{stages}{' ping-pong' if ordered else ''}"
-                    f"{', x scales by TMA' if promote == 5 else ''}")
-            fn = (lambda bn=block_n, st=stages, o=ordered, pr=promote: run_ws(x, w, xs, ws, bn, st, o, pr))
-            try:
-                err = rel_error(fn(), ref)
-            except Exception as e:  # noqa: BLE001
-                print(f"  {name}: {type(e).__name__}: {str(e)[-700:]}", flush=True)
-                continue
-            if err > 2e-2:
-                print(f"  {name}: wrong result (rel err {err:.2e})", flush=True)
-                continue
-            calls[name] = fn
-        for block_n, stages, promote in ((128, 4, False), (256, 3, False), (128, 4, 2)):
-            what = {False: "NO promotion", 2: "promotion without scale loads", 3: "promotion, x scale loads only",
-                    4: "promotion, w scale loads only"}[promote]
-            name = f"gluon warp-specialized 128x{block_n}x128 s{stages}, {what} (timing reference)"
-            fn = (lambda bn=block_n, st=stages, pr=promote: run_ws(x, w, xs, ws, bn, st, False, pr))
-            try:
-                fn()
-                calls[name] = fn
-            except Exception as e:  # noqa: BLE001
-                print(f"  {name}: {type(e).__name__}: {str(e)[-700:]}", flush=True)
+            add(f"gluon warp-specialized 128x{block_n}x128 s{stages}{' ping-pong' if ordered else ''}"
+                f"{', x scales by TMA' if promote == 5 else ''}",
+                lambda bn=block_n, st=stages, o=ordered, pr=promote: run_ws(x, w, xs, ws, bn, st, o, pr))
+        for block_n, stages, promote in ((128, 4, False), (256, 3, False), (128, 4, 2)):  # not block-scaled
+            what = "promotion without scale loads" if promote else "NO promotion"
+            add(f"gluon warp-specialized 128x{block_n}x128 s{stages}, {what} (timing reference)",
+                lambda bn=block_n, st=stages, pr=promote: run_ws(x, w, xs, ws, bn, st, False, pr), check=False)
         times = time_graphs_us(*[[f] for f in calls.values()], rep_ms=10)
         for name, t in zip(calls, times):
             print(f"  {t:8.1f} us {flops / t / 1e6:7.1f} TFLOP/s  {name}", flush=True)
