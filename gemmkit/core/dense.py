@@ -12,7 +12,7 @@ import math
 import torch
 
 from ..kernels import modes
-from .config import GemmConfig, next_pow2
+from .config import GemmConfig
 from .device import DeviceInfo, interpreter_active
 from .epilogue import EpilogueSpec
 from .formats import OperandFormat, Scale, packed_producer
@@ -120,20 +120,6 @@ def _operand_descriptor(t, layout, block_r, block_k):
     if not k_major and _tma_ok(t, s_k, (block_r, block_k)):
         return _Descriptor((Kd, R), (s_k, 1), (block_k, block_r), True)
     return None
-
-
-# K-block scales loaded once per tile (kernels/kstep.py SCALE_STRIP) up to this many K groups
-SCALE_STRIP_MAX = 64
-
-
-def scale_strip(a_fmt: OperandFormat, b_fmt: OperandFormat, K: int, block_n: int) -> int:
-    """SCALE_STRIP for a plan: the power of 2 >= the K groups where A's K-block scales are loaded
-    (not made in the kernel), at most one B scale per tile and no more than SCALE_STRIP_MAX
-    groups (the strip lives in registers); else 0 (scales loaded in each step)."""
-    if a_fmt.scale != Scale.KBLOCK or a_fmt.quantize or (b_fmt.scale == Scale.KBLOCK and block_n > b_fmt.group_rows):
-        return 0
-    groups = -(-K // max(a_fmt.group_k, 1))
-    return next_pow2(groups) if groups <= SCALE_STRIP_MAX else 0
 
 
 def _max_offset(t: torch.Tensor) -> int:
@@ -271,7 +257,6 @@ class DensePlan(PlanBase):
                      else modes.PROMOTE_NONE).value,
             A_SCALE=int(a_fmt.scale), B_SCALE=int(b_fmt.scale),
             GROUP_K=max(a_fmt.group_k, b_fmt.group_k, 1), GROUP_N=max(b_fmt.group_rows, 1),
-            SCALE_STRIP=scale_strip(a_fmt, b_fmt, K, bn),
             ACTIVATION=ep.activation, FLATTEN=flatten, WARP_SPECIALIZE=warp_specialize, EPILOGUE_SUBTILE=subtile,
             **NO_GROUPS,
             **fused_args(self.up_scale, ep.gated, self.split_cat),

@@ -104,7 +104,7 @@ class GroupedPlan(PlanBase):
             A_PRODUCER=(modes.A_GATHER if self.gather else modes.A_DENSE).value, B_PRODUCER=modes.B_DENSE.value,
             QUANT="", ACC_INT=acc_int, PROMOTE=(modes.PROMOTE_KBLOCK if kblock else modes.PROMOTE_NONE).value,
             A_SCALE=int(a_fmt.scale), B_SCALE=int(b_fmt.scale), GROUP_K=max(a_fmt.group_k, b_fmt.group_k, 1),
-            GROUP_N=max(b_fmt.group_rows, 1), ACTIVATION=self.epilogue.activation, SCALE_STRIP=0, FLATTEN=False,
+            GROUP_N=max(b_fmt.group_rows, 1), ACTIVATION=self.epilogue.activation, FLATTEN=False,
             WARP_SPECIALIZE=False, EPILOGUE_SUBTILE=False,
             num_groups=E, stride_ag=gs.get("stride_ag", 0), stride_bg=s_bg, stride_cg=gs.get("stride_cg", 0),
             stride_asg=gs.get("stride_asg", 0), stride_bsg=gs.get("stride_bsg", 0),

@@ -123,7 +123,6 @@ def gemm_kernel(
     A_PRODUCER: tl.constexpr, B_PRODUCER: tl.constexpr, QUANT: tl.constexpr, ACC_INT: tl.constexpr,
     PROMOTE: tl.constexpr, A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr,
     GROUP_N: tl.constexpr, ACTIVATION: tl.constexpr,
-    SCALE_STRIP: tl.constexpr,  # PROMOTE_KBLOCK: the K groups' scales loaded once per tile, this wide (0: per step)
     FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, EPILOGUE_SUBTILE: tl.constexpr,
     # fused feed-forward: GATED stores activation(A @ b^T) * (A @ b2^T) (two accumulators, one K
     # loop); the up projection's per-channel scales at b_scale[up_scale_offset + n * stride_bs]
@@ -240,7 +239,7 @@ def gemm_kernel(
                               BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64, ACC_INT,
                               A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N,
                               b_zero, stride_bzn, stride_bzk, a_idx, b2=b2_t, GATED=GATED, A_WORDS=A_WORDS,
-                              FAST_UNPACK=FAST_UNPACK, scale_n=off_n, SCALE_STRIP=SCALE_STRIP)
+                              FAST_UNPACK=FAST_UNPACK, scale_n=off_n)
 
         work_c += num_programs
         pid_m, pid_n, pid_k = work_item(work_c, num_pid_m, num_pid_n, num_tiles, GROUP_M, TILE_MAP)
@@ -301,7 +300,7 @@ def gemm_kernel(
                                   stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR,
                                   EVEN_K, INDEX_64, ACC_INT, A_PRODUCER, B_PRODUCER, PROMOTE, QUANT, A_SCALE, B_SCALE,
                                   GROUP_K, GROUP_N, b_zero, stride_bzn, stride_bzk, A_WORDS=A_WORDS,
-                                  FAST_UNPACK=FAST_UNPACK, SCALE_STRIP=SCALE_STRIP)
+                                  FAST_UNPACK=FAST_UNPACK)
             last, acc = fixup_tile(acc, ws, counters, tile, t * sk_split + s, t * sk_split, 1, 0, sk_split,
                                    BLOCK_M, BLOCK_N)
             if last:

@@ -133,13 +133,9 @@ def dense_k_product(
     EVEN_K: tl.constexpr, INDEX_64: tl.constexpr, ACC_INT: tl.constexpr,
     A_PRODUCER: tl.constexpr, PROMOTE: tl.constexpr, QUANT: tl.constexpr,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
-    a_idx=None, b2=None, GATED: tl.constexpr = False, scale_n=None, SCALE_STRIP: tl.constexpr = 0,
+    a_idx=None, b2=None, GATED: tl.constexpr = False, scale_n=None,
 ):
-    """k_range_product for a B operand as stored (B_DENSE). SCALE_STRIP > 0 (PROMOTE_KBLOCK, A's
-    scales loaded, one B scale per tile): the tile's scales of every K group are loaded once, before
-    the loop, SCALE_STRIP (a power of 2 >= the groups) wide, and each step picks its group's: a
-    register load in the loop would stall the fence before the next tensor-core product until it
-    completes (tuning/gluon_blockscale_probe_h100.txt)."""
+    """k_range_product for a B operand as stored (B_DENSE)."""
     row_scale, row_inv = a_prologue(a, off_m, k_lo, k_hi, M, K, stride_am, stride_ak, BLOCK_M, BLOCK_K, A_K_MAJOR,
                                     EVEN_K, INDEX_64, A_PRODUCER, QUANT)
     if ACC_INT:
@@ -149,20 +145,6 @@ def dense_k_product(
     if GATED:
         tl.static_assert(not ACC_INT and PROMOTE != PROMOTE_KBLOCK, "gated: float dots, tile or no promotion")
         acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if SCALE_STRIP > 0:
-        tl.static_assert(PROMOTE == PROMOTE_KBLOCK and A_SCALE == SCALE_KBLOCK, "scale strips: loaded A scales")
-        tl.static_assert(B_SCALE != SCALE_KBLOCK or BLOCK_N <= GROUP_N, "scale strips: one B scale per tile")
-        groups = tl.cdiv(K, GROUP_K)
-        cols = tl.arange(0, SCALE_STRIP)
-        rm = off_m + tl.arange(0, BLOCK_M)
-        sa_strip = tl.load(a_scale + rm[:, None] * stride_asm + cols[None, :] * stride_ask,
-                           mask=(rm < M)[:, None] & (cols < groups)[None, :], other=0.0)
-        if B_SCALE == SCALE_KBLOCK:
-            sn = off_n if scale_n is None else scale_n
-            sb_strip = tl.load(b_scale + (sn // GROUP_N) * stride_bsn + cols * stride_bsk, mask=cols < groups,
-                               other=0.0)
-        else:
-            sb_strip = tl.where(cols == cols, 1.0, 0.0)
     for ki in range(k_lo, k_hi):
         off_k = ki * BLOCK_K
         x, a_rows = produce_a(a, a_scale, off_m, off_k, M, K, stride_am, stride_ak, stride_asm, stride_ask, row_inv,
@@ -176,13 +158,7 @@ def dense_k_product(
             acc += tl.dot(x, w.T)
         else:
             tl.static_assert(PROMOTE == PROMOTE_KBLOCK, "unknown promotion")
-            if SCALE_STRIP > 0:
-                pick = cols == off_k // GROUP_K
-                sa = tl.sum(tl.where(pick[None, :], sa_strip, 0.0), axis=1)
-                sb = tl.sum(tl.where(pick, sb_strip, 0.0), axis=0)
-                acc += tl.dot(x, w.T) * (sa * sb)[:, None]
-            else:
-                acc += tl.dot(x, w.T) * kblock_scales(a_scale, b_scale, a_rows, off_m,
+            acc += tl.dot(x, w.T) * kblock_scales(a_scale, b_scale, a_rows, off_m,
                                                   off_n if scale_n is None else scale_n, off_k, M, N, stride_asm,
                                                   stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N, A_SCALE,
                                                   B_SCALE, GROUP_K, GROUP_N, a_idx)
@@ -212,7 +188,7 @@ def k_range_product(
     A_PRODUCER: tl.constexpr, B_PRODUCER: tl.constexpr, PROMOTE: tl.constexpr, QUANT: tl.constexpr,
     A_SCALE: tl.constexpr, B_SCALE: tl.constexpr, GROUP_K: tl.constexpr, GROUP_N: tl.constexpr,
     b_zero, stride_bzn, stride_bzk, a_idx=None, b2=None, GATED: tl.constexpr = False,
-    A_WORDS: tl.constexpr = False, FAST_UNPACK: tl.constexpr = False, scale_n=None, SCALE_STRIP: tl.constexpr = 0,
+    A_WORDS: tl.constexpr = False, FAST_UNPACK: tl.constexpr = False, scale_n=None,
 ):
     """(sum over the K tiles k_lo <= ki < k_hi of A[off_m:, k] @ B[off_n:, k]^T, the rows' scales):
     fp32, or int32 with ACC_INT (8-bit integer dots, PROMOTE_NONE). With A_QUANT_ROW the sum comes
@@ -237,6 +213,5 @@ def k_range_product(
         acc = dense_k_product(a, b, a_scale, b_scale, off_m, off_n, k_lo, k_hi, M, N, K, stride_am, stride_ak,
                               stride_bn, stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk, BLOCK_M, BLOCK_N,
                               BLOCK_K, A_TMA, A_K_MAJOR, B_TMA, B_K_MAJOR, EVEN_K, INDEX_64, ACC_INT, A_PRODUCER,
-                              PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N, a_idx, b2, GATED, scale_n,
-                              SCALE_STRIP)
+                              PROMOTE, QUANT, A_SCALE, B_SCALE, GROUP_K, GROUP_N, a_idx, b2, GATED, scale_n)
     return acc
