@@ -113,8 +113,8 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, f
         return degenerate
     dev = device_info(device)
     op = "a8w8_int8" if w.dtype == torch.int8 else "a8w8_fp8"
-    # fp32 promotion per K tile: its own table (the fast-accumulation tables' 128x256 tiles hold
-    # the accumulator and the partial product in too many registers), else the promoting rule
+    # fp32 promotion per K tile: its own table (the fast-accumulation tables were timed without the
+    # promotion, and their 256-deep K tiles would promote half as often), else the promoting rule
     table = op + "_exact" if not fast_accum and op == "a8w8_fp8" else op
     a_fmt = dense(w.dtype if dynamic else x.dtype, a_kind)  # a dynamic x is quantized to w's type
     cfg = resolve_config(table, config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
