@@ -152,7 +152,10 @@ def _ws_consumer(a_bufs, b_bufs, xs_bufs, ready, empty, turn, c, a_scale, b_scal
     """One warp group: rows [row0, row0 + HALF) of the tile. Waits for each K block's product and
     promotes it, while the other consumer's product runs on the tensor cores. ORDERED: the two
     take turns on the tensor cores (ping-pong): each issues its product of block ki only once
-    the other's has completed (turn barriers), so that one promotes while the other multiplies."""
+    the other's has completed (turn barriers), so that one promotes while the other multiplies.
+    PROMOTE: 0 (False) the tensor cores accumulate, no scales; 1 (True) scales loaded from global
+    memory right after each product is issued; 2 promotion without scales; 5 x scales from the
+    stage (TMA), w's loaded as in 1. 0 and 2 are timing references (not block-scaled results)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32])
     rows_l: gl.constexpr = gl.SliceLayout(1, mma)
     cols_l: gl.constexpr = gl.SliceLayout(0, mma)
@@ -185,10 +188,9 @@ def _ws_consumer(a_bufs, b_bufs, xs_bufs, ready, empty, turn, c, a_scale, b_scal
         kn = gl.minimum(ki + 1, k_tiles - 1)
         sa_nxt = sa_cur
         sb_nxt = sb_cur
-        if PROMOTE != 4 and PROMOTE != 5:  # (3: A's scales only, 4: B's only: timing references)
+        if PROMOTE != 5:
             sa_nxt = gl.load(a_scale + rm * stride_asm + kn * stride_ask, mask=row_ok, other=0.0)
-        if PROMOTE != 3:
-            sb_nxt = gl.load(sb_row + kn * stride_bsk)
+        sb_nxt = gl.load(sb_row + kn * stride_bsk)
         p = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
         if PROMOTE == 5:  # this block's x scales from the stage (before the stage is released)
             sa_cur = xs_bufs.index(s).slice(ROLE * HALF, HALF).load(rows_l)
