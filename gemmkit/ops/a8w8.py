@@ -10,6 +10,7 @@ from ..core import validate as v
 from ..core.config import EXACT_MAX_BLOCK_K, GemmConfig, fit_to_smem, load_table, resolve_config, select_config
 from ..core.dense import DensePlan
 from ..core.device import device_info
+from ..core.hopper_ws import ws_plan
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense, quantized_in_kernel
 from ..core.plan import PlanCache, capturing, plan_key
@@ -124,16 +125,21 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, f
     epilogue = EpilogueSpec(activation, bias is not None)
     common = dict(out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=x.ndim != 2, auto_config=config is None,
                   exact_accumulation=not fast_accum)
+    exact_fp8 = not fast_accum and op == "a8w8_fp8"  # sm_90: the warp-specialized promoting kernel
+    ws_common = dict(scales="rowcol", w_scale=w_scale, bias=bias, activation=activation, config=config,
+                     out_dtype=out_dtype, out_shape=(*lead, N))
     if not dynamic:
-        return DensePlan(x2, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev,
-                         inputs=dict(bias=bias, a_scale=x_scale, b_scale=w_scale), **common)
+        ws = ws_plan(dev, x2, w, y2, M, N, K, x_scale=x_scale, flatten_x=x.ndim != 2, **ws_common) if exact_fp8 else None
+        return ws or DensePlan(x2, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev,
+                               inputs=dict(bias=bias, a_scale=x_scale, b_scale=w_scale), **common)
     from ..quant import quantize_fp8, quantize_int8
 
     quantize = quantize_int8 if w.dtype == torch.int8 else (lambda t: quantize_fp8(t, "row", w.dtype))
     xq = torch.empty((M, K), dtype=w.dtype, device=device)  # what the quantizer returns (facts only)
     xs = torch.empty((M, 1), dtype=torch.float32, device=device)
-    gemm = DensePlan(xq, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev,
-                     inputs=dict(bias=bias, a_scale=xs, b_scale=w_scale), **dict(common, flatten_x=False))
+    gemm = ws_plan(dev, xq, w, y2, M, N, K, x_scale=xs, flatten_x=False, **ws_common) if exact_fp8 else None
+    gemm = gemm or DensePlan(xq, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev,
+                             inputs=dict(bias=bias, a_scale=xs, b_scale=w_scale), **dict(common, flatten_x=False))
     fused = None
     if dynamic_path == "fused" or (M <= FUSED_QUANT_MAX_M and (M <= 16 or N * K <= FUSED_QUANT_MAX_WEIGHT)):
         fused_op = op + "_dynamic"

@@ -10,6 +10,7 @@ from ..core import validate as v
 from ..core.config import GemmConfig, fit_to_smem, load_table, resolve_config, select_config
 from ..core.dense import DensePlan
 from ..core.device import device_info
+from ..core.hopper_ws import ws_plan
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense, quantized_in_kernel
 from ..core.plan import PlanCache, capturing, plan_key
@@ -106,6 +107,11 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
     example_y = y2 if y2 is not None else torch.empty((M, N), dtype=out_dtype, device=device)
     common = dict(out_dtype=out_dtype, out_shape=(*lead, N), auto_config=config is None)
     if not dynamic:
+        ws = ws_plan(dev, x2, w, y2, M, N, K, scales="kblock", x_scale=xs2, w_scale=ws2, bias=bias,
+                     activation=activation, config=config, out_dtype=out_dtype, out_shape=(*lead, N),
+                     flatten_x=x.ndim != 2)
+        if ws is not None:  # sm_90: the warp-specialized promoting kernel (core/hopper_ws.py)
+            return _Plan(ws, lead if x_scale.ndim != 2 else None)
         a_fmt = dense(x.dtype, Scale.KBLOCK, GROUP)
         cfg = resolve_config(OP, config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
         return _Plan(DensePlan(x2, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev, flatten_x=x.ndim != 2,
@@ -137,8 +143,12 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
         cfg = resolve_config(OP, config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
         xq = torch.empty((M, K), dtype=w.dtype, device=device)  # (facts only)
         xs = torch.empty((G, M), dtype=torch.float32, device=device).t()  # column-major, as quantized
-        gemm = DensePlan(xq, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev, flatten_x=False,
-                         inputs=dict(bias=bias, a_scale=xs, b_scale=ws2), **common)
+        gemm = ws_plan(dev, xq, w, y2, M, N, K, scales="kblock", x_scale=xs, w_scale=ws2, bias=bias,
+                       activation=activation, config=config, out_dtype=out_dtype, out_shape=(*lead, N),
+                       flatten_x=False)
+        if gemm is None:
+            gemm = DensePlan(xq, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev, flatten_x=False,
+                             inputs=dict(bias=bias, a_scale=xs, b_scale=ws2), **common)
     return _Dynamic(gemm, fused, M, K, w.dtype, x.ndim != 2, always_fused=dynamic_path == "fused")
 
 
@@ -162,9 +172,10 @@ class _Dynamic:
 
 
 class _Plan:
-    """The dense plan, given x_scale as the 2-D (M, G) view its checked layout allows."""
+    """The plan (DensePlan, or hopper_ws.WSPlan), given x_scale as the 2-D (M, G) view its checked
+    layout allows."""
 
-    def __init__(self, gemm: DensePlan, flatten_scale):
+    def __init__(self, gemm, flatten_scale):
         self.gemm, self.M = gemm, gemm.M
         self.run = gemm.run if flatten_scale is None else self._flattened
 

@@ -1,0 +1,163 @@
+"""Host side of the warp-specialized promoting FP8 kernel (kernels/fp8_promote_ws.py, Gluon, sm_90).
+
+`ws_plan(...)` returns a plan for the problems where that kernel measured faster than the shared
+tl kernel on the H100 (BENCHMARKS.md, "Promoting FP8 GEMM, warp-specialized"), else None and the
+op builds its DensePlan as before:
+- CUDA device of compute capability 9.0, Triton with Gluon, no interpreter, GEMMKIT_GLUON not "0";
+- the library's own config (a caller's `config` is a tl config: it always gets the tl kernel);
+- no activation (bias and every output dtype are handled);
+- x and w K-contiguous with 16-byte aligned rows and bases (TMA descriptors);
+- sizes where it measured faster (ws_shape_ok: M >= WS_MIN_M, K >= WS_MIN_K, at least a third
+  of a wave of 128 x 128 tiles and no thin second wave; shorter loops and fewer tiles favour the
+  tl kernel's split-K / stream-K and its wider tiles).
+Block-scaled (SCALES_KBLOCK): x_scale's 128 values of a tile and K block come by TMA with the
+stage when x_scale is column-major with a group stride of a multiple of 4 and a 16-byte aligned
+base (as quantize_fp8_blockwise(scale_layout="col") and DeepGEMM's TMA-aligned layout store it);
+any other layout is read with register loads in the K loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from .device import DeviceInfo
+from .plan import contiguous_strides, extent_bytes, overlapping_input
+
+WS_MIN_M = 256
+WS_MIN_K = 1024
+WS_MIN_WAVE_FRACTION = 3  # tiles >= SMs / 3: fewer leave the tl kernel's split-K the better choice
+GLUON_ENV = "GEMMKIT_GLUON"
+BLOCK = 128  # tile rows (two warp groups of 64), tile columns, K block (= the scale group)
+HALF = 64
+STAGES = 5
+GROUP_M = 8
+
+
+@functools.lru_cache(maxsize=1)
+def gluon_kernel():
+    """The Gluon module (kernels/fp8_promote_ws.py), or None where Triton has no usable Gluon."""
+    try:
+        from ..kernels import fp8_promote_ws
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
+    except Exception:  # noqa: BLE001 - any Triton without this Gluon API: the tl kernel serves
+        return None
+    return fp8_promote_ws
+
+
+def _tma_operand(t: torch.Tensor) -> bool:
+    """A (rows, K) fp8 operand a TMA descriptor can address: K-contiguous, 16-byte aligned."""
+    return t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0 and t.stride(0) >= t.shape[1]
+
+
+def ws_shape_ok(M: int, N: int, K: int, num_sms: int) -> bool:
+    """The problem sizes for which the warp-specialized kernel measured faster than the tl kernel
+    (scripts/ws_probe.py, tuning/ws_probe_h100.txt): M >= WS_MIN_M, K >= WS_MIN_K, at least
+    num_sms / WS_MIN_WAVE_FRACTION tiles, and not a second wave of under a quarter of the SMs (one
+    tile more per program for a few: the tl kernel's stream-K splits that tail)."""
+    tiles = -(-M // BLOCK) * -(-N // BLOCK)
+    return (M >= WS_MIN_M and K >= WS_MIN_K and tiles >= num_sms // WS_MIN_WAVE_FRACTION
+            and not num_sms < tiles <= num_sms + num_sms // 4)
+
+
+def ws_enabled(dev: DeviceInfo, device: torch.device) -> bool:
+    """The warp-specialized kernel can run here (sm_90 CUDA, Gluon, not disabled by GEMMKIT_GLUON=0)."""
+    return (device.type == "cuda" and not dev.interpreter and tuple(dev.capability) == (9, 0)
+            and os.environ.get(GLUON_ENV, "1") != "0" and gluon_kernel() is not None)
+
+
+def ws_plan(dev: DeviceInfo, x2, w, y2, M: int, N: int, K: int, *, scales: str, x_scale, w_scale, bias, activation,
+            config, out_dtype, out_shape, flatten_x: bool):
+    """A WSPlan for this problem if it qualifies (module docstring), else None. activation: as
+    validate.check_activation returns it ("none"). scales: "kblock" (x_scale (M, G), w_scale
+    (ceil(N / 128), G): the 2-D views run() will get) or "rowcol" (x_scale one or M values,
+    w_scale one or N values, contiguous)."""
+    if (config is not None or activation != "none" or not ws_shape_ok(M, N, K, dev.num_sms)
+            or x2.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) or not ws_enabled(dev, x2.device)
+            or not (_tma_operand(x2) and _tma_operand(w))):
+        return None
+    return WSPlan(x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, dev.num_sms)
+
+
+_GL_DTYPES = {}
+
+
+def _gl_dtype(dtype):
+    from triton.experimental.gluon import language as gl
+
+    if not _GL_DTYPES:
+        _GL_DTYPES.update({torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5})
+    return _GL_DTYPES[dtype]
+
+
+class WSPlan:
+    """y (M, N) = the promoted FP8 product through fp8_promote_ws_kernel, for fixed tensor facts.
+    Called as run(x, w, bias, y, x_scale, w_scale) like the ops' other plans."""
+
+    def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms):
+        from triton.experimental.gluon import language as gl
+
+        mod = gluon_kernel()
+        self.kernel = mod.fp8_promote_ws_kernel
+        self.M, self.N, self.K = M, N, K
+        self.out_dtype, self.out_shape, self.flatten_x = out_dtype, tuple(out_shape), flatten_x
+        self.out_strides = contiguous_strides(self.out_shape)
+        self.device = x2.device
+        self.a_layout = gl.NVMMASharedLayout.get_default_for([HALF, BLOCK], _gl_dtype(x2.dtype))
+        self.b_layout = gl.NVMMASharedLayout.get_default_for([BLOCK, BLOCK], _gl_dtype(w.dtype))
+        self.xs_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+        self.kblock = scales == "kblock"
+        if self.kblock:
+            G = x_scale.shape[1]
+            s0, s1 = x_scale.stride()
+            self.xs_tma = (s0 == 1 and (s1 % 4 == 0 or G == 1) and x_scale.data_ptr() % 16 == 0 and (s1 >= M or G == 1))
+            self.xs_group_stride = s1 if G > 1 else 0
+            self.xs_extent = (G - 1) * self.xs_group_stride + M
+            self.scale_strides = (s0, s1, *w_scale.stride())
+        else:
+            self.xs_tma = False
+            self.xs_group_stride = self.xs_extent = 0
+            self.scale_strides = (int(x_scale.numel() > 1), 0, int(w_scale.numel() > 1), 0)
+        self.grid = (min(-(-M // BLOCK) * -(-N // BLOCK), num_sms),)  # persistent
+        self.constants = dict(GROUP_M=GROUP_M, STAGES=STAGES, SCALES=0 if self.kblock else 1, XS_TMA=self.xs_tma,
+                              HAS_BIAS=bias is not None)
+        self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)
+        self.y_extent = 0 if y2 is None else extent_bytes(y2)
+        self._dummy = None
+
+    def _xs_desc(self, x_scale):
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        if self.xs_tma:
+            flat = torch.as_strided(x_scale, (self.xs_extent,), (1,))
+        else:  # unused by the kernel; a descriptor of the right type
+            if self._dummy is None:
+                self._dummy = torch.zeros(BLOCK, dtype=torch.float32, device=self.device)
+            flat = self._dummy
+        return TensorDescriptor(flat, [flat.shape[0]], [1], [BLOCK], self.xs_layout)
+
+    def run(self, x, w, bias, y, x_scale, w_scale):
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        M, N, K = self.M, self.N, self.K
+        if y is not None:
+            clash = overlapping_input(y, self.y_extent, (("x", x, self.x_extent), ("w", w, self.w_extent)))
+            if clash:
+                raise ValueError(f"y shares memory with {clash}: the output must not overlap an input "
+                                 "(other programs would still read what one has written)")
+        if self.flatten_x:
+            x = x.reshape(M, K)
+        out = torch.empty_strided(self.out_shape, self.out_strides, dtype=self.out_dtype,
+                                  device=self.device) if y is None else y
+        c = out.view(M, N) if len(self.out_shape) != 2 else out
+        a_desc = TensorDescriptor(x, [M, K], [x.stride(0), 1], [HALF, BLOCK], self.a_layout)
+        b_desc = TensorDescriptor(w, [N, K], [w.stride(0), 1], [BLOCK, BLOCK], self.b_layout)
+        s_am, s_ak, s_bn, s_bk = self.scale_strides
+        self.kernel[self.grid](a_desc, b_desc, self._xs_desc(x_scale), c, bias, x_scale, w_scale, M, N, K,
+                               self.xs_group_stride, c.stride(0), c.stride(1), s_am, s_ak, s_bn, s_bk,
+                               num_warps=4, **self.constants)
+        return out
+
+    __call__ = run

@@ -1,0 +1,170 @@
+"""Hopper (sm_90) FP8 GEMM that promotes every 128-deep K block to fp32, warp-specialized (Gluon).
+
+Why a second kernel: the shared tl kernel (kernels/gemm.py) promotes correctly but, in Triton's
+code, every promoting K step waits for all of its tensor-core work (PTX `wgmma.wait_group 0`) and
+the block scales' register loads stall the fence before the next product (BENCHMARKS.md, "FP8
+promotion"). Here the roles are split, as DeepGEMM does: a producer warp brings each K block's A
+halves, B tile and (SCALES == SCALES_KBLOCK, XS_TMA) the tile's 128 activation scales into shared
+memory by TMA, STAGES deep; two consumer warp groups of 64 rows each multiply, wait for their own
+product and promote it while the other group's product runs on the tensor cores
+(scripts/gluon_blockscale_probe.py measured the arrangement: tuning/gluon_blockscale_probe_h100.txt).
+
+Tiles are 128 x 128 x 128 (BLOCK_K = the scale group), persistent programs (at most one per
+SM) in grouped order.
+SCALES_KBLOCK: DeepSeek-V3 block scales, x_scale (M, G) per token and K group, w_scale
+(ceil(N / 128), G); each block's product is multiplied by its two scales as it is promoted.
+SCALES_ROWCOL: per-token (or per-tensor) x and per-channel (or per-tensor) w scales, applied once
+in the epilogue; the K loop promotes unscaled (gemm_a8w8(fast_accum=False)).
+Pointer stores of the (BLOCK_M, BLOCK_N) tile with an optional bias, cast to c's dtype.
+
+Only for CUDA sm_90 with Gluon (core/hopper_ws.py decides); everything else runs the tl kernel.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+# Triton 3.6 names the TMA load async_copy_global_to_shared; later versions async_load
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+
+SCALES_KBLOCK = gl.constexpr(0)
+SCALES_ROWCOL = gl.constexpr(1)
+
+
+@gluon.jit
+def _grouped_tile(pid, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """(off_m, off_n) of program pid in grouped order: GROUP_M tile-rows walked column by column
+    (kernels/schedule.py grouped_tile; a Gluon kernel cannot call the tl one)."""
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_pid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_m = gl.minimum(num_pid_m - first_m, GROUP_M)
+    in_group = pid % per_group
+    return (first_m + in_group % group_m) * BLOCK_M, (in_group // group_m) * BLOCK_N
+
+
+@gluon.jit
+def _producer(a_desc, b_desc, xs_desc, a0_bufs, a1_bufs, b_bufs, xs_bufs, ready, empty, M, N, k_tiles, xs_group_stride,
+              GROUP_M: gl.constexpr, STAGES: gl.constexpr, XS_TMA: gl.constexpr):
+    """One warp: for each of the program's tiles, TMA loads of each K block's two A halves, B tile
+    and (XS_TMA) the tile's activation scales into the next stage, once both consumers have
+    released it; it runs ahead into the next tile while the consumers finish the last one."""
+    HALF: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    if XS_TMA:
+        nbytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes + xs_desc.block_type.nbytes
+    else:
+        nbytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    it = 0
+    for tile in range(gl.program_id(0), gl.cdiv(M, 2 * HALF) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
+        off_m, off_n = _grouped_tile(tile, M, N, 2 * HALF, BLOCK_N, GROUP_M)
+        for ki in range(k_tiles):
+            s = it % STAGES
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # (the first round passes at once)
+            mbarrier.expect(ready.index(s), nbytes)
+            if XS_TMA:  # x_scale column-major: group ki's scales of rows off_m.. are contiguous
+                _tma_load(xs_desc, [ki * xs_group_stride + off_m], ready.index(s), xs_bufs.index(s))
+            _tma_load(a_desc, [off_m, ki * BLOCK_K], ready.index(s), a0_bufs.index(s))
+            _tma_load(a_desc, [off_m + HALF, ki * BLOCK_K], ready.index(s), a1_bufs.index(s))
+            _tma_load(b_desc, [off_n, ki * BLOCK_K], ready.index(s), b_bufs.index(s))
+            it += 1
+
+
+@gluon.jit
+def _consumer(a_bufs, b_bufs, xs_bufs, ready, empty, c, bias, a_scale, b_scale, M, N, k_tiles, stride_cm, stride_cn,
+              stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+              HALF: gl.constexpr, BLOCK_N: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr,
+              XS_TMA: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles. Per K
+    block: issue the product, wait for it, promote it (times the block's scales for SCALES_KBLOCK)
+    while the other group's runs. The next block's scales are loaded right after a product is
+    issued: the fence before each product waits for register loads in flight, so a load issued
+    before it would put its latency between two products."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32])
+    rows_l: gl.constexpr = gl.SliceLayout(1, mma)
+    cols_l: gl.constexpr = gl.SliceLayout(0, mma)
+    it = 0
+    for tile in range(gl.program_id(0), gl.cdiv(M, 2 * HALF) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
+        off_m, off_n = _grouped_tile(tile, M, N, 2 * HALF, BLOCK_N, GROUP_M)
+        rm = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows_l)
+        rn = off_n + gl.arange(0, BLOCK_N, layout=cols_l)
+        row_ok = rm < M
+        col_ok = rn < N
+        acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=mma)
+        if SCALES == SCALES_KBLOCK:
+            sb_row = b_scale + (off_n // BLOCK_N) * stride_bsn  # BLOCK_N = the 128-row weight scale group
+            sa_cur = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)
+            sb_cur = gl.load(sb_row)
+            for ki in range(k_tiles):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                if XS_TMA:  # this block's scales from its stage
+                    sa_cur = xs_bufs.index(s).slice(ROLE * HALF, HALF).load(rows_l)
+                zero = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=mma)
+                p = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
+                                  is_async=True)
+                kn = gl.minimum(ki + 1, k_tiles - 1)
+                sa_nxt = sa_cur
+                if not XS_TMA:
+                    sa_nxt = gl.load(a_scale + rm * stride_asm + kn * stride_ask, mask=row_ok, other=0.0)
+                sb_nxt = gl.load(sb_row + kn * stride_bsk)
+                p = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
+                mbarrier.arrive(empty.index(s), count=1)
+                acc += p * (sa_cur * sb_cur)[:, None]
+                sa_cur = sa_nxt
+                sb_cur = sb_nxt
+                it += 1
+        else:
+            for ki in range(k_tiles):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                zero = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=mma)
+                p = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
+                                  is_async=True)
+                p = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
+                mbarrier.arrive(empty.index(s), count=1)
+                acc += p
+                it += 1
+            # per token / per channel (stride 0: one value per tensor)
+            sa = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)
+            sb = gl.load(b_scale + rn * stride_bsn, mask=col_ok, other=0.0)
+            acc = acc * sa[:, None] * sb[None, :]
+        if HAS_BIAS:
+            acc += gl.load(bias + rn, mask=col_ok, other=0.0).to(gl.float32)[None, :]
+        gl.store(c + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c.dtype.element_ty),
+                 mask=row_ok[:, None] & col_ok[None, :])
+
+
+@gluon.jit
+def fp8_promote_ws_kernel(a_desc, b_desc, xs_desc, c, bias, a_scale, b_scale, M, N, K, xs_group_stride, stride_cm,
+                          stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M: gl.constexpr,
+                          STAGES: gl.constexpr, SCALES: gl.constexpr, XS_TMA: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """c (M, N) = promoted FP8 product of x (a_desc: (M, K), boxes of HALF x 128) and w (b_desc:
+    (N, K), boxes of 128 x 128) in (2 * HALF) x 128 tiles, persistent: program p takes tiles p,
+    p + programs, ... in grouped order (4 warps launched: the first consumer; a second consumer
+    warp group and a producer warp are added)."""
+    HALF: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    a0_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
+    a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+    xs_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * HALF], xs_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    gl.warp_specialize([
+        (_consumer, (a0_bufs, b_bufs, xs_bufs, ready, empty, c, bias, a_scale, b_scale, M, N, k_tiles, stride_cm,
+                     stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M, STAGES, HALF, BLOCK_N, 0,
+                     SCALES, XS_TMA, HAS_BIAS)),
+        (_consumer, (a1_bufs, b_bufs, xs_bufs, ready, empty, c, bias, a_scale, b_scale, M, N, k_tiles, stride_cm,
+                     stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M, STAGES, HALF, BLOCK_N, 1,
+                     SCALES, XS_TMA, HAS_BIAS)),
+        (_producer, (a_desc, b_desc, xs_desc, a0_bufs, a1_bufs, b_bufs, xs_bufs, ready, empty, M, N, k_tiles,
+                     xs_group_stride, GROUP_M, STAGES, XS_TMA)),
+    ], [4, 1], [232, 40])

@@ -1,0 +1,94 @@
+"""Probe (device tool, H100): the warp-specialized promoting FP8 kernel (core/hopper_ws.py) against
+the shared tl kernel it replaces and against torch's baseline, in one CUDA-graph timing per problem.
+
+For each op ("a8w8_blockscale": block scales vs torch block-wise _scaled_mm; "a8w8_default_accum":
+gemm_a8w8(fast_accum=False) vs _scaled_mm's default accumulation), shape and M: the op's default
+call (the warp-specialized kernel where core/hopper_ws.ws_plan takes the problem), the same call
+with GEMMKIT_GLUON=0 (the tl kernel and its tables), and the baseline; inputs rotated over 3 sets.
+Prints times, the ratios to the baseline and each result's error against the float reference.
+
+    python3 scripts/ws_probe.py [--m M ...] [--op OP ...]
+"""
+
+import argparse
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from gemmkit.core import config as config_mod  # noqa: E402
+from gemmkit.core import hopper_ws  # noqa: E402
+from gemmkit.tools.registry import get_op  # noqa: E402
+from gemmkit.tools.timing import time_graphs_us  # noqa: E402
+from gemmkit.tools.tune import rel_error  # noqa: E402
+
+DSV3 = [(2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168), (7168, 2048), (36864, 7168), (7168, 18432)]
+LLAMA = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
+SETS = 3
+
+
+def tl_call(op, inp):
+    """op.run(inp) with the tl kernel: the plan built (and the call captured) with GEMMKIT_GLUON=0."""
+    os.environ[hopper_ws.GLUON_ENV] = "0"
+    config_mod.clear_caches()
+    try:
+        return op.run(inp)
+    finally:
+        del os.environ[hopper_ws.GLUON_ENV]
+        config_mod.clear_caches()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--m", type=int, nargs="+", default=[128, 256, 1024, 4096])
+    ap.add_argument("--op", nargs="+", default=["a8w8_blockscale", "a8w8_default_accum"])
+    args = ap.parse_args()
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
+    for name in args.op:
+        op = get_op(name)
+        shapes = DSV3 + (LLAMA if name == "a8w8_default_accum" else [])
+        ratios = {"ws": [], "tl": []}
+        print(f"== {name}: baseline {op.baseline_name}", flush=True)
+        for N, K in shapes:
+            for M in args.m:
+                sets = [op.make_inputs(M, N, K, "e4m3", "cuda") for _ in range(SETS)]
+                ref = op.reference(sets[0])
+                errs = (rel_error(op.run(sets[0]), ref), rel_error(tl_call(op, sets[0]), ref))
+                took = _took_ws(op, sets[0])
+                lists = [[lambda i=i: op.run(i) for i in sets], [lambda i=i: tl_call(op, i) for i in sets],
+                         [lambda i=i: op.baseline(i) for i in sets]]
+                t_ws, t_tl, t_base = time_graphs_us(*lists, rep_ms=6, retries=5)
+                ratios["ws"].append(t_base / t_ws)
+                ratios["tl"].append(t_base / t_tl)
+                print(f"M={M:5d} N={N:5d} K={K:5d}  default {t_ws:8.1f} us ({'ws' if took else 'tl'})  "
+                      f"tl {t_tl:8.1f} us  base {t_base:8.1f} us  ratio default {t_base / t_ws:5.2f} "
+                      f"tl {t_base / t_tl:5.2f}  gain {t_tl / t_ws:5.2f}  err {errs[0]:.1e} / {errs[1]:.1e}", flush=True)
+                del sets, ref
+                torch.cuda.empty_cache()
+        geo = {k: math.exp(sum(map(math.log, v)) / len(v)) for k, v in ratios.items()}
+        print(f"geomean ratio to the baseline: default {geo['ws']:.3f}, tl {geo['tl']:.3f}", flush=True)
+
+
+def _took_ws(op, inp):
+    """Whether the op's default call builds a warp-specialized plan for these inputs."""
+    built = []
+    real = hopper_ws.WSPlan.__init__
+
+    def spy(self, *a, **k):
+        built.append(True)
+        real(self, *a, **k)
+
+    hopper_ws.WSPlan.__init__ = spy
+    config_mod.clear_caches()
+    try:
+        op.run(inp)
+    finally:
+        hopper_ws.WSPlan.__init__ = real
+    return bool(built)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,224 @@
+"""The warp-specialized promoting FP8 kernel (Gluon, sm_90; core/hopper_ws.py): which calls take it,
+and (on a Hopper GPU) its results against float64 references and against the tl kernel, for
+gemm_a8w8_blockscale and gemm_a8w8(fast_accum=False). Elsewhere the ops run the tl kernel, which
+the other test files cover; the CPU tests here check the dispatch rule."""
+
+import pytest
+import torch
+
+import gemmkit
+from gemmkit import quant
+from gemmkit.core import config as config_mod
+from gemmkit.core import hopper_ws
+from gemmkit.core.device import device_info
+from gemmkit.quant import dequantize_fp8_blockwise, quantize_fp8_blockwise
+from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0) and hopper_ws.gluon_kernel() is not None
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on sm_90 GPUs only")
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """The WSPlans built while the test runs (plans are cached: caches cleared first)."""
+    plans = []
+    real = hopper_ws.WSPlan.__init__
+
+    def spy(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        plans.append(self)
+
+    monkeypatch.setattr(hopper_ws.WSPlan, "__init__", spy)
+    config_mod.clear_caches()
+    yield plans
+    config_mod.clear_caches()
+
+
+def tl_result(monkeypatch, call):
+    """call() with the warp-specialized kernel disabled (GEMMKIT_GLUON=0): the tl kernel's result."""
+    monkeypatch.setenv(hopper_ws.GLUON_ENV, "0")
+    config_mod.clear_caches()
+    try:
+        return call()
+    finally:
+        monkeypatch.delenv(hopper_ws.GLUON_ENV)
+        config_mod.clear_caches()
+
+
+# the dispatch rule (CPU) -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("M,N,K,ok", [
+    (4096, 7168, 7168, True), (256, 4096, 7168, True), (255, 4096, 7168, False), (4096, 7168, 512, False),
+    (256, 2112, 7168, False),  # 34 tiles: split-K's territory
+    (1024, 2112, 7168, False),  # 136 tiles on 132 SMs: a thin second wave
+    (1024, 3072, 4096, True), (2048, 3000, 1024, True)])
+def test_shape_rule(M, N, K, ok):
+    assert hopper_ws.ws_shape_ok(M, N, K, 132) is ok
+
+
+def test_not_taken_off_hopper(built):
+    """The interpreter, the CPU and non-sm_90 devices build no WSPlan, whatever the sizes."""
+    if HOPPER:
+        pytest.skip("on a Hopper GPU the kernel is taken (the GPU tests below)")
+    x = torch.zeros(256, 1024, dtype=E4M3, device=DEVICE)
+    w = torch.zeros(768, 1024, dtype=E4M3, device=DEVICE)
+    dev = device_info(x.device)
+    assert not hopper_ws.ws_enabled(dev, x.device)
+    assert hopper_ws.ws_plan(dev, x, w, None, 256, 768, 1024, scales="rowcol", x_scale=None, w_scale=None, bias=None,
+                             activation="none", config=None, out_dtype=BF16, out_shape=(256, 768),
+                             flatten_x=False) is None
+
+
+# block scales (GPU) ----------------------------------------------------------------------------
+
+def block_operands(M, N, K, x_dtype=E4M3, w_dtype=E4M3, layout="col", scale_format="float32", lead=None):
+    x = randn(*(lead or (M,)), K, dtype=FP32, scale=3.0)
+    w = randn(N, K, dtype=FP32) / K**0.5
+    xq, xs = quantize_fp8_blockwise(x, (1, 128), x_dtype, scale_format, scale_layout=layout)
+    wq, ws = quantize_fp8_blockwise(w, (128, 128), w_dtype, scale_format)
+    xd = dequantize_fp8_blockwise(xq, xs, dtype=torch.float64).reshape(-1, K)
+    wd = dequantize_fp8_blockwise(wq, ws, (128, 128), dtype=torch.float64)
+    return xq, xs, wq, ws, xd, wd
+
+
+# ragged M (M % 4 != 0: scales by register loads), N and K (not multiples of 128), several tiles
+# per program (persistent), one K block past the last full one
+BLOCK_SHAPES = [(1024, 4096, 7168), (777, 6000, 1104), (800, 6000, 2000), (4096, 3000, 1536), (300, 9000, 1024)]
+
+
+@needs_hopper
+@pytest.mark.parametrize("layout", ["col", "row"])
+@pytest.mark.parametrize("M,N,K", BLOCK_SHAPES)
+def test_blockscale(built, monkeypatch, M, N, K, layout):
+    xq, xs, wq, ws, xd, wd = block_operands(M, N, K, layout=layout)
+    bias = randn(N, dtype=BF16)
+    y = poisoned((M, N), FP32)
+    out = gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws, bias, out_dtype=FP32, y=y)
+    assert out is y and len(built) == 1
+    assert built[0].xs_tma == (layout == "col" and M % 4 == 0)
+    assert_close(out, reference(xd, wd, bias), tol=2e-3)
+    tl = tl_result(monkeypatch, lambda: gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws, bias, out_dtype=FP32))
+    assert_close(out, tl.double(), tol=1e-4)
+
+
+@needs_hopper
+@pytest.mark.parametrize("out_dtype,bias_dtype", [(BF16, None), (FP16, FP16), (FP32, BF16), (BF16, FP32)])
+@pytest.mark.parametrize("x_dtype,w_dtype", [(E4M3, E4M3), (E4M3, E5M2), (E5M2, E4M3)])
+def test_blockscale_dtypes(built, out_dtype, bias_dtype, x_dtype, w_dtype):
+    M, N, K = 512, 2560, 2048
+    xq, xs, wq, ws, xd, wd = block_operands(M, N, K, x_dtype, w_dtype, scale_format="ue8m0")
+    bias = None if bias_dtype is None else randn(N, dtype=bias_dtype)
+    out = gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws, bias, out_dtype=out_dtype)
+    assert out.dtype == out_dtype and len(built) == 1
+    assert_close(out, reference(xd, wd, bias))
+
+
+@needs_hopper
+def test_blockscale_leading_dims_and_strided_x(built):
+    """x (2, 300, K) with its (2, 300, G) scales; then a row-strided x (a slice of a wider buffer)."""
+    xq, xs, wq, ws, xd, wd = block_operands(600, 3000, 2048, lead=(2, 300))
+    out = gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws)
+    assert out.shape == (2, 300, 3000) and len(built) == 1
+    assert_close(out.reshape(600, 3000), reference(xd, wd))
+    wide = torch.zeros(600, 2048 + 256, dtype=E4M3, device=DEVICE)
+    wide[:, :2048] = xq.reshape(600, 2048)
+    out = gemmkit.gemm_a8w8_blockscale(wide[:, :2048], wq, xs.reshape(600, -1), ws)
+    assert len(built) == 2
+    assert_close(out, reference(xd, wd))
+
+
+@needs_hopper
+def test_blockscale_activation_and_config_take_the_tl_kernel(built):
+    xq, xs, wq, ws, xd, wd = block_operands(512, 2560, 2048)
+    assert_close(gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws, activation="silu"), reference(xd, wd, None, "silu"))
+    cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8)
+    assert_close(gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws, config=cfg), reference(xd, wd))
+    assert not built
+
+
+@needs_hopper
+@pytest.mark.parametrize("M", [256, 1000])
+def test_blockscale_dynamic(built, M):
+    """bf16 x at M > 64: quantize_fp8_blockwise, then the static GEMM (here the Gluon kernel)."""
+    K, N = 2048, 4096
+    x = randn(M, K, dtype=BF16)
+    w = randn(N, K, dtype=FP32) / K**0.5
+    wq, ws = quantize_fp8_blockwise(w, (128, 128))
+    xq, xs = quantize_fp8_blockwise(x, (1, 128))
+    ref = reference(dequantize_fp8_blockwise(xq, xs, dtype=torch.float64),
+                    dequantize_fp8_blockwise(wq, ws, (128, 128), dtype=torch.float64))
+    assert_close(gemmkit.gemm_a8w8_blockscale(x, wq, None, ws), ref)
+    assert len(built) == 1
+
+
+@needs_hopper
+def test_cuda_graph_replays_new_inputs(built):
+    M, N, K = 512, 4096, 2048
+    xq, xs, wq, ws, xd, wd = block_operands(M, N, K)
+    out = gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws)  # plan built and compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws)
+    x2, xs2, _, _, xd2, _ = block_operands(M, N, K)
+    xq.copy_(x2)
+    xs.copy_(xs2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert len(built) == 1
+    assert_close(out, reference(xd2, wd))
+
+
+@needs_hopper
+def test_disabled_by_env(built, monkeypatch):
+    monkeypatch.setenv(hopper_ws.GLUON_ENV, "0")
+    xq, xs, wq, ws, xd, wd = block_operands(512, 4096, 2048)
+    assert_close(gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws), reference(xd, wd))
+    assert not built
+
+
+# exact accumulation of row-wise / tensor-wise FP8 (GPU) ------------------------------------------
+
+@needs_hopper
+@pytest.mark.parametrize("x_gran,w_gran", [("row", "row"), ("tensor", "tensor"), ("row", "tensor"), ("tensor", "row")])
+@pytest.mark.parametrize("M,N,K", [(777, 6000, 1104), (2048, 4096, 4096)])
+def test_exact_accumulation(built, monkeypatch, M, N, K, x_gran, w_gran):
+    x, w = randn(M, K, dtype=FP32), randn(N, K, dtype=FP32) / K**0.5
+    (xq, xs), (wq, ws) = quant.quantize_fp8(x, x_gran), quant.quantize_fp8(w, w_gran)
+    ws = ws.reshape(1, N) if w_gran == "row" else ws
+    bias = randn(N, dtype=FP16)
+    y = poisoned((M, N), BF16)
+    out = gemmkit.gemm_a8w8(xq, wq, xs, ws, bias, y=y, fast_accum=False)
+    assert out is y and len(built) == 1
+    assert_close(out, reference(xq, wq, bias, x_scale=xs, w_scale=ws))
+    tl = tl_result(monkeypatch, lambda: gemmkit.gemm_a8w8(xq, wq, xs, ws, bias, fast_accum=False))
+    assert_close(out, tl.double(), tol=1e-2)
+
+
+@needs_hopper
+def test_exact_accumulation_matches_scaled_mm_at_long_k(built):
+    """K = 16384 through the Gluon kernel: error against float64 within 2x of
+    torch._scaled_mm(use_fast_accum=False)'s on the same FP8 inputs."""
+    M, N, K = 512, 4096, 16384
+    x = randn(M, K, dtype=FP32) + 0.5
+    w = randn(N, K, dtype=FP32) + 0.5
+    xq, xs = quant.quantize_fp8(x, "tensor")
+    wq, ws = quant.quantize_fp8(w, "tensor")
+    ref = reference(xq, wq, x_scale=xs, w_scale=ws)
+    ours = gemmkit.gemm_a8w8(xq, wq, xs, ws, out_dtype=FP32, fast_accum=False)
+    torch_out = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=FP32, use_fast_accum=False)
+    assert len(built) == 1
+
+    def err(out):
+        return ((out.double() - ref).norm() / ref.norm()).item()
+
+    assert err(ours) <= 2 * err(torch_out), (err(ours), err(torch_out))
+
+
+@needs_hopper
+def test_fast_accumulation_keeps_the_tl_kernel(built):
+    x, w = randn(1024, 4096, dtype=FP32), randn(4096, 4096, dtype=FP32)
+    (xq, xs), (wq, ws) = quant.quantize_fp8(x, "row"), quant.quantize_fp8(w, "row")
+    gemmkit.gemm_a8w8(xq, wq, xs, ws.reshape(1, -1))
+    assert not built
