@@ -92,72 +92,82 @@ def _gl_dtype(dtype):
     return _GL_DTYPES[dtype]
 
 
+class _Descriptors:
+    """The per-call TMA descriptors of one plan: built (and validated) by Gluon's TensorDescriptor on
+    the first call, later as copies of the first with the new base tensor (the plan key pins
+    shape, strides, alignment and dtype; what a copy keeps)."""
+
+    def __init__(self, shape, strides, block, layout):
+        self.args, self.template = (list(shape), list(strides), list(block), layout), None
+
+    def __call__(self, t):
+        if self.template is None:
+            from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+            self.template = TensorDescriptor(t, *self.args)
+            return self.template
+        d = object.__new__(type(self.template))
+        d.__dict__.update(self.template.__dict__)
+        d.base = t
+        return d
+
+
 class WSPlan:
     """y (M, N) = the promoted FP8 product through fp8_promote_ws_kernel, for fixed tensor facts.
-    Called as run(x, w, bias, y, x_scale, w_scale) like the ops' other plans."""
+    Called as run(x, w, bias, y, x_scale, w_scale) like the ops' other plans; launched through
+    Triton the first time, then directly (core/launcher.CachedLaunch)."""
 
     def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms):
         from triton.experimental.gluon import language as gl
 
-        mod = gluon_kernel()
-        self.kernel = mod.fp8_promote_ws_kernel
+        from .launcher import CachedLaunch
+
         self.M, self.N, self.K = M, N, K
         self.out_dtype, self.out_shape, self.flatten_x = out_dtype, tuple(out_shape), flatten_x
         self.out_strides = contiguous_strides(self.out_shape)
         self.device = x2.device
-        self.a_layout = gl.NVMMASharedLayout.get_default_for([HALF, BLOCK], _gl_dtype(x2.dtype))
-        self.b_layout = gl.NVMMASharedLayout.get_default_for([BLOCK, BLOCK], _gl_dtype(w.dtype))
-        self.xs_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+        self.a_desc = _Descriptors((M, K), (x2.stride(0), 1), (HALF, BLOCK),
+                                   gl.NVMMASharedLayout.get_default_for([HALF, BLOCK], _gl_dtype(x2.dtype)))
+        self.b_desc = _Descriptors((N, K), (w.stride(0), 1), (BLOCK, BLOCK),
+                                   gl.NVMMASharedLayout.get_default_for([BLOCK, BLOCK], _gl_dtype(w.dtype)))
+        xs_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
         self.kblock = scales == "kblock"
+        xs_group_stride = 0
         if self.kblock:
             G = x_scale.shape[1]
             s0, s1 = x_scale.stride()
             self.xs_tma = (s0 == 1 and (s1 % 4 == 0 or G == 1) and x_scale.data_ptr() % 16 == 0 and (s1 >= M or G == 1))
-            self.xs_group_stride = s1 if G > 1 else 0
-            self.xs_extent = (G - 1) * self.xs_group_stride + M
-            self.scale_strides = (s0, s1, *w_scale.stride())
+            xs_group_stride = s1 if G > 1 else 0
+            self.xs_extent = (G - 1) * xs_group_stride + M
+            scale_strides = (s0, s1, *w_scale.stride())
         else:
             self.xs_tma = False
-            self.xs_group_stride = self.xs_extent = 0
-            self.scale_strides = (int(x_scale.numel() > 1), 0, int(w_scale.numel() > 1), 0)
-        self.grid = (min(-(-M // BLOCK) * -(-N // BLOCK), num_sms),)  # persistent
-        self.constants = dict(GROUP_M=GROUP_M, STAGES=STAGES, SCALES=0 if self.kblock else 1, XS_TMA=self.xs_tma,
-                              HAS_BIAS=bias is not None)
+            scale_strides = (int(x_scale.numel() > 1), 0, int(w_scale.numel() > 1), 0)
+        self.xs_desc = _Descriptors((self.xs_extent if self.xs_tma else BLOCK,), (1,), (BLOCK,), xs_layout)
+        self._unused_xs = None if self.xs_tma else torch.zeros(BLOCK, dtype=torch.float32, device=self.device)
+        c_strides = (N, 1) if y2 is None else y2.stride()
+        self.tail = (M, N, K, xs_group_stride, *c_strides, *scale_strides, GROUP_M, STAGES, 0 if self.kblock else 1,
+                     self.xs_tma, bias is not None)
+        tiles = -(-M // BLOCK) * -(-N // BLOCK)
+        self.launch = CachedLaunch(gluon_kernel().fp8_promote_ws_kernel, (min(tiles, num_sms),), 4, 1,
+                                   self.device.index or 0)  # persistent: at most one program per SM
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)
         self.y_extent = 0 if y2 is None else extent_bytes(y2)
-        self._dummy = None
-
-    def _xs_desc(self, x_scale):
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-        if self.xs_tma:
-            flat = torch.as_strided(x_scale, (self.xs_extent,), (1,))
-        else:  # unused by the kernel; a descriptor of the right type
-            if self._dummy is None:
-                self._dummy = torch.zeros(BLOCK, dtype=torch.float32, device=self.device)
-            flat = self._dummy
-        return TensorDescriptor(flat, [flat.shape[0]], [1], [BLOCK], self.xs_layout)
 
     def run(self, x, w, bias, y, x_scale, w_scale):
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-        M, N, K = self.M, self.N, self.K
+        M, N = self.M, self.N
         if y is not None:
             clash = overlapping_input(y, self.y_extent, (("x", x, self.x_extent), ("w", w, self.w_extent)))
             if clash:
                 raise ValueError(f"y shares memory with {clash}: the output must not overlap an input "
                                  "(other programs would still read what one has written)")
         if self.flatten_x:
-            x = x.reshape(M, K)
+            x = x.reshape(M, self.K)
         out = torch.empty_strided(self.out_shape, self.out_strides, dtype=self.out_dtype,
                                   device=self.device) if y is None else y
         c = out.view(M, N) if len(self.out_shape) != 2 else out
-        a_desc = TensorDescriptor(x, [M, K], [x.stride(0), 1], [HALF, BLOCK], self.a_layout)
-        b_desc = TensorDescriptor(w, [N, K], [w.stride(0), 1], [BLOCK, BLOCK], self.b_layout)
-        s_am, s_ak, s_bn, s_bk = self.scale_strides
-        self.kernel[self.grid](a_desc, b_desc, self._xs_desc(x_scale), c, bias, x_scale, w_scale, M, N, K,
-                               self.xs_group_stride, c.stride(0), c.stride(1), s_am, s_ak, s_bn, s_bk,
-                               num_warps=4, **self.constants)
+        xs = torch.as_strided(x_scale, (self.xs_extent,), (1,)) if self.xs_tma else self._unused_xs
+        self.launch((self.a_desc(x), self.b_desc(w), self.xs_desc(xs), c, bias, x_scale, w_scale), self.tail)
         return out
 
     __call__ = run
