@@ -20,9 +20,9 @@ for M, N, K in [(4096, 4096, 7168), (4096, 24576, 1536), (1000, 3000, 2000)]:
         ref = dequantize_fp8_blockwise(xq, xs) @ dequantize_fp8_blockwise(wq, ws, (128, 128)).T
         errs = [rel_error(gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws), ref) for _ in range(2)]
         plan = next(reversed(bs._plans.values())).gemm
-        grid = plan.grid
-        plan.grid = (-(-M // 128) * -(-N // 128),)
+        grid = plan.launch.grid
+        plan.launch.grid = (-(-M // 128) * -(-N // 128), 1, 1)
         errs += [rel_error(gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws), ref) for _ in range(2)]
-        plan.grid = grid
+        plan.launch.grid = grid
         print(M, N, K, layout, xs.stride(), type(plan).__name__, plan.xs_tma, "persistent", " ".join(f"{e:.1e}" for e in errs[:2]),
               "one tile per program", " ".join(f"{e:.1e}" for e in errs[2:]), flush=True)
