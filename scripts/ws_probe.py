@@ -2,15 +2,17 @@
 the shared tl kernel it replaces and against torch's baseline, in one CUDA-graph timing per problem.
 
 For each op ("a8w8_blockscale": block scales vs torch block-wise _scaled_mm; "a8w8_default_accum":
-gemm_a8w8(fast_accum=False) vs _scaled_mm's default accumulation), shape and M: the op's default
+gemm_a8w8(fast_accum=False) vs _scaled_mm's default accumulation; "a8w8": the default fast
+accumulation vs _scaled_mm's use_fast_accum=True), shape and M: the op's default
 call (the warp-specialized kernel where core/hopper_ws.ws_plan takes the problem), the same call
 with GEMMKIT_GLUON=0 (the tl kernel and its tables), and the baseline; inputs rotated over 3 sets.
 Prints times, the ratios to the baseline and each result's error against the float reference.
 
-    python3 scripts/ws_probe.py [--m M ...] [--op OP ...]
+    python3 scripts/ws_probe.py [--m M ...] [--op OP ...] [--heldout]
 """
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -21,7 +23,7 @@ import torch  # noqa: E402
 
 from gemmkit.core import config as config_mod  # noqa: E402
 from gemmkit.core import hopper_ws  # noqa: E402
-from gemmkit.tools.registry import get_op  # noqa: E402
+from gemmkit.tools.registry import __file__ as registry_file, get_op  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 from gemmkit.tools.tune import rel_error  # noqa: E402
 
@@ -45,11 +47,16 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", type=int, nargs="+", default=[128, 256, 1024, 4096])
     ap.add_argument("--op", nargs="+", default=["a8w8_blockscale", "a8w8_default_accum"])
+    ap.add_argument("--heldout", action="store_true", help="the held-out models' layers instead")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     for name in args.op:
         op = get_op(name)
-        shapes = DSV3 + (LLAMA if name == "a8w8_default_accum" else [])
+        shapes = DSV3 + (LLAMA if name != "a8w8_blockscale" else [])
+        if args.heldout:
+            models = json.load(open(os.path.join(os.path.dirname(registry_file), "models.json")))
+            shapes = sorted({tuple(nk) for m, d in models.items() if m.startswith("heldout")
+                             for nk in d["layers"].values()})
         ratios = {"ws": [], "tl": []}
         print(f"== {name}: baseline {op.baseline_name}", flush=True)
         for N, K in shapes:
