@@ -30,10 +30,9 @@ WS_MIN_M = 256
 WS_MIN_K = 1024
 WS_MIN_WAVE_FRACTION = 3  # tiles >= SMs / 3: fewer leave the tl kernel's split-K the better choice
 GLUON_ENV = "GEMMKIT_GLUON"
-BLOCK = 128  # tile rows (two warp groups of 64), K block (= the scale group), promoting tile columns
+BLOCK = 128  # tile rows (two warp groups of 64), tile columns, K block (= the scale group)
 HALF = 64
-FAST_BLOCK_N = 256  # tile columns without promotion (the accumulator stays in the tensor cores' registers)
-STAGES = {128: 5, 256: 4}  # by tile columns: as deep as shared memory allows
+STAGES = 5
 GROUP_M = 8
 
 
@@ -42,10 +41,10 @@ def gluon_kernel():
     """The Gluon module (kernels/fp8_ws.py), or None where Triton has no usable Gluon."""
     try:
         from ..kernels import fp8_ws
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor  # noqa: F401
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     except Exception:  # noqa: BLE001 - any Triton without this Gluon API: the tl kernel serves
         return None
-    return fp8_ws
+    return fp8_ws if TensorDescriptor is not None else None
 
 
 def _tma_operand(t: torch.Tensor) -> bool:
@@ -53,12 +52,12 @@ def _tma_operand(t: torch.Tensor) -> bool:
     return t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0 and t.stride(0) >= t.shape[1]
 
 
-def ws_shape_ok(M: int, N: int, K: int, num_sms: int, block_n: int = BLOCK) -> bool:
+def ws_shape_ok(M: int, N: int, K: int, num_sms: int) -> bool:
     """The problem sizes for which the warp-specialized kernel measured faster than the tl kernel
     (scripts/ws_probe.py, tuning/ws_probe_h100.txt): M >= WS_MIN_M, K >= WS_MIN_K, at least
     num_sms / WS_MIN_WAVE_FRACTION tiles, and not a second wave of under a quarter of the SMs (one
     tile more per program for a few: the tl kernel's stream-K splits that tail)."""
-    tiles = -(-M // BLOCK) * -(-N // block_n)
+    tiles = -(-M // BLOCK) * -(-N // BLOCK)
     return (M >= WS_MIN_M and K >= WS_MIN_K and tiles >= num_sms // WS_MIN_WAVE_FRACTION
             and not num_sms < tiles <= num_sms + num_sms // 4)
 
@@ -70,19 +69,16 @@ def ws_enabled(dev: DeviceInfo, device: torch.device) -> bool:
 
 
 def ws_plan(dev: DeviceInfo, x2, w, y2, M: int, N: int, K: int, *, scales: str, x_scale, w_scale, bias, activation,
-            config, out_dtype, out_shape, flatten_x: bool, promote: bool = True):
+            config, out_dtype, out_shape, flatten_x: bool):
     """A WSPlan for this problem if it qualifies (module docstring), else None. activation: as
     validate.check_activation returns it ("none"). scales: "kblock" (x_scale (M, G), w_scale
     (ceil(N / 128), G): the 2-D views run() will get) or "rowcol" (x_scale one or M values,
-    w_scale one or N values, contiguous). promote=False ("rowcol" only): the tensor cores' own
-    (fast) FP8 accumulation, 128 x FAST_BLOCK_N tiles."""
-    block_n = BLOCK if promote else FAST_BLOCK_N
-    if (config is not None or activation != "none" or not ws_shape_ok(M, N, K, dev.num_sms, block_n)
+    w_scale one or N values, contiguous)."""
+    if (config is not None or activation != "none" or not ws_shape_ok(M, N, K, dev.num_sms)
             or x2.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) or not ws_enabled(dev, x2.device)
             or not (_tma_operand(x2) and _tma_operand(w))):
         return None
-    return WSPlan(x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, dev.num_sms,
-                  promote, block_n)
+    return WSPlan(x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, dev.num_sms)
 
 
 _GL_DTYPES = {}
@@ -117,13 +113,11 @@ class _Descriptors:
 
 
 class WSPlan:
-    """y (M, N) = the FP8 product through fp8_ws_kernel (promoted per K block or not), for fixed
-    tensor facts.
+    """y (M, N) = the promoted FP8 product through fp8_ws_kernel, for fixed tensor facts.
     Called as run(x, w, bias, y, x_scale, w_scale) like the ops' other plans; launched through
     Triton the first time, then directly (core/launcher.CachedLaunch)."""
 
-    def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms,
-                 promote=True, block_n=BLOCK):
+    def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms):
         from triton.experimental.gluon import language as gl
 
         from .launcher import CachedLaunch
@@ -134,8 +128,8 @@ class WSPlan:
         self.device = x2.device
         self.a_desc = _Descriptors((M, K), (x2.stride(0), 1), (HALF, BLOCK),
                                    gl.NVMMASharedLayout.get_default_for([HALF, BLOCK], _gl_dtype(x2.dtype)))
-        self.b_desc = _Descriptors((N, K), (w.stride(0), 1), (block_n, BLOCK),
-                                   gl.NVMMASharedLayout.get_default_for([block_n, BLOCK], _gl_dtype(w.dtype)))
+        self.b_desc = _Descriptors((N, K), (w.stride(0), 1), (BLOCK, BLOCK),
+                                   gl.NVMMASharedLayout.get_default_for([BLOCK, BLOCK], _gl_dtype(w.dtype)))
         xs_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
         self.kblock = scales == "kblock"
         xs_group_stride = 0
@@ -152,9 +146,9 @@ class WSPlan:
         self.xs_desc = _Descriptors((self.xs_extent if self.xs_tma else BLOCK,), (1,), (BLOCK,), xs_layout)
         self._unused_xs = None if self.xs_tma else torch.zeros(BLOCK, dtype=torch.float32, device=self.device)
         c_strides = (N, 1) if y2 is None else y2.stride()
-        self.tail = (M, N, K, xs_group_stride, *c_strides, *scale_strides, GROUP_M, STAGES[block_n],
-                     0 if self.kblock else 1, self.xs_tma, bias is not None, promote)
-        tiles = -(-M // BLOCK) * -(-N // block_n)
+        self.tail = (M, N, K, xs_group_stride, *c_strides, *scale_strides, GROUP_M, STAGES, 0 if self.kblock else 1,
+                     self.xs_tma, bias is not None)
+        tiles = -(-M // BLOCK) * -(-N // BLOCK)
         self.launch = CachedLaunch(gluon_kernel().fp8_ws_kernel, (min(tiles, num_sms),), 4, 1,
                                    self.device.index or 0)  # persistent: at most one program per SM
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)

@@ -1,4 +1,4 @@
-"""Hopper (sm_90) warp-specialized FP8 GEMM (Gluon), with or without fp32 promotion per K block.
+"""Hopper (sm_90) FP8 GEMM that promotes every 128-deep K block to fp32, warp-specialized (Gluon).
 
 Why a second kernel: the shared tl kernel (kernels/gemm.py) promotes correctly but, in Triton's
 code, every promoting K step waits for all of its tensor-core work (PTX `wgmma.wait_group 0`) and
@@ -8,16 +8,15 @@ halves, B tile and (SCALES == SCALES_KBLOCK, XS_TMA) the tile's 128 activation s
 memory by TMA, STAGES deep; two consumer warp groups of 64 rows each multiply, wait for their own
 product and promote it while the other group's product runs on the tensor cores
 (scripts/gluon_blockscale_probe.py measured the arrangement: tuning/gluon_blockscale_probe_h100.txt).
-PROMOTE=False: the tensor cores accumulate (Hopper's fast FP8 accumulation, gemm_a8w8's default)
-with one product in flight per warp group; the same producer and tiles of 128 x BLOCK_N.
+(The same kernel without promotion, 128 x 256 tiles and one product in flight, ran at 0.98x the
+tl kernel's fast-accumulation tables: tuning/ws/fast_accumulation_mode.patch, ws_fast_probe_h100.txt.)
 
-Tiles are 128 x BLOCK_N x 128 (BLOCK_K = 128 bytes of FP8 = the scale group), persistent programs
-(at most one per SM) in grouped order.
-SCALES_KBLOCK (BLOCK_N = 128, PROMOTE): DeepSeek-V3 block scales, x_scale (M, G) per token and K
-group, w_scale (ceil(N / 128), G); each block's product is multiplied by its two scales as it is
-promoted.
+Tiles are 128 x 128 x 128 (BLOCK_K = 128 bytes of FP8 = the scale group), persistent programs (at
+most one per SM) in grouped order.
+SCALES_KBLOCK: DeepSeek-V3 block scales, x_scale (M, G) per token and K group, w_scale
+(ceil(N / 128), G); each block's product is multiplied by its two scales as it is promoted.
 SCALES_ROWCOL: per-token (or per-tensor) x and per-channel (or per-tensor) w scales, applied once
-in the epilogue (gemm_a8w8, fast_accum=False with PROMOTE, True without).
+in the epilogue; the K loop promotes unscaled (gemm_a8w8(fast_accum=False)).
 Pointer stores of the (BLOCK_M, BLOCK_N) tile with an optional bias, cast to c's dtype.
 
 Only for CUDA sm_90 with Gluon (core/hopper_ws.py decides); everything else runs the tl kernel.
@@ -79,7 +78,7 @@ def _producer(a_desc, b_desc, xs_desc, a0_bufs, a1_bufs, b_bufs, xs_bufs, ready,
 def _consumer(a_bufs, b_bufs, xs_bufs, ready, empty, c, bias, a_scale, b_scale, M, N, k_tiles, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
               HALF: gl.constexpr, BLOCK_N: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr,
-              XS_TMA: gl.constexpr, HAS_BIAS: gl.constexpr, PROMOTE: gl.constexpr):
+              XS_TMA: gl.constexpr, HAS_BIAS: gl.constexpr):
     """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles. Per K
     block: issue the product, wait for it, promote it (times the block's scales for SCALES_KBLOCK)
     while the other group's runs. The next block's scales are loaded right after a product is
@@ -120,29 +119,16 @@ def _consumer(a_bufs, b_bufs, xs_bufs, ready, empty, c, bias, a_scale, b_scale, 
                 sb_cur = sb_nxt
                 it += 1
         else:
-            if PROMOTE:
-                for ki in range(k_tiles):
-                    s = it % STAGES
-                    mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                    zero = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=mma)
-                    p = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
-                                      is_async=True)
-                    p = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
-                    mbarrier.arrive(empty.index(s), count=1)
-                    acc += p
-                    it += 1
-            else:  # the tensor cores accumulate (fast accumulation): one product in flight
-                prev = 0
-                for ki in range(k_tiles):
-                    s = it % STAGES
-                    mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                    acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc, is_async=True)
-                    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-                    mbarrier.arrive(empty.index(prev), count=1, pred=ki > 0)  # the previous block's stage
-                    prev = s
-                    it += 1
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-                mbarrier.arrive(empty.index(prev), count=1)
+            for ki in range(k_tiles):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                zero = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=mma)
+                p = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
+                                  is_async=True)
+                p = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
+                mbarrier.arrive(empty.index(s), count=1)
+                acc += p
+                it += 1
             # per token / per channel (stride 0: one value per tensor)
             sa = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)
             sb = gl.load(b_scale + rn * stride_bsn, mask=col_ok, other=0.0)
@@ -156,8 +142,7 @@ def _consumer(a_bufs, b_bufs, xs_bufs, ready, empty, c, bias, a_scale, b_scale, 
 @gluon.jit
 def fp8_ws_kernel(a_desc, b_desc, xs_desc, c, bias, a_scale, b_scale, M, N, K, xs_group_stride, stride_cm,
                           stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M: gl.constexpr,
-                          STAGES: gl.constexpr, SCALES: gl.constexpr, XS_TMA: gl.constexpr, HAS_BIAS: gl.constexpr,
-                          PROMOTE: gl.constexpr):
+                          STAGES: gl.constexpr, SCALES: gl.constexpr, XS_TMA: gl.constexpr, HAS_BIAS: gl.constexpr):
     """c (M, N) = promoted FP8 product of x (a_desc: (M, K), boxes of HALF x 128) and w (b_desc:
     (N, K), boxes of 128 x 128) in (2 * HALF) x 128 tiles, persistent: program p takes tiles p,
     p + programs, ... in grouped order (4 warps launched: the first consumer; a second consumer
@@ -165,8 +150,7 @@ def fp8_ws_kernel(a_desc, b_desc, xs_desc, c, bias, a_scale, b_scale, M, N, K, x
     HALF: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    gl.static_assert(PROMOTE or SCALES == SCALES_ROWCOL, "block scales apply as each block is promoted")
-    gl.static_assert(SCALES == SCALES_ROWCOL or BLOCK_N == 128, "one weight scale group per tile")
+    gl.static_assert(BLOCK_N == 128, "one weight scale group per tile")
     a0_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
     a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
@@ -180,10 +164,10 @@ def fp8_ws_kernel(a_desc, b_desc, xs_desc, c, bias, a_scale, b_scale, M, N, K, x
     gl.warp_specialize([
         (_consumer, (a0_bufs, b_bufs, xs_bufs, ready, empty, c, bias, a_scale, b_scale, M, N, k_tiles, stride_cm,
                      stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M, STAGES, HALF, BLOCK_N, 0,
-                     SCALES, XS_TMA, HAS_BIAS, PROMOTE)),
+                     SCALES, XS_TMA, HAS_BIAS)),
         (_consumer, (a1_bufs, b_bufs, xs_bufs, ready, empty, c, bias, a_scale, b_scale, M, N, k_tiles, stride_cm,
                      stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M, STAGES, HALF, BLOCK_N, 1,
-                     SCALES, XS_TMA, HAS_BIAS, PROMOTE)),
+                     SCALES, XS_TMA, HAS_BIAS)),
         (_producer, (a_desc, b_desc, xs_desc, a0_bufs, a1_bufs, b_bufs, xs_bufs, ready, empty, M, N, k_tiles,
                      xs_group_stride, GROUP_M, STAGES, XS_TMA)),
     ], [4, 1], [232, 40])
