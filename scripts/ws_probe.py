@@ -48,7 +48,10 @@ def main():
     ap.add_argument("--m", type=int, nargs="+", default=[128, 256, 1024, 4096])
     ap.add_argument("--op", nargs="+", default=["a8w8_blockscale", "a8w8_default_accum"])
     ap.add_argument("--heldout", action="store_true", help="the held-out models' layers instead")
+    ap.add_argument("--block-n", type=int, choices=(128, 256), help="force the kernel's tile columns")
     args = ap.parse_args()
+    if args.block_n:
+        hopper_ws.ws_block_n = lambda M, N, num_sms: args.block_n
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     for name in args.op:
         op = get_op(name)

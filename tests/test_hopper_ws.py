@@ -58,6 +58,15 @@ def test_shape_rule(M, N, K, ok):
     assert hopper_ws.ws_shape_ok(M, N, K, 132) is ok
 
 
+@pytest.mark.parametrize("M,N,kblock,block_n", [
+    (4096, 4096, False, 256), (1024, 7168, False, 256), (4000, 9000, False, 256),
+    (1024, 4096, False, 128),  # 128 tiles of 256: under one wave
+    (1024, 6144, False, 128),  # 192 tiles of 256 fill 73% of two waves, 384 of 128 97% of three
+    (4096, 4096, True, 128)])  # block scales: always 128
+def test_block_n_rule(M, N, kblock, block_n):
+    assert hopper_ws.ws_block_n(M, N, 132, kblock) == block_n
+
+
 def test_not_taken_off_hopper(built):
     """The interpreter, the CPU and non-sm_90 devices build no WSPlan, whatever the sizes."""
     if HOPPER:
@@ -183,7 +192,7 @@ def test_disabled_by_env(built, monkeypatch):
 
 @needs_hopper
 @pytest.mark.parametrize("x_gran,w_gran", [("row", "row"), ("tensor", "tensor"), ("row", "tensor"), ("tensor", "row")])
-@pytest.mark.parametrize("M,N,K", [(777, 6000, 1104), (2048, 4096, 4096)])
+@pytest.mark.parametrize("M,N,K", [(777, 6000, 1104), (2048, 4096, 4096), (4000, 9000, 1040)])
 def test_exact_accumulation(built, monkeypatch, M, N, K, x_gran, w_gran):
     x, w = randn(M, K, dtype=FP32), randn(N, K, dtype=FP32) / K**0.5
     (xq, xs), (wq, ws) = quant.quantize_fp8(x, x_gran), quant.quantize_fp8(w, w_gran)
@@ -192,6 +201,8 @@ def test_exact_accumulation(built, monkeypatch, M, N, K, x_gran, w_gran):
     y = poisoned((M, N), BF16)
     out = gemmkit.gemm_a8w8(xq, wq, xs, ws, bias, y=y, fast_accum=False)
     assert out is y and len(built) == 1
+    assert built[0].block_n == hopper_ws.ws_block_n(M, N, torch.cuda.get_device_properties(0).multi_processor_count,
+                                                    False)
     assert_close(out, reference(xq, wq, bias, x_scale=xs, w_scale=ws))
     tl = tl_result(monkeypatch, lambda: gemmkit.gemm_a8w8(xq, wq, xs, ws, bias, fast_accum=False))
     assert_close(out, tl.double(), tol=1e-2)

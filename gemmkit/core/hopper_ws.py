@@ -30,9 +30,9 @@ WS_MIN_M = 256
 WS_MIN_K = 1024
 WS_MIN_WAVE_FRACTION = 3  # tiles >= SMs / 3: fewer leave the tl kernel's split-K the better choice
 GLUON_ENV = "GEMMKIT_GLUON"
-BLOCK = 128  # tile rows (two warp groups of 64), tile columns, K block (= the scale group)
+BLOCK = 128  # tile rows (two warp groups of 64), K block (= the scale group), narrow tile columns
 HALF = 64
-STAGES = 5
+STAGES = {128: 5, 256: 4}  # by tile columns: as many as shared memory holds
 GROUP_M = 8
 
 
@@ -60,6 +60,25 @@ def ws_shape_ok(M: int, N: int, K: int, num_sms: int) -> bool:
     tiles = -(-M // BLOCK) * -(-N // BLOCK)
     return (M >= WS_MIN_M and K >= WS_MIN_K and tiles >= num_sms // WS_MIN_WAVE_FRACTION
             and not num_sms < tiles <= num_sms + num_sms // 4)
+
+
+def _wave_use(tiles: int, num_sms: int) -> float:
+    """The share of the SMs' tile slots that `tiles` fill over their waves."""
+    return tiles / (-(-tiles // num_sms) * num_sms)
+
+
+def ws_block_n(M: int, N: int, num_sms: int, kblock: bool) -> int:
+    """Tile columns: without block scales 256 (two 128-wide products per K block and warp group:
+    half the B traffic per product of the 128-wide tile; up to 1.19x faster at M >= 1024,
+    tuning/ws/ws_bn*_h100.txt) where such tiles fill at least one wave and their waves fill at
+    least 90% of what 128-wide tiles' do (1024 x 6144: 192 tiles of 256 ran 0.75x the 384 of 128),
+    else 128. Block-scaled tiles stay 128 wide: at 256 the scaled promotion of two accumulators
+    spilled (ptxas: 968 bytes of spill stores) and ran 2.5x slower."""
+    tiles_m = -(-M // BLOCK)
+    wide, narrow = tiles_m * -(-N // 256), tiles_m * -(-N // BLOCK)
+    if kblock or wide < num_sms or _wave_use(wide, num_sms) < 0.9 * _wave_use(narrow, num_sms):
+        return BLOCK
+    return 256
 
 
 def ws_enabled(dev: DeviceInfo, device: torch.device) -> bool:
@@ -128,10 +147,11 @@ class WSPlan:
         self.device = x2.device
         self.a_desc = _Descriptors((M, K), (x2.stride(0), 1), (HALF, BLOCK),
                                    gl.NVMMASharedLayout.get_default_for([HALF, BLOCK], _gl_dtype(x2.dtype)))
-        self.b_desc = _Descriptors((N, K), (w.stride(0), 1), (BLOCK, BLOCK),
-                                   gl.NVMMASharedLayout.get_default_for([BLOCK, BLOCK], _gl_dtype(w.dtype)))
-        xs_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
         self.kblock = scales == "kblock"
+        self.block_n = block_n = ws_block_n(M, N, num_sms, self.kblock)
+        self.b_desc = _Descriptors((N, K), (w.stride(0), 1), (block_n, BLOCK),
+                                   gl.NVMMASharedLayout.get_default_for([block_n, BLOCK], _gl_dtype(w.dtype)))
+        xs_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
         xs_group_stride = 0
         if self.kblock:
             G = x_scale.shape[1]
@@ -146,9 +166,9 @@ class WSPlan:
         self.xs_desc = _Descriptors((self.xs_extent if self.xs_tma else BLOCK,), (1,), (BLOCK,), xs_layout)
         self._unused_xs = None if self.xs_tma else torch.zeros(BLOCK, dtype=torch.float32, device=self.device)
         c_strides = (N, 1) if y2 is None else y2.stride()
-        self.tail = (M, N, K, xs_group_stride, *c_strides, *scale_strides, GROUP_M, STAGES, 0 if self.kblock else 1,
-                     self.xs_tma, bias is not None)
-        tiles = -(-M // BLOCK) * -(-N // BLOCK)
+        self.tail = (M, N, K, xs_group_stride, *c_strides, *scale_strides, GROUP_M, STAGES[block_n],
+                     0 if self.kblock else 1, self.xs_tma, bias is not None)
+        tiles = -(-M // BLOCK) * -(-N // block_n)
         self.launch = CachedLaunch(gluon_kernel().fp8_ws_kernel, (min(tiles, num_sms),), 4, 1,
                                    self.device.index or 0)  # persistent: at most one program per SM
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)

@@ -11,8 +11,8 @@ product and promote it while the other group's product runs on the tensor cores
 (The same kernel without promotion, 128 x 256 tiles and one product in flight, ran at 0.98x the
 tl kernel's fast-accumulation tables: tuning/ws/fast_accumulation_mode.patch, ws_fast_probe_h100.txt.)
 
-Tiles are 128 x 128 x 128 (BLOCK_K = 128 bytes of FP8 = the scale group), persistent programs (at
-most one per SM) in grouped order.
+Tiles are 128 x BLOCK_N x 128 (BLOCK_N 128, or 256 in two 128-wide parts; BLOCK_K = 128 bytes of
+FP8 = the scale group), persistent programs (at most one per SM) in grouped order.
 SCALES_KBLOCK: DeepSeek-V3 block scales, x_scale (M, G) per token and K group, w_scale
 (ceil(N / 128), G); each block's product is multiplied by its two scales as it is promoted.
 SCALES_ROWCOL: per-token (or per-tensor) x and per-channel (or per-tensor) w scales, applied once
@@ -75,68 +75,97 @@ def _producer(a_desc, b_desc, xs_desc, a0_bufs, a1_bufs, b_bufs, xs_bufs, ready,
 
 
 @gluon.jit
+def _finish(acc, c, bias, b_scale, sa, rm, row_ok, n0, N, stride_cm, stride_cn, stride_bsn, SUB: gl.constexpr,
+            SCALES: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """Epilogue of one SUB-wide column part of a warp group's rows: (SCALES_ROWCOL) the row scales
+    `sa` and the columns' scales, the bias, the cast to c's dtype, a masked pointer store."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, SUB, 32])
+    rn = n0 + gl.arange(0, SUB, layout=gl.SliceLayout(0, mma))
+    col_ok = rn < N
+    if SCALES == SCALES_ROWCOL:  # per channel (stride 0: one value per tensor)
+        acc = acc * sa[:, None] * gl.load(b_scale + rn * stride_bsn, mask=col_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += gl.load(bias + rn, mask=col_ok, other=0.0).to(gl.float32)[None, :]
+    gl.store(c + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c.dtype.element_ty),
+             mask=row_ok[:, None] & col_ok[None, :])
+
+
+@gluon.jit
 def _consumer(a_bufs, b_bufs, xs_bufs, ready, empty, c, bias, a_scale, b_scale, M, N, k_tiles, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
               HALF: gl.constexpr, BLOCK_N: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr,
               XS_TMA: gl.constexpr, HAS_BIAS: gl.constexpr):
-    """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles. Per K
-    block: issue the product, wait for it, promote it (times the block's scales for SCALES_KBLOCK)
-    while the other group's runs. The next block's scales are loaded right after a product is
-    issued: the fence before each product waits for register loads in flight, so a load issued
-    before it would put its latency between two products."""
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 32])
+    """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles, in
+    column parts of SUB = 128 (BLOCK_N = 256: two, each its own product and accumulator, so that
+    one product at a time is held beside the accumulators). Per K block and part: issue the
+    product, wait for it, promote it (times the block's scales for SCALES_KBLOCK) while the other
+    group's runs. The next block's scales are loaded right after the last product is issued: the
+    fence before each product waits for register loads in flight, so a load issued before it
+    would put its latency between two products."""
+    SUB: gl.constexpr = 128  # = the weight scale group
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, SUB, 32])
     rows_l: gl.constexpr = gl.SliceLayout(1, mma)
-    cols_l: gl.constexpr = gl.SliceLayout(0, mma)
+    TWO: gl.constexpr = BLOCK_N == 2 * SUB
     it = 0
     for tile in range(gl.program_id(0), gl.cdiv(M, 2 * HALF) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
         off_m, off_n = _grouped_tile(tile, M, N, 2 * HALF, BLOCK_N, GROUP_M)
         rm = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows_l)
-        rn = off_n + gl.arange(0, BLOCK_N, layout=cols_l)
         row_ok = rm < M
-        col_ok = rn < N
-        acc = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=mma)
+        acc0 = gl.zeros((HALF, SUB), dtype=gl.float32, layout=mma)
+        acc1 = gl.zeros((HALF, SUB), dtype=gl.float32, layout=mma)
         if SCALES == SCALES_KBLOCK:
-            sb_row = b_scale + (off_n // BLOCK_N) * stride_bsn  # BLOCK_N = the 128-row weight scale group
+            sb_row = b_scale + (off_n // SUB) * stride_bsn
+            has1 = off_n + SUB < N  # (TWO: the tile's second weight scale group exists)
             sa_cur = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)
-            sb_cur = gl.load(sb_row)
-            for ki in range(k_tiles):
-                s = it % STAGES
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                if XS_TMA:  # this block's scales from its stage
-                    sa_cur = xs_bufs.index(s).slice(ROLE * HALF, HALF).load(rows_l)
-                zero = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=mma)
-                p = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
-                                  is_async=True)
+            sb0 = gl.load(sb_row)
+            sb1 = gl.load(sb_row + stride_bsn, mask=TWO and has1, other=0.0)
+        for ki in range(k_tiles):
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            if SCALES == SCALES_KBLOCK and XS_TMA:  # this block's scales from its stage
+                sa_cur = xs_bufs.index(s).slice(ROLE * HALF, HALF).load(rows_l)
+            zero = gl.zeros((HALF, SUB), dtype=gl.float32, layout=mma)
+            p = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).slice(0, SUB).permute((1, 0)), zero, use_acc=False,
+                              is_async=True)
+            if TWO:
+                p = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
+                if SCALES == SCALES_KBLOCK:
+                    acc0 += p * (sa_cur * sb0)[:, None]
+                else:
+                    acc0 += p
+                zero = gl.zeros((HALF, SUB), dtype=gl.float32, layout=mma)
+                p = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).slice(SUB, SUB).permute((1, 0)), zero,
+                                  use_acc=False, is_async=True)
+            if SCALES == SCALES_KBLOCK:
                 kn = gl.minimum(ki + 1, k_tiles - 1)
                 sa_nxt = sa_cur
                 if not XS_TMA:
                     sa_nxt = gl.load(a_scale + rm * stride_asm + kn * stride_ask, mask=row_ok, other=0.0)
-                sb_nxt = gl.load(sb_row + kn * stride_bsk)
-                p = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
-                mbarrier.arrive(empty.index(s), count=1)
-                acc += p * (sa_cur * sb_cur)[:, None]
+                sb0_nxt = gl.load(sb_row + kn * stride_bsk)
+                sb1_nxt = gl.load(sb_row + stride_bsn + kn * stride_bsk, mask=TWO and has1, other=0.0)
+            p = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
+            mbarrier.arrive(empty.index(s), count=1)
+            if TWO:
+                if SCALES == SCALES_KBLOCK:
+                    acc1 += p * (sa_cur * sb1)[:, None]
+                else:
+                    acc1 += p
+            else:
+                if SCALES == SCALES_KBLOCK:
+                    acc0 += p * (sa_cur * sb0)[:, None]
+                else:
+                    acc0 += p
+            if SCALES == SCALES_KBLOCK:
                 sa_cur = sa_nxt
-                sb_cur = sb_nxt
-                it += 1
-        else:
-            for ki in range(k_tiles):
-                s = it % STAGES
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                zero = gl.zeros((HALF, BLOCK_N), dtype=gl.float32, layout=mma)
-                p = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), zero, use_acc=False,
-                                  is_async=True)
-                p = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
-                mbarrier.arrive(empty.index(s), count=1)
-                acc += p
-                it += 1
-            # per token / per channel (stride 0: one value per tensor)
-            sa = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)
-            sb = gl.load(b_scale + rn * stride_bsn, mask=col_ok, other=0.0)
-            acc = acc * sa[:, None] * sb[None, :]
-        if HAS_BIAS:
-            acc += gl.load(bias + rn, mask=col_ok, other=0.0).to(gl.float32)[None, :]
-        gl.store(c + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c.dtype.element_ty),
-                 mask=row_ok[:, None] & col_ok[None, :])
+                sb0 = sb0_nxt
+                sb1 = sb1_nxt
+            it += 1
+        sa = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)  # (SCALES_ROWCOL: per token)
+        _finish(acc0, c, bias, b_scale, sa, rm, row_ok, off_n, N, stride_cm, stride_cn, stride_bsn, SUB, SCALES,
+                HAS_BIAS)
+        if TWO:
+            _finish(acc1, c, bias, b_scale, sa, rm, row_ok, off_n + SUB, N, stride_cm, stride_cn, stride_bsn, SUB,
+                    SCALES, HAS_BIAS)
 
 
 @gluon.jit
@@ -150,7 +179,7 @@ def fp8_ws_kernel(a_desc, b_desc, xs_desc, c, bias, a_scale, b_scale, M, N, K, x
     HALF: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-    gl.static_assert(BLOCK_N == 128, "one weight scale group per tile")
+    gl.static_assert(BLOCK_N == 128 or BLOCK_N == 256, "tiles of one or two 128-wide column parts")
     a0_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
     a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
