@@ -50,8 +50,9 @@ def tl_result(monkeypatch, call):
 # the dispatch rule (CPU) -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("M,N,K,ok", [
-    (4096, 7168, 7168, True), (256, 4096, 7168, True), (255, 4096, 7168, False), (4096, 7168, 512, False),
-    (256, 2112, 7168, False),  # 34 tiles: split-K's territory
+    (4096, 7168, 7168, True), (255, 36864, 7168, False), (4096, 7168, 512, False),
+    (256, 36864, 7168, True), (256, 4096, 7168, False),  # 576 / 64 tiles of 128 x 128
+    (256, 7168, 16384, True), (256, 7168, 2048, False),  # 112 tiles: taken for long K only
     (1024, 2112, 7168, False),  # 136 tiles on 132 SMs: a thin second wave
     (1024, 3072, 4096, True), (2048, 3000, 1024, True)])
 def test_shape_rule(M, N, K, ok):
@@ -116,7 +117,7 @@ def test_blockscale(built, monkeypatch, M, N, K, layout):
 @pytest.mark.parametrize("out_dtype,bias_dtype", [(BF16, None), (FP16, FP16), (FP32, BF16), (BF16, FP32)])
 @pytest.mark.parametrize("x_dtype,w_dtype", [(E4M3, E4M3), (E4M3, E5M2), (E5M2, E4M3)])
 def test_blockscale_dtypes(built, out_dtype, bias_dtype, x_dtype, w_dtype):
-    M, N, K = 512, 2560, 2048
+    M, N, K = 512, 6144, 2048
     xq, xs, wq, ws, xd, wd = block_operands(M, N, K, x_dtype, w_dtype, scale_format="ue8m0")
     bias = None if bias_dtype is None else randn(N, dtype=bias_dtype)
     out = gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws, bias, out_dtype=out_dtype)
@@ -128,10 +129,10 @@ def test_blockscale_dtypes(built, out_dtype, bias_dtype, x_dtype, w_dtype):
 @needs_hopper
 def test_blockscale_leading_dims_and_strided_x(built):
     """x (2, 300, K) with its (2, 300, G) scales; then a row-strided x (a slice of a wider buffer)."""
-    xq, xs, wq, ws, xd, wd = block_operands(600, 3000, 2048, lead=(2, 300))
+    xq, xs, wq, ws, xd, wd = block_operands(600, 5000, 2048, lead=(2, 300))
     out = gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws)
-    assert out.shape == (2, 300, 3000) and len(built) == 1
-    assert_close(out.reshape(600, 3000), reference(xd, wd))
+    assert out.shape == (2, 300, 5000) and len(built) == 1
+    assert_close(out.reshape(600, 5000), reference(xd, wd))
     wide = torch.zeros(600, 2048 + 256, dtype=E4M3, device=DEVICE)
     wide[:, :2048] = xq.reshape(600, 2048)
     out = gemmkit.gemm_a8w8_blockscale(wide[:, :2048], wq, xs.reshape(600, -1), ws)
@@ -141,7 +142,7 @@ def test_blockscale_leading_dims_and_strided_x(built):
 
 @needs_hopper
 def test_blockscale_activation_and_config_take_the_tl_kernel(built):
-    xq, xs, wq, ws, xd, wd = block_operands(512, 2560, 2048)
+    xq, xs, wq, ws, xd, wd = block_operands(512, 6144, 2048)
     assert_close(gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws, activation="silu"), reference(xd, wd, None, "silu"))
     cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=128, num_warps=8)
     assert_close(gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws, config=cfg), reference(xd, wd))
@@ -152,7 +153,7 @@ def test_blockscale_activation_and_config_take_the_tl_kernel(built):
 @pytest.mark.parametrize("M", [256, 1000])
 def test_blockscale_dynamic(built, M):
     """bf16 x at M > 64: quantize_fp8_blockwise, then the static GEMM (here the Gluon kernel)."""
-    K, N = 2048, 4096
+    K, N = 2048, 16896
     x = randn(M, K, dtype=BF16)
     w = randn(N, K, dtype=FP32) / K**0.5
     wq, ws = quantize_fp8_blockwise(w, (128, 128))
@@ -165,7 +166,7 @@ def test_blockscale_dynamic(built, M):
 
 @needs_hopper
 def test_cuda_graph_replays_new_inputs(built):
-    M, N, K = 512, 4096, 2048
+    M, N, K = 512, 6144, 2048
     xq, xs, wq, ws, xd, wd = block_operands(M, N, K)
     out = gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws)  # plan built and compiled outside the capture
     graph = torch.cuda.CUDAGraph()
@@ -183,7 +184,7 @@ def test_cuda_graph_replays_new_inputs(built):
 @needs_hopper
 def test_disabled_by_env(built, monkeypatch):
     monkeypatch.setenv(hopper_ws.GLUON_ENV, "0")
-    xq, xs, wq, ws, xd, wd = block_operands(512, 4096, 2048)
+    xq, xs, wq, ws, xd, wd = block_operands(512, 6144, 2048)
     assert_close(gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws), reference(xd, wd))
     assert not built
 

@@ -7,9 +7,9 @@ op builds its DensePlan as before:
 - the library's own config (a caller's `config` is a tl config: it always gets the tl kernel);
 - no activation (bias and every output dtype are handled);
 - x and w K-contiguous with 16-byte aligned rows and bases (TMA descriptors);
-- sizes where it measured faster (ws_shape_ok: M >= WS_MIN_M, K >= WS_MIN_K, at least a third
-  of a wave of 128 x 128 tiles and no thin second wave; shorter loops and fewer tiles favour the
-  tl kernel's split-K / stream-K and its wider tiles).
+- sizes where it measured faster (ws_shape_ok: M >= WS_MIN_M, K >= WS_MIN_K, a wave of 128 x 128
+  tiles, or three quarters of one for long K, and no thin second wave; shorter loops and fewer
+  tiles favour the tl kernel's split-K / stream-K).
 Block-scaled (SCALES_KBLOCK): x_scale's 128 values of a tile and K block come by TMA with the
 stage when x_scale is column-major with a group stride of a multiple of 4 and a 16-byte aligned
 base (as quantize_fp8_blockwise(scale_layout="col") and DeepGEMM's TMA-aligned layout store it);
@@ -28,7 +28,7 @@ from .plan import contiguous_strides, extent_bytes, overlapping_input
 
 WS_MIN_M = 256
 WS_MIN_K = 1024
-WS_MIN_WAVE_FRACTION = 3  # tiles >= SMs / 3: fewer leave the tl kernel's split-K the better choice
+WS_LONG_K = 8192
 GLUON_ENV = "GEMMKIT_GLUON"
 BLOCK = 128  # tile rows (two warp groups of 64), K block (= the scale group), narrow tile columns
 HALF = 64
@@ -54,12 +54,15 @@ def _tma_operand(t: torch.Tensor) -> bool:
 
 def ws_shape_ok(M: int, N: int, K: int, num_sms: int) -> bool:
     """The problem sizes for which the warp-specialized kernel measured faster than the tl kernel
-    (scripts/ws_probe.py, tuning/ws_probe_h100.txt): M >= WS_MIN_M, K >= WS_MIN_K, at least
-    num_sms / WS_MIN_WAVE_FRACTION tiles, and not a second wave of under a quarter of the SMs (one
-    tile more per program for a few: the tl kernel's stream-K splits that tail)."""
+    (scripts/ws_probe.py, tuning/ws/ws_probe_h100.txt): M >= WS_MIN_M, K >= WS_MIN_K, and at
+    least one wave of 128 x 128 tiles, but not a thin second one (up to a quarter of the SMs: one
+    tile more for a few programs; the tl kernel's stream-K splits that tail), or three quarters
+    of a wave when K >= WS_LONG_K. With fewer tiles the tl kernel's split-K configs won (M = 256:
+    0.84x to 0.96x on N <= 7168 with K <= 14336; 1.23x to 1.28x at K = 16384 and 18432)."""
     tiles = -(-M // BLOCK) * -(-N // BLOCK)
-    return (M >= WS_MIN_M and K >= WS_MIN_K and tiles >= num_sms // WS_MIN_WAVE_FRACTION
-            and not num_sms < tiles <= num_sms + num_sms // 4)
+    if M < WS_MIN_M or K < WS_MIN_K or num_sms < tiles <= num_sms + num_sms // 4:
+        return False
+    return tiles >= num_sms or (K >= WS_LONG_K and 4 * tiles >= 3 * num_sms)
 
 
 def _wave_use(tiles: int, num_sms: int) -> float:
