@@ -8,7 +8,7 @@ op builds its DensePlan as before:
 - no activation (bias and every output dtype are handled);
 - x and w K-contiguous with 16-byte aligned rows and bases (TMA descriptors);
 - sizes where it measured faster (ws_shape_ok: M >= WS_MIN_M, K >= WS_MIN_K, a wave of 128 x 128
-  tiles, or three quarters of one for long K, and no thin second wave; shorter loops and fewer
+  tiles, or 60% of one for long K, and no thin second wave; shorter loops and fewer
   tiles favour the tl kernel's split-K / stream-K).
 Block-scaled (SCALES_KBLOCK): x_scale's 128 values of a tile and K block come by TMA with the
 stage when x_scale is column-major with a group stride of a multiple of 4 and a 16-byte aligned
@@ -28,7 +28,7 @@ from .plan import contiguous_strides, extent_bytes, overlapping_input
 
 WS_MIN_M = 256
 WS_MIN_K = 1024
-WS_LONG_K = 8192
+WS_LONG_K = 5120
 GLUON_ENV = "GEMMKIT_GLUON"
 BLOCK = 128  # tile rows (two warp groups of 64), K block (= the scale group), narrow tile columns
 HALF = 64
@@ -54,15 +54,16 @@ def _tma_operand(t: torch.Tensor) -> bool:
 
 def ws_shape_ok(M: int, N: int, K: int, num_sms: int) -> bool:
     """The problem sizes for which the warp-specialized kernel measured faster than the tl kernel
-    (scripts/ws_probe.py, tuning/ws/ws_probe_h100.txt): M >= WS_MIN_M, K >= WS_MIN_K, and at
-    least one wave of 128 x 128 tiles, but not a thin second one (up to a quarter of the SMs: one
-    tile more for a few programs; the tl kernel's stream-K splits that tail), or three quarters
-    of a wave when K >= WS_LONG_K. With fewer tiles the tl kernel's split-K configs won (M = 256:
-    0.84x to 0.96x on N <= 7168 with K <= 14336; 1.23x to 1.28x at K = 16384 and 18432)."""
+    (scripts/ws_probe.py, tuning/ws/): M >= WS_MIN_M, K >= WS_MIN_K, and at least one wave of
+    128 x 128 tiles, but not a thin second one (up to a quarter of the SMs: one tile more for a
+    few programs; the tl kernel's stream-K splits that tail), or 60% of a wave when K >=
+    WS_LONG_K. With fewer tiles the tl kernel's split-K won at M = 256 where K is short (0.84x
+    to 0.96x the tl time at K <= 4096, DeepSeek-V3 and Llama-3-8B layers with tuned tables) and
+    lost where it is long (1.07x to 1.28x at K = 5120 to 18432 with 80 to 128 tiles)."""
     tiles = -(-M // BLOCK) * -(-N // BLOCK)
     if M < WS_MIN_M or K < WS_MIN_K or num_sms < tiles <= num_sms + num_sms // 4:
         return False
-    return tiles >= num_sms or (K >= WS_LONG_K and 4 * tiles >= 3 * num_sms)
+    return tiles >= num_sms or (K >= WS_LONG_K and 5 * tiles >= 3 * num_sms)
 
 
 def _wave_use(tiles: int, num_sms: int) -> float:
