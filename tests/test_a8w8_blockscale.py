@@ -301,10 +301,11 @@ def test_a8w8_exact_accumulation_dynamic_and_bad_flag():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="Hopper's reduced-precision FP8 accumulation exists on the GPU only")
-def test_a8w8_exact_accumulation_matches_scaled_mm_at_long_k():
+@pytest.mark.parametrize("M,N", [(256, 1024), (512, 4096)])  # the tl kernel; on sm_90 the Gluon one (test_hopper_ws)
+def test_a8w8_exact_accumulation_matches_scaled_mm_at_long_k(M, N):
     """K = 16384: gemmkit's fast_accum=False error against float64 within 2x of
     torch._scaled_mm(use_fast_accum=False)'s on the same FP8 inputs."""
-    M, N, K = 256, 1024, 16384
+    K = 16384
     x = randn(M, K, dtype=FP32) + 0.5  # a nonzero mean: the sums grow along K, as accumulation errors show
     w = randn(N, K, dtype=FP32) + 0.5
     # tensor-wise scales: _scaled_mm writes fp32 with those (row-wise takes a bf16 output only)

@@ -211,23 +211,14 @@ def test_exact_accumulation(built, monkeypatch, M, N, K, x_gran, w_gran):
 
 
 @needs_hopper
-def test_exact_accumulation_matches_scaled_mm_at_long_k(built):
-    """K = 16384 through the Gluon kernel: error against float64 within 2x of
-    torch._scaled_mm(use_fast_accum=False)'s on the same FP8 inputs."""
-    M, N, K = 512, 4096, 16384
-    x = randn(M, K, dtype=FP32) + 0.5
-    w = randn(N, K, dtype=FP32) + 0.5
-    xq, xs = quant.quantize_fp8(x, "tensor")
-    wq, ws = quant.quantize_fp8(w, "tensor")
-    ref = reference(xq, wq, x_scale=xs, w_scale=ws)
-    ours = gemmkit.gemm_a8w8(xq, wq, xs, ws, out_dtype=FP32, fast_accum=False)
-    torch_out = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=FP32, use_fast_accum=False)
+def test_long_k_exactness_test_takes_this_kernel(built):
+    """test_a8w8_blockscale.py's K = 16384 exactness test (against _scaled_mm's default
+    accumulation) runs this kernel at its 512 x 4096 size."""
+    xq = torch.zeros(512, 16384, dtype=E4M3, device=DEVICE)
+    wq = torch.zeros(4096, 16384, dtype=E4M3, device=DEVICE)
+    one = torch.ones((), dtype=FP32, device=DEVICE)
+    gemmkit.gemm_a8w8(xq, wq, one, one, out_dtype=FP32, fast_accum=False)
     assert len(built) == 1
-
-    def err(out):
-        return ((out.double() - ref).norm() / ref.norm()).item()
-
-    assert err(ours) <= 2 * err(torch_out), (err(ours), err(torch_out))
 
 
 @needs_hopper
