@@ -9,7 +9,7 @@ same call builds with GEMMKIT_GLUON=0 (the tl kernel and its tables; built once,
 and the baseline; inputs rotated over 3 sets.
 Prints times, the ratios to the baseline and each result's error against the float reference.
 
-    python3 scripts/ws_probe.py [--m M ...] [--op OP ...] [--heldout]
+    python3 scripts/ws_probe.py [--m M ...] [--op OP ...] [--heldout] [--block-n 128|256] [--no-c-tma]
 """
 
 import argparse
@@ -56,7 +56,10 @@ def main():
     ap.add_argument("--op", nargs="+", default=["a8w8_blockscale", "a8w8_default_accum"])
     ap.add_argument("--heldout", action="store_true", help="the held-out models' layers instead")
     ap.add_argument("--block-n", type=int, choices=(128, 256), help="force the kernel's tile columns")
+    ap.add_argument("--no-c-tma", action="store_true", help="pointer stores of the output (hopper_ws.C_TMA off)")
     args = ap.parse_args()
+    if args.no_c_tma:
+        hopper_ws.C_TMA = False
     if args.block_n:
         hopper_ws.ws_block_n = lambda M, N, num_sms: args.block_n
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)

@@ -34,6 +34,7 @@ BLOCK = 128  # tile rows (two warp groups of 64), K block (= the scale group), n
 HALF = 64
 STAGES = {128: 5, 256: 4}  # by tile columns: as many as shared memory holds
 GROUP_M = 8
+C_TMA = True  # 16-bit outputs of 128-wide tiles stored by TMA (off: pointer stores; scripts/ws_probe.py --no-c-tma)
 
 
 @functools.lru_cache(maxsize=1)
@@ -111,7 +112,8 @@ def _gl_dtype(dtype):
     from triton.experimental.gluon import language as gl
 
     if not _GL_DTYPES:
-        _GL_DTYPES.update({torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5})
+        _GL_DTYPES.update({torch.float8_e4m3fn: gl.float8e4nv, torch.float8_e5m2: gl.float8e5,
+                           torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32})
     return _GL_DTYPES[dtype]
 
 
@@ -149,6 +151,7 @@ class WSPlan:
         self.out_dtype, self.out_shape, self.flatten_x = out_dtype, tuple(out_shape), flatten_x
         self.out_strides = contiguous_strides(self.out_shape)
         self.device = x2.device
+        self.device_index = x2.device.index or 0
         self.a_desc = _Descriptors((M, K), (x2.stride(0), 1), (HALF, BLOCK),
                                    gl.NVMMASharedLayout.get_default_for([HALF, BLOCK], _gl_dtype(x2.dtype)))
         self.kblock = scales == "kblock"
@@ -170,15 +173,29 @@ class WSPlan:
         self.xs_desc = _Descriptors((self.xs_extent if self.xs_tma else BLOCK,), (1,), (BLOCK,), xs_layout)
         self._unused_xs = None if self.xs_tma else torch.zeros(BLOCK, dtype=torch.float32, device=self.device)
         c_strides = (N, 1) if y2 is None else y2.stride()
+        # TMA stores: 16-bit output, 128-wide tiles (the 256-wide ones hold no room for the buffers),
+        # unit column stride, 16-byte aligned rows and base (a fresh output is)
+        self.c_tma = (C_TMA and out_dtype in (torch.bfloat16, torch.float16) and block_n == BLOCK and c_strides[1] == 1
+                      and (c_strides[0] * 2) % 16 == 0 and (y2 is None or y2.data_ptr() % 16 == 0))
+        c_layout = gl.NVMMASharedLayout.get_default_for([HALF, BLOCK], _gl_dtype(out_dtype))
+        self.c_desc = _Descriptors((M, N) if self.c_tma else (HALF, BLOCK), (c_strides[0], 1) if self.c_tma
+                                   else (BLOCK, 1), (HALF, BLOCK), c_layout)
+        self._unused_c = None if self.c_tma else torch.zeros(HALF, BLOCK, dtype=out_dtype, device=self.device)
         self.tail = (M, N, K, xs_group_stride, *c_strides, *scale_strides, GROUP_M, STAGES[block_n],
-                     0 if self.kblock else 1, self.xs_tma, bias is not None)
+                     0 if self.kblock else 1, self.xs_tma, bias is not None, self.c_tma)
         tiles = -(-M // BLOCK) * -(-N // block_n)
         self.launch = CachedLaunch(gluon_kernel().fp8_ws_kernel, (min(tiles, num_sms),), 4, 1,
-                                   self.device.index or 0)  # persistent: at most one program per SM
+                                   self.device_index)  # persistent: at most one program per SM
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)
         self.y_extent = 0 if y2 is None else extent_bytes(y2)
 
     def run(self, x, w, bias, y, x_scale, w_scale):
+        if torch.cuda.current_device() != self.device_index:  # launches go to the current device
+            with torch.cuda.device(self.device_index):
+                return self._run(x, w, bias, y, x_scale, w_scale)
+        return self._run(x, w, bias, y, x_scale, w_scale)
+
+    def _run(self, x, w, bias, y, x_scale, w_scale):
         M, N = self.M, self.N
         if y is not None:
             clash = overlapping_input(y, self.y_extent, (("x", x, self.x_extent), ("w", w, self.w_extent)))
@@ -191,7 +208,8 @@ class WSPlan:
                                   device=self.device) if y is None else y
         c = out.view(M, N) if len(self.out_shape) != 2 else out
         xs = torch.as_strided(x_scale, (self.xs_extent,), (1,)) if self.xs_tma else self._unused_xs
-        self.launch((self.a_desc(x), self.b_desc(w), self.xs_desc(xs), c, bias, x_scale, w_scale), self.tail)
+        c_desc = self.c_desc(c if self.c_tma else self._unused_c)
+        self.launch((self.a_desc(x), self.b_desc(w), self.xs_desc(xs), c, c_desc, bias, x_scale, w_scale), self.tail)
         return out
 
     __call__ = run

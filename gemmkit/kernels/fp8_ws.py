@@ -17,17 +17,21 @@ SCALES_KBLOCK: DeepSeek-V3 block scales, x_scale (M, G) per token and K group, w
 (ceil(N / 128), G); each block's product is multiplied by its two scales as it is promoted.
 SCALES_ROWCOL: per-token (or per-tensor) x and per-channel (or per-tensor) w scales, applied once
 in the epilogue; the K loop promotes unscaled (gemm_a8w8(fast_accum=False)).
-Pointer stores of the (BLOCK_M, BLOCK_N) tile with an optional bias, cast to c's dtype.
+The (BLOCK_M, BLOCK_N) tile with an optional bias, cast to c's dtype, stored by TMA from shared memory
+(C_TMA) or through pointers.
 
 Only for CUDA sm_90 with Gluon (core/hopper_ws.py decides); everything else runs the tl kernel.
 """
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
 
-# Triton 3.6 names the TMA load async_copy_global_to_shared; later versions async_load
+# Triton 3.6 names the TMA copies async_copy_global_to_shared / _shared_to_global; later versions
+# async_load / async_store
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+_tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 
 SCALES_KBLOCK = gl.constexpr(0)
 SCALES_ROWCOL = gl.constexpr(1)
@@ -75,10 +79,12 @@ def _producer(a_desc, b_desc, xs_desc, a0_bufs, a1_bufs, b_bufs, xs_bufs, ready,
 
 
 @gluon.jit
-def _finish(acc, c, bias, b_scale, sa, rm, row_ok, n0, N, stride_cm, stride_cn, stride_bsn, SUB: gl.constexpr,
-            SCALES: gl.constexpr, HAS_BIAS: gl.constexpr):
+def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, stride_cm, stride_cn, stride_bsn,
+            SUB: gl.constexpr, SCALES: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr):
     """Epilogue of one SUB-wide column part of a warp group's rows: (SCALES_ROWCOL) the row scales
-    `sa` and the columns' scales, the bias, the cast to c's dtype, a masked pointer store."""
+    `sa` and the columns' scales, the bias, the cast to c's dtype, then a masked pointer store,
+    or (C_TMA) the part into `c_smem` and a TMA store from there that runs on while the warp group
+    starts its next tile (the previous one out of the buffer waited for first)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, SUB, 32])
     rn = n0 + gl.arange(0, SUB, layout=gl.SliceLayout(0, mma))
     col_ok = rn < N
@@ -86,15 +92,22 @@ def _finish(acc, c, bias, b_scale, sa, rm, row_ok, n0, N, stride_cm, stride_cn, 
         acc = acc * sa[:, None] * gl.load(b_scale + rn * stride_bsn, mask=col_ok, other=0.0)[None, :]
     if HAS_BIAS:
         acc += gl.load(bias + rn, mask=col_ok, other=0.0).to(gl.float32)[None, :]
-    gl.store(c + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c.dtype.element_ty),
-             mask=row_ok[:, None] & col_ok[None, :])
+    if C_TMA:
+        out = acc.to(c_desc.dtype)
+        tma.store_wait(0)
+        c_smem.store(out)
+        fence_async_shared()
+        _tma_store(c_desc, [row0, n0], c_smem)
+    else:
+        gl.store(c + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c.dtype.element_ty),
+                 mask=row_ok[:, None] & col_ok[None, :])
 
 
 @gluon.jit
-def _consumer(a_bufs, b_bufs, xs_bufs, ready, empty, c, bias, a_scale, b_scale, M, N, k_tiles, stride_cm, stride_cn,
-              stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-              HALF: gl.constexpr, BLOCK_N: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr,
-              XS_TMA: gl.constexpr, HAS_BIAS: gl.constexpr):
+def _consumer(a_bufs, b_bufs, xs_bufs, ready, empty, c, c_desc, c_smem, bias, a_scale, b_scale, M, N, k_tiles,
+              stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M: gl.constexpr,
+              STAGES: gl.constexpr, HALF: gl.constexpr, BLOCK_N: gl.constexpr, ROLE: gl.constexpr,
+              SCALES: gl.constexpr, XS_TMA: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr):
     """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles, in
     column parts of SUB = 128 (BLOCK_N = 256: two, each its own product and accumulator, so that
     one product at a time is held beside the accumulators). Per K block and part: issue the
@@ -161,21 +174,26 @@ def _consumer(a_bufs, b_bufs, xs_bufs, ready, empty, c, bias, a_scale, b_scale, 
                 sb1 = sb1_nxt
             it += 1
         sa = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)  # (SCALES_ROWCOL: per token)
-        _finish(acc0, c, bias, b_scale, sa, rm, row_ok, off_n, N, stride_cm, stride_cn, stride_bsn, SUB, SCALES,
-                HAS_BIAS)
+        row0 = off_m + ROLE * HALF
+        _finish(acc0, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
+                stride_bsn, SUB, SCALES, HAS_BIAS, C_TMA)
         if TWO:
-            _finish(acc1, c, bias, b_scale, sa, rm, row_ok, off_n + SUB, N, stride_cm, stride_cn, stride_bsn, SUB,
-                    SCALES, HAS_BIAS)
+            _finish(acc1, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, off_n + SUB, N, stride_cm, stride_cn,
+                    stride_bsn, SUB, SCALES, HAS_BIAS, C_TMA)
+    if C_TMA:
+        tma.store_wait(0)  # the last stores read c_smem: finished before the program ends
 
 
 @gluon.jit
-def fp8_ws_kernel(a_desc, b_desc, xs_desc, c, bias, a_scale, b_scale, M, N, K, xs_group_stride, stride_cm,
-                          stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M: gl.constexpr,
-                          STAGES: gl.constexpr, SCALES: gl.constexpr, XS_TMA: gl.constexpr, HAS_BIAS: gl.constexpr):
+def fp8_ws_kernel(a_desc, b_desc, xs_desc, c, c_desc, bias, a_scale, b_scale, M, N, K, xs_group_stride, stride_cm,
+                  stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M: gl.constexpr,
+                  STAGES: gl.constexpr, SCALES: gl.constexpr, XS_TMA: gl.constexpr, HAS_BIAS: gl.constexpr,
+                  C_TMA: gl.constexpr):
     """c (M, N) = promoted FP8 product of x (a_desc: (M, K), boxes of HALF x 128) and w (b_desc:
     (N, K), boxes of 128 x 128) in (2 * HALF) x 128 tiles, persistent: program p takes tiles p,
     p + programs, ... in grouped order (4 warps launched: the first consumer; a second consumer
-    warp group and a producer warp are added)."""
+    warp group and a producer warp are added). C_TMA: c_desc (boxes of HALF x 128 over c) stores
+    the output, else pointer stores through c."""
     HALF: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
@@ -184,6 +202,12 @@ def fp8_ws_kernel(a_desc, b_desc, xs_desc, c, bias, a_scale, b_scale, M, N, K, x
     a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     xs_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * HALF], xs_desc.layout)
+    if C_TMA:
+        c0_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+        c1_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    else:  # (unused)
+        c0_smem = xs_bufs
+        c1_smem = xs_bufs
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -191,12 +215,12 @@ def fp8_ws_kernel(a_desc, b_desc, xs_desc, c, bias, a_scale, b_scale, M, N, K, x
         mbarrier.init(empty.index(i), count=2)
     k_tiles = gl.cdiv(K, BLOCK_K)
     gl.warp_specialize([
-        (_consumer, (a0_bufs, b_bufs, xs_bufs, ready, empty, c, bias, a_scale, b_scale, M, N, k_tiles, stride_cm,
-                     stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M, STAGES, HALF, BLOCK_N, 0,
-                     SCALES, XS_TMA, HAS_BIAS)),
-        (_consumer, (a1_bufs, b_bufs, xs_bufs, ready, empty, c, bias, a_scale, b_scale, M, N, k_tiles, stride_cm,
-                     stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M, STAGES, HALF, BLOCK_N, 1,
-                     SCALES, XS_TMA, HAS_BIAS)),
+        (_consumer, (a0_bufs, b_bufs, xs_bufs, ready, empty, c, c_desc, c0_smem, bias, a_scale, b_scale, M, N,
+                     k_tiles, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M, STAGES,
+                     HALF, BLOCK_N, 0, SCALES, XS_TMA, HAS_BIAS, C_TMA)),
+        (_consumer, (a1_bufs, b_bufs, xs_bufs, ready, empty, c, c_desc, c1_smem, bias, a_scale, b_scale, M, N,
+                     k_tiles, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk, GROUP_M, STAGES,
+                     HALF, BLOCK_N, 1, SCALES, XS_TMA, HAS_BIAS, C_TMA)),
         (_producer, (a_desc, b_desc, xs_desc, a0_bufs, a1_bufs, b_bufs, xs_bufs, ready, empty, M, N, k_tiles,
                      xs_group_stride, GROUP_M, STAGES, XS_TMA)),
     ], [4, 1], [232, 40])
