@@ -32,9 +32,10 @@ WS_LONG_K = 5120
 GLUON_ENV = "GEMMKIT_GLUON"
 BLOCK = 128  # tile rows (two warp groups of 64), K block (= the scale group), narrow tile columns
 HALF = 64
-STAGES = {128: 5, 256: 4}  # by tile columns: as many as shared memory holds
+STAGES = {(128, False): 5, (256, False): 4, (128, True): 5, (256, True): 3}  # by (tile columns, C_TMA): as many as
+# shared memory holds beside the output buffers
 GROUP_M = 8
-C_TMA = True  # 16-bit outputs of 128-wide tiles stored by TMA (off: pointer stores; scripts/ws_probe.py --no-c-tma)
+C_TMA = True  # 16-bit outputs stored by TMA from shared memory (off: pointer stores; scripts/ws_probe.py --no-c-tma)
 
 
 @functools.lru_cache(maxsize=1)
@@ -173,15 +174,14 @@ class WSPlan:
         self.xs_desc = _Descriptors((self.xs_extent if self.xs_tma else BLOCK,), (1,), (BLOCK,), xs_layout)
         self._unused_xs = None if self.xs_tma else torch.zeros(BLOCK, dtype=torch.float32, device=self.device)
         c_strides = (N, 1) if y2 is None else y2.stride()
-        # TMA stores: 16-bit output, 128-wide tiles (the 256-wide ones hold no room for the buffers),
-        # unit column stride, 16-byte aligned rows and base (a fresh output is)
-        self.c_tma = (C_TMA and out_dtype in (torch.bfloat16, torch.float16) and block_n == BLOCK and c_strides[1] == 1
+        # TMA stores: 16-bit output, unit column stride, 16-byte aligned rows and base (a fresh output is)
+        self.c_tma = (C_TMA and out_dtype in (torch.bfloat16, torch.float16) and c_strides[1] == 1
                       and (c_strides[0] * 2) % 16 == 0 and (y2 is None or y2.data_ptr() % 16 == 0))
         c_layout = gl.NVMMASharedLayout.get_default_for([HALF, BLOCK], _gl_dtype(out_dtype))
         self.c_desc = _Descriptors((M, N) if self.c_tma else (HALF, BLOCK), (c_strides[0], 1) if self.c_tma
                                    else (BLOCK, 1), (HALF, BLOCK), c_layout)
         self._unused_c = None if self.c_tma else torch.zeros(HALF, BLOCK, dtype=out_dtype, device=self.device)
-        self.tail = (M, N, K, xs_group_stride, *c_strides, *scale_strides, GROUP_M, STAGES[block_n],
+        self.tail = (M, N, K, xs_group_stride, *c_strides, *scale_strides, GROUP_M, STAGES[block_n, self.c_tma],
                      0 if self.kblock else 1, self.xs_tma, bias is not None, self.c_tma)
         tiles = -(-M // BLOCK) * -(-N // block_n)
         self.launch = CachedLaunch(gluon_kernel().fp8_ws_kernel, (min(tiles, num_sms),), 4, 1,

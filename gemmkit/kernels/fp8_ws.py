@@ -80,11 +80,13 @@ def _producer(a_desc, b_desc, xs_desc, a0_bufs, a1_bufs, b_bufs, xs_bufs, ready,
 
 @gluon.jit
 def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, stride_cm, stride_cn, stride_bsn,
-            SUB: gl.constexpr, SCALES: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr):
+            SUB: gl.constexpr, SCALES: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr,
+            PENDING: gl.constexpr):
     """Epilogue of one SUB-wide column part of a warp group's rows: (SCALES_ROWCOL) the row scales
     `sa` and the columns' scales, the bias, the cast to c's dtype, then a masked pointer store,
-    or (C_TMA) the part into `c_smem` and a TMA store from there that runs on while the warp group
-    starts its next tile (the previous one out of the buffer waited for first)."""
+    or (C_TMA) the part into its buffer `c_smem` and a TMA store from there that runs on while the
+    warp group starts its next tile (PENDING: the stores issued since the previous one out of
+    this buffer, which may still run)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, SUB, 32])
     rn = n0 + gl.arange(0, SUB, layout=gl.SliceLayout(0, mma))
     col_ok = rn < N
@@ -94,7 +96,7 @@ def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, 
         acc += gl.load(bias + rn, mask=col_ok, other=0.0).to(gl.float32)[None, :]
     if C_TMA:
         out = acc.to(c_desc.dtype)
-        tma.store_wait(0)
+        tma.store_wait(PENDING)  # this buffer's store of the previous tile has read it
         c_smem.store(out)
         fence_async_shared()
         _tma_store(c_desc, [row0, n0], c_smem)
@@ -175,11 +177,11 @@ def _consumer(a_bufs, b_bufs, xs_bufs, ready, empty, c, c_desc, c_smem, bias, a_
             it += 1
         sa = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)  # (SCALES_ROWCOL: per token)
         row0 = off_m + ROLE * HALF
-        _finish(acc0, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
-                stride_bsn, SUB, SCALES, HAS_BIAS, C_TMA)
+        _finish(acc0, c, c_desc, c_smem.index(0), bias, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm,
+                stride_cn, stride_bsn, SUB, SCALES, HAS_BIAS, C_TMA, BLOCK_N // SUB - 1)
         if TWO:
-            _finish(acc1, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, off_n + SUB, N, stride_cm, stride_cn,
-                    stride_bsn, SUB, SCALES, HAS_BIAS, C_TMA)
+            _finish(acc1, c, c_desc, c_smem.index(1), bias, b_scale, sa, row0, rm, row_ok, off_n + SUB, N, stride_cm,
+                    stride_cn, stride_bsn, SUB, SCALES, HAS_BIAS, C_TMA, 1)
     if C_TMA:
         tma.store_wait(0)  # the last stores read c_smem: finished before the program ends
 
@@ -202,9 +204,9 @@ def fp8_ws_kernel(a_desc, b_desc, xs_desc, c, c_desc, bias, a_scale, b_scale, M,
     a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     xs_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * HALF], xs_desc.layout)
-    if C_TMA:
-        c0_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
-        c1_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    if C_TMA:  # per warp group, a buffer per 128-wide column part
+        c0_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_N // 128, HALF, 128], c_desc.layout)
+        c1_smem = gl.allocate_shared_memory(c_desc.dtype, [BLOCK_N // 128, HALF, 128], c_desc.layout)
     else:  # (unused)
         c0_smem = xs_bufs
         c1_smem = xs_bufs
