@@ -61,7 +61,7 @@ def main():
     if args.no_c_tma:
         hopper_ws.C_TMA = False
     if args.block_n:
-        hopper_ws.ws_block_n = lambda M, N, num_sms: args.block_n
+        hopper_ws.ws_block_n = lambda M, N, num_sms, kblock: args.block_n
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     for name in args.op:
         op = get_op(name)
