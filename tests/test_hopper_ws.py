@@ -62,7 +62,8 @@ def test_shape_rule(M, N, K, ok):
 
 @pytest.mark.parametrize("M,N,kblock,block_n", [
     (4096, 4096, False, 256), (1024, 7168, False, 256), (4000, 9000, False, 256),
-    (1024, 4096, False, 128),  # 128 tiles of 256: under one wave
+    (1024, 4096, False, 256),  # 128 tiles of 256: 97% of a wave
+    (512, 4096, False, 128),  # 64 tiles of 256: half a wave
     (1024, 6144, False, 128),  # 192 tiles of 256 fill 73% of two waves, 384 of 128 97% of three
     (4096, 4096, True, 128)])  # block scales: always 128
 def test_block_n_rule(M, N, kblock, block_n):

@@ -75,14 +75,15 @@ def _wave_use(tiles: int, num_sms: int) -> float:
 
 def ws_block_n(M: int, N: int, num_sms: int, kblock: bool) -> int:
     """Tile columns: without block scales 256 (two 128-wide products per K block and warp group:
-    half the B traffic per product of the 128-wide tile; up to 1.19x faster at M >= 1024,
-    tuning/ws/ws_bn*_h100.txt) where such tiles fill at least one wave and their waves fill at
-    least 90% of what 128-wide tiles' do (1024 x 6144: 192 tiles of 256 ran 0.75x the 384 of 128),
-    else 128. Block-scaled tiles stay 128 wide: at 256 the scaled promotion of two accumulators
-    spilled (ptxas: 968 bytes of spill stores) and ran 2.5x slower."""
+    half the B traffic per product of the 128-wide tile; 1.02x to 1.10x faster at M = 1024 and
+    4096 with TMA stores, tuning/ws/ws_exact_bn*_h100.txt) where such tiles fill 90% of a wave
+    or more and their waves fill at least 90% of what 128-wide tiles' do (1024 x 6144: 192 tiles
+    of 256 ran 0.83x the 384 of 128), else 128. Block-scaled tiles stay 128 wide: at 256 the
+    scaled promotion of two accumulators spilled (ptxas: 968 bytes of spill stores) and ran 2.5x
+    slower."""
     tiles_m = -(-M // BLOCK)
     wide, narrow = tiles_m * -(-N // 256), tiles_m * -(-N // BLOCK)
-    if kblock or wide < num_sms or _wave_use(wide, num_sms) < 0.9 * _wave_use(narrow, num_sms):
+    if kblock or 10 * wide < 9 * num_sms or _wave_use(wide, num_sms) < 0.9 * _wave_use(narrow, num_sms):
         return BLOCK
     return 256
 
