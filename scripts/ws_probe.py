@@ -9,7 +9,7 @@ same call builds with GEMMKIT_GLUON=0 (the tl kernel and its tables; built once,
 and the baseline; inputs rotated over 3 sets.
 Prints times, the ratios to the baseline and each result's error against the float reference.
 
-    python3 scripts/ws_probe.py [--m M ...] [--op OP ...] [--heldout] [--block-n 128|256] [--no-c-tma]
+    python3 scripts/ws_probe.py [--m M ...] [--op OP ...] [--heldout] [--block-n 128|256] [--no-c-tma] [--any-size]
 """
 
 import argparse
@@ -57,7 +57,10 @@ def main():
     ap.add_argument("--heldout", action="store_true", help="the held-out models' layers instead")
     ap.add_argument("--block-n", type=int, choices=(128, 256), help="force the kernel's tile columns")
     ap.add_argument("--no-c-tma", action="store_true", help="pointer stores of the output (hopper_ws.C_TMA off)")
+    ap.add_argument("--any-size", action="store_true", help="the kernel at every size (hopper_ws.ws_shape_ok off)")
     args = ap.parse_args()
+    if args.any_size:
+        hopper_ws.ws_shape_ok = lambda M, N, K, num_sms: True
     if args.no_c_tma:
         hopper_ws.C_TMA = False
     if args.block_n:
