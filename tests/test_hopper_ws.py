@@ -51,9 +51,7 @@ def tl_result(monkeypatch, call):
 
 @pytest.mark.parametrize("M,N,K,ok", [
     (4096, 7168, 7168, True), (255, 36864, 7168, False), (4096, 7168, 512, False),
-    (256, 36864, 7168, True), (256, 4096, 7168, False),  # 576 / 64 tiles of 128 x 128
-    (256, 7168, 16384, True), (256, 7168, 2048, False),  # 112 tiles: taken for long K only
-    (256, 5120, 14336, True), (256, 4096, 14336, False),  # 80 / 64 tiles with long K
+    (256, 36864, 7168, True), (256, 4608, 4096, True), (256, 4096, 7168, False),  # 576 / 72 / 64 tiles
     (1024, 2112, 7168, False),  # 136 tiles on 132 SMs: a thin second wave
     (1024, 3072, 4096, True), (2048, 3000, 1024, True)])
 def test_shape_rule(M, N, K, ok):

@@ -7,9 +7,8 @@ op builds its DensePlan as before:
 - the library's own config (a caller's `config` is a tl config: it always gets the tl kernel);
 - no activation (bias and every output dtype are handled);
 - x and w K-contiguous with 16-byte aligned rows and bases (TMA descriptors);
-- sizes where it measured faster (ws_shape_ok: M >= WS_MIN_M, K >= WS_MIN_K, a wave of 128 x 128
-  tiles, or 60% of one for long K, and no thin second wave; shorter loops and fewer
-  tiles favour the tl kernel's split-K / stream-K).
+- sizes where it measured faster (ws_shape_ok: M >= WS_MIN_M, K >= WS_MIN_K, half a wave of
+  128 x 128 tiles and no thin second wave; fewer tiles favour the tl kernel's split-K / stream-K).
 Block-scaled (SCALES_KBLOCK): x_scale's 128 values of a tile and K block come by TMA with the
 stage when x_scale is column-major with a group stride of a multiple of 4 and a 16-byte aligned
 base (as quantize_fp8_blockwise(scale_layout="col") and DeepGEMM's TMA-aligned layout store it);
@@ -28,7 +27,6 @@ from .plan import contiguous_strides, extent_bytes, overlapping_input
 
 WS_MIN_M = 256
 WS_MIN_K = 1024
-WS_LONG_K = 5120
 GLUON_ENV = "GEMMKIT_GLUON"
 BLOCK = 128  # tile rows (two warp groups of 64), K block (= the scale group), narrow tile columns
 HALF = 64
@@ -56,16 +54,14 @@ def _tma_operand(t: torch.Tensor) -> bool:
 
 def ws_shape_ok(M: int, N: int, K: int, num_sms: int) -> bool:
     """The problem sizes for which the warp-specialized kernel measured faster than the tl kernel
-    (scripts/ws_probe.py, tuning/ws/): M >= WS_MIN_M, K >= WS_MIN_K, and at least one wave of
-    128 x 128 tiles, but not a thin second one (up to a quarter of the SMs: one tile more for a
-    few programs; the tl kernel's stream-K splits that tail), or 60% of a wave when K >=
-    WS_LONG_K. With fewer tiles the tl kernel's split-K won at M = 256 where K is short (0.84x
-    to 0.96x the tl time at K <= 4096, DeepSeek-V3 and Llama-3-8B layers with tuned tables) and
-    lost where it is long (1.07x to 1.28x at K = 5120 to 18432 with 80 to 128 tiles)."""
+    (scripts/ws_probe.py --any-size, tuning/ws/ws_any*_h100.txt): M >= WS_MIN_M, K >= WS_MIN_K,
+    at least half a wave of 128 x 128 tiles (at M = 256: 1.05x to 1.45x the tl kernel from 72
+    tiles up, 0.93x to 1.16x at 64, 0.67x to 1.09x below), but not a thin second wave (up to a
+    quarter of the SMs: one tile more for a few programs, which the tl kernel's stream-K splits;
+    0.79x / 1.09x at 136 tiles)."""
     tiles = -(-M // BLOCK) * -(-N // BLOCK)
-    if M < WS_MIN_M or K < WS_MIN_K or num_sms < tiles <= num_sms + num_sms // 4:
-        return False
-    return tiles >= num_sms or (K >= WS_LONG_K and 5 * tiles >= 3 * num_sms)
+    return (M >= WS_MIN_M and K >= WS_MIN_K and 2 * tiles >= num_sms
+            and not num_sms < tiles <= num_sms + num_sms // 4)
 
 
 def _wave_use(tiles: int, num_sms: int) -> float:
