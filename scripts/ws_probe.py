@@ -28,7 +28,7 @@ from gemmkit.tools.registry import __file__ as registry_file, get_op  # noqa: E4
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 from gemmkit.tools.tune import rel_error  # noqa: E402
 
-DSV3 = [(2112, 7168), (24576, 1536), (7168, 16384), (4096, 7168), (7168, 2048), (36864, 7168), (7168, 18432)]
+DSV3 = [(2112, 7168), (24576, 1536), (32768, 512), (7168, 16384), (4096, 7168), (7168, 2048), (36864, 7168), (7168, 18432)]
 LLAMA = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]
 SETS = 3
 
@@ -58,9 +58,10 @@ def main():
     ap.add_argument("--block-n", type=int, choices=(128, 256), help="force the kernel's tile columns")
     ap.add_argument("--no-c-tma", action="store_true", help="pointer stores of the output (hopper_ws.C_TMA off)")
     ap.add_argument("--any-size", action="store_true", help="the kernel at every size (hopper_ws.ws_shape_ok off)")
+    ap.add_argument("--shapes", type=int, nargs="+", help="N K pairs instead of the model layers")
     args = ap.parse_args()
     if args.any_size:
-        hopper_ws.ws_shape_ok = lambda M, N, K, num_sms: True
+        hopper_ws.ws_shape_ok = lambda M, N, K, num_sms, kblock: True
     if args.no_c_tma:
         hopper_ws.C_TMA = False
     if args.block_n:
@@ -69,7 +70,9 @@ def main():
     for name in args.op:
         op = get_op(name)
         shapes = DSV3 + (LLAMA if name != "a8w8_blockscale" else [])
-        if args.heldout:
+        if args.shapes:
+            shapes = list(zip(args.shapes[::2], args.shapes[1::2]))
+        elif args.heldout:
             models = json.load(open(os.path.join(os.path.dirname(registry_file), "models.json")))
             shapes = sorted({tuple(nk) for m, d in models.items() if m.startswith("heldout")
                              for nk in d["layers"].values()})

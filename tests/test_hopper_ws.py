@@ -49,13 +49,15 @@ def tl_result(monkeypatch, call):
 
 # the dispatch rule (CPU) -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("M,N,K,ok", [
-    (4096, 7168, 7168, True), (255, 36864, 7168, False), (4096, 7168, 512, False),
-    (256, 36864, 7168, True), (256, 4608, 4096, True), (256, 4096, 7168, False),  # 576 / 72 / 64 tiles
-    (1024, 2112, 7168, False),  # 136 tiles on 132 SMs: a thin second wave
-    (1024, 3072, 4096, True), (2048, 3000, 1024, True)])
-def test_shape_rule(M, N, K, ok):
-    assert hopper_ws.ws_shape_ok(M, N, K, 132) is ok
+@pytest.mark.parametrize("M,N,K,kblock,ok", [
+    (4096, 7168, 7168, False, True), (255, 36864, 7168, False, False), (4096, 7168, 256, False, False),
+    (4096, 32768, 512, True, True),
+    (256, 36864, 7168, False, True), (256, 4608, 4096, False, True), (256, 4096, 7168, False, False),  # 576 / 72 / 64
+    (256, 4096, 7168, True, True), (256, 3072, 4096, True, True), (256, 2112, 7168, True, False),  # 64 / 48 / 34
+    (1024, 2112, 7168, True, False),  # 136 tiles on 132 SMs: a thin second wave
+    (1024, 3072, 4096, False, True), (2048, 3000, 1024, False, True)])
+def test_shape_rule(M, N, K, kblock, ok):
+    assert hopper_ws.ws_shape_ok(M, N, K, 132, kblock) is ok
 
 
 @pytest.mark.parametrize("M,N,kblock,block_n", [
@@ -95,7 +97,8 @@ def block_operands(M, N, K, x_dtype=E4M3, w_dtype=E4M3, layout="col", scale_form
 
 # ragged M (M % 4 != 0: scales by register loads), N and K (not multiples of 128), several tiles
 # per program (persistent), one K block past the last full one
-BLOCK_SHAPES = [(1024, 4096, 7168), (777, 6000, 1104), (800, 6000, 2000), (4096, 3000, 1536), (300, 9000, 1024)]
+BLOCK_SHAPES = [(1024, 4096, 7168), (777, 6000, 1104), (800, 6000, 2000), (4096, 3000, 1536), (300, 9000, 1024),
+                (2048, 9000, 512)]
 
 
 @needs_hopper
@@ -193,7 +196,7 @@ def test_disabled_by_env(built, monkeypatch):
 
 @needs_hopper
 @pytest.mark.parametrize("x_gran,w_gran", [("row", "row"), ("tensor", "tensor"), ("row", "tensor"), ("tensor", "row")])
-@pytest.mark.parametrize("M,N,K", [(777, 6000, 1104), (2048, 4096, 4096), (4000, 9000, 1040)])
+@pytest.mark.parametrize("M,N,K", [(777, 6000, 1104), (2048, 4096, 4096), (4000, 9000, 1040), (1500, 8192, 512)])
 def test_exact_accumulation(built, monkeypatch, M, N, K, x_gran, w_gran):
     x, w = randn(M, K, dtype=FP32), randn(N, K, dtype=FP32) / K**0.5
     (xq, xs), (wq, ws) = quant.quantize_fp8(x, x_gran), quant.quantize_fp8(w, w_gran)

@@ -8,7 +8,8 @@ op builds its DensePlan as before:
 - no activation (bias and every output dtype are handled);
 - x and w K-contiguous with 16-byte aligned rows and bases (TMA descriptors);
 - sizes where it measured faster (ws_shape_ok: M >= WS_MIN_M, K >= WS_MIN_K, half a wave of
-  128 x 128 tiles and no thin second wave; fewer tiles favour the tl kernel's split-K / stream-K).
+  128 x 128 tiles, a third with block scales, and no thin second wave; fewer tiles favour the tl
+  kernel's split-K / stream-K).
 Block-scaled (SCALES_KBLOCK): x_scale's 128 values of a tile and K block come by TMA with the
 stage when x_scale is column-major with a group stride of a multiple of 4 and a 16-byte aligned
 base (as quantize_fp8_blockwise(scale_layout="col") and DeepGEMM's TMA-aligned layout store it);
@@ -26,7 +27,7 @@ from .device import DeviceInfo
 from .plan import contiguous_strides, extent_bytes, overlapping_input
 
 WS_MIN_M = 256
-WS_MIN_K = 1024
+WS_MIN_K = 512
 GLUON_ENV = "GEMMKIT_GLUON"
 BLOCK = 128  # tile rows (two warp groups of 64), K block (= the scale group), narrow tile columns
 HALF = 64
@@ -52,16 +53,18 @@ def _tma_operand(t: torch.Tensor) -> bool:
     return t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0 and t.stride(0) >= t.shape[1]
 
 
-def ws_shape_ok(M: int, N: int, K: int, num_sms: int) -> bool:
+def ws_shape_ok(M: int, N: int, K: int, num_sms: int, kblock: bool) -> bool:
     """The problem sizes for which the warp-specialized kernel measured faster than the tl kernel
     (scripts/ws_probe.py --any-size, tuning/ws/ws_any*_h100.txt): M >= WS_MIN_M, K >= WS_MIN_K,
-    at least half a wave of 128 x 128 tiles (at M = 256: 1.05x to 1.45x the tl kernel from 72
-    tiles up, 0.93x to 1.16x at 64, 0.67x to 1.09x below), but not a thin second wave (up to a
-    quarter of the SMs: one tile more for a few programs, which the tl kernel's stream-K splits;
-    0.79x / 1.09x at 136 tiles)."""
+    at least half a wave of 128 x 128 tiles, a third of one with block scales (whose tl K loop
+    loses more to its scale loads), but not a thin second wave (up to a quarter of the SMs: one
+    tile more for a few programs, which the tl kernel's stream-K splits; 0.79x / 1.09x at 136
+    tiles). At M = 256: 1.05x to 1.45x the tl kernel from 72 tiles up; at 64 tiles 1.15x to
+    1.23x with block scales, 0.90x to 0.97x without; 0.67x to 1.09x under 60 tiles except 1.19x
+    at 48 with block scales, 0.80x at 34; at K = 512, 1.24x to 1.76x from 128 tiles up."""
     tiles = -(-M // BLOCK) * -(-N // BLOCK)
-    return (M >= WS_MIN_M and K >= WS_MIN_K and 2 * tiles >= num_sms
-            and not num_sms < tiles <= num_sms + num_sms // 4)
+    enough = 3 * tiles >= num_sms if kblock else 2 * tiles >= num_sms
+    return M >= WS_MIN_M and K >= WS_MIN_K and enough and not num_sms < tiles <= num_sms + num_sms // 4
 
 
 def _wave_use(tiles: int, num_sms: int) -> float:
@@ -96,7 +99,7 @@ def ws_plan(dev: DeviceInfo, x2, w, y2, M: int, N: int, K: int, *, scales: str, 
     validate.check_activation returns it ("none"). scales: "kblock" (x_scale (M, G), w_scale
     (ceil(N / 128), G): the 2-D views run() will get) or "rowcol" (x_scale one or M values,
     w_scale one or N values, contiguous)."""
-    if (config is not None or activation != "none" or not ws_shape_ok(M, N, K, dev.num_sms)
+    if (config is not None or activation != "none" or not ws_shape_ok(M, N, K, dev.num_sms, scales == "kblock")
             or x2.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) or not ws_enabled(dev, x2.device)
             or not (_tma_operand(x2) and _tma_operand(w))):
         return None
