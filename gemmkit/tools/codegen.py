@@ -221,6 +221,49 @@ def compile_bare(M: int, N: int, K: int, cfg: GemmConfig, dtype=torch.float8_e4m
     return _compile(bare_persistent_gemm, args, cfg)
 
 
+def compile_ws(M: int, N: int, K: int, block_scales: bool, block_n: int = 128, xs_tma: bool = True,
+               c_tma: bool = True, out_dtype=torch.bfloat16) -> Binary:
+    """Compile the warp-specialized promoting FP8 kernel (kernels/fp8_ws.py, Gluon) for sm_90 with
+    the arguments core/hopper_ws.WSPlan passes: block scales (x scales by TMA or by register
+    loads) or row / column scales, 128- or 256-wide tiles, TMA or pointer stores."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    from ..core import hopper_ws as hw
+
+    kernel = hw.gluon_kernel().fp8_ws_kernel
+    fp8, G = torch.float8_e4m3fn, -(-K // hw.BLOCK)
+    x, w, c = torch.empty(M, K, dtype=fp8), torch.empty(N, K, dtype=fp8), torch.empty(M, N, dtype=out_dtype)
+
+    def desc(t, block):
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), block,
+                                gl.NVMMASharedLayout.get_default_for(block, hw._gl_dtype(t.dtype)))
+
+    xs = torch.empty(G, M).t() if block_scales else torch.empty(M, 1)
+    ws = torch.empty(-(-N // hw.BLOCK), G) if block_scales else torch.empty(1, N)
+    flat = torch.empty(G * M)
+    xs_desc = TensorDescriptor(flat, [G * M], [1], [hw.BLOCK],
+                               gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
+    scale_strides = (1, M, G, 1) if block_scales else (1, 0, 1, 0)
+    args = (desc(x, [hw.HALF, hw.BLOCK]), desc(w, [block_n, hw.BLOCK]), xs_desc, c, desc(c, [hw.HALF, hw.BLOCK]),
+            torch.empty(N, dtype=out_dtype), xs, ws, M, N, K, M if block_scales else 0, N, 1, *scale_strides)
+    options = dict(GROUP_M=hw.GROUP_M, STAGES=hw.STAGES[block_n, c_tma], SCALES=0 if block_scales else 1,
+                   XS_TMA=block_scales and xs_tma, HAS_BIAS=True, C_TMA=c_tma, num_warps=4)
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    bound, specialization, opts = create_function_from_signature(kernel.signature, kernel.params, backend)(
+        *args, **options)
+    opts, signature, constexprs, attrs = JITFunction._pack_args(kernel, backend, options, bound, specialization, opts)
+    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target,
+                              options=opts.__dict__)
+    return _inspect(compiled.asm["cubin"], compiled.metadata.shared, with_stack=True)
+
+
 def _compile(kernel, args, cfg: GemmConfig) -> Binary:
     """Compile a JIT kernel for sm_90 with the specialization a launch with `args` would get."""
     import triton
@@ -261,7 +304,7 @@ def k_loop(sass: str) -> list[str]:
     return body[start:end + 1]
 
 
-def _inspect(cubin: bytes, shared_bytes: int) -> Binary:
+def _inspect(cubin: bytes, shared_bytes: int, with_stack: bool = False) -> Binary:
     import tempfile
 
     tools = _tools_dir()
@@ -274,6 +317,8 @@ def _inspect(cubin: bytes, shared_bytes: int) -> Binary:
                               check=True).stdout
     regs = int(re.search(r"REG:(\d+)", usage).group(1))
     local = int(re.search(r"LOCAL:(\d+)", usage).group(1))
+    if with_stack:  # ptxas spills into the stack frame too (the warp-specialized kernel's did)
+        local += sum(map(int, re.findall(r"STACK:(\d+)", usage)))
     return Binary(regs, local, shared_bytes, sass, hashlib.sha1(cubin).hexdigest())
 
 
@@ -448,6 +493,32 @@ def _compare_bare(b: Binary, M, N, K, cfg: GemmConfig, kw: dict, dev: DeviceInfo
     return same, f"; K loop {len(ours)} instructions (bare tutorial-09 kernel {len(ref)}{'' if same else ', DIFFERENT'})"
 
 
+# The warp-specialized promoting FP8 kernel's variants (compile_ws arguments): each must compile
+# without local memory or stack (its 256-wide block-scaled form spilled 968 bytes into a 200-byte
+# stack frame and ran 2.5x slower), with warpgroup FP8 MMAs, TMA loads, TMA stores where asked for, and shared
+# memory within the device's limit.
+WS_CHECKS = {
+    "gluon fp8 blockscale, x scales by TMA, TMA stores": (4096, 7168, 7168, dict(block_scales=True)),
+    "gluon fp8 blockscale, x scales by register loads, fp32 output by pointers": (
+        4096, 7168, 7168, dict(block_scales=True, xs_tma=False, c_tma=False, out_dtype=torch.float32)),
+    "gluon fp8 fast_accum=False, 128x256 tiles, TMA stores": (4096, 7168, 7168, dict(block_scales=False, block_n=256)),
+    "gluon fp8 fast_accum=False, 128x128 tiles, pointer stores": (
+        4096, 7168, 7168, dict(block_scales=False, c_tma=False)),
+}
+
+
+def check_ws(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
+    """Compile one of WS_CHECKS: (passed, binary, one-line report)."""
+    M, N, K, kw = WS_CHECKS[name]
+    b = compile_ws(M, N, K, **kw)
+    stores = b.count("UTMASTG")
+    ok = (b.local_bytes == 0 and b.count("QGMMA") > 0 and b.count("UTMALDG") > 0
+          and (stores > 0) == kw.get("c_tma", True) and b.shared_bytes <= dev.smem_per_block)
+    return ok, b, (f"{'ok ' if ok else 'BAD'} {name}: {b.registers} registers, {b.local_bytes} B local, "
+                   f"{b.shared_bytes} B shared, QGMMA {b.count('QGMMA')}, UTMALDG {b.count('UTMALDG')}, "
+                   f"UTMASTG {stores}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m gemmkit.tools.codegen", description=__doc__.split("\n\n")[0])
     p.add_argument("--warp-specialize", action="store_true",
@@ -468,6 +539,15 @@ def main(argv=None) -> int:
 
             ws = compile_gemm(M, N, K, dataclasses.replace(cfg, WARP_SPECIALIZE=True), **kw)
             print(f"    WARP_SPECIALIZE: binary {'identical' if ws.sha1 == b.sha1 else 'different'}", flush=True)
+    from ..core.hopper_ws import gluon_kernel
+
+    if gluon_kernel() is None:
+        print("BAD this Triton has no usable Gluon: the warp-specialized FP8 kernel cannot be checked", flush=True)
+        return 1
+    for name in WS_CHECKS:
+        ok, _, report = check_ws(name)
+        failed += not ok
+        print(report, flush=True)
     return 1 if failed else 0
 
 
