@@ -83,6 +83,25 @@ def test_not_taken_off_hopper(built):
                              flatten_x=False) is None
 
 
+@pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("scales,layout,out_dtype,block_n,xs_tma,c_tma", [
+    ("kblock", "col", BF16, 128, True, True), ("kblock", "row", FP32, 128, False, False),
+    ("rowcol", None, FP16, 256, False, True), ("rowcol", None, FP32, 128, False, False)])
+def test_plan_binds_the_kernel_signature(scales, layout, out_dtype, block_n, xs_tma, c_tma):
+    """WSPlan's arguments by name against fp8_ws_kernel's signature (core/plan.kernel_tail raises on
+    a mismatch), and what it derives from the tensors, built on the CPU (no launch)."""
+    M, N, K = (4096, 4096, 1024) if block_n == 256 else (512, 3000, 1024)
+    x, w = torch.empty(M, K, dtype=E4M3), torch.empty(N, K, dtype=E4M3)
+    if scales == "kblock":
+        xs = torch.empty(K // 128, M).t() if layout == "col" else torch.empty(M, K // 128)
+        ws = torch.empty(-(-N // 128), K // 128)
+    else:
+        xs, ws = torch.empty(M, 1), torch.empty(1, N)
+    plan = hopper_ws.WSPlan(x, w, None, M, N, K, scales, xs, ws, None, out_dtype, (M, N), False, 132)
+    assert (plan.block_n, plan.xs_tma, plan.c_tma) == (block_n, xs_tma, c_tma)
+    assert len(hopper_ws.PER_CALL) + len(plan.tail) == len(hopper_ws.gluon_kernel().fp8_ws_kernel.arg_names)
+
+
 # block scales (GPU) ----------------------------------------------------------------------------
 
 def block_operands(M, N, K, x_dtype=E4M3, w_dtype=E4M3, layout="col", scale_format="float32", lead=None):

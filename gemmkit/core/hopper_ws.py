@@ -24,7 +24,7 @@ import os
 import torch
 
 from .device import DeviceInfo
-from .plan import contiguous_strides, extent_bytes, overlapping_input
+from .plan import contiguous_strides, extent_bytes, kernel_tail, overlapping_input
 
 WS_MIN_M = 256
 WS_MIN_K = 512
@@ -34,6 +34,7 @@ HALF = 64
 STAGES = {(128, False): 5, (256, False): 4, (128, True): 5, (256, True): 3}  # by (tile columns, C_TMA): as many as
 # shared memory holds beside the output buffers
 GROUP_M = 8
+PER_CALL = ("a_desc", "b_desc", "xs_desc", "c", "c_desc", "bias", "a_scale", "b_scale")  # the kernel's leading parameters
 C_TMA = True  # 16-bit outputs stored by TMA from shared memory (off: pointer stores; scripts/ws_probe.py --no-c-tma)
 
 
@@ -181,10 +182,15 @@ class WSPlan:
         self.c_desc = _Descriptors((M, N) if self.c_tma else (HALF, BLOCK), (c_strides[0], 1) if self.c_tma
                                    else (BLOCK, 1), (HALF, BLOCK), c_layout)
         self._unused_c = None if self.c_tma else torch.zeros(HALF, BLOCK, dtype=out_dtype, device=self.device)
-        self.tail = (M, N, K, xs_group_stride, *c_strides, *scale_strides, GROUP_M, STAGES[block_n, self.c_tma],
-                     0 if self.kblock else 1, self.xs_tma, bias is not None, self.c_tma)
+        kernel = gluon_kernel().fp8_ws_kernel
+        s_am, s_ak, s_bn, s_bk = scale_strides
+        self.tail = kernel_tail(kernel, PER_CALL, dict(
+            M=M, N=N, K=K, xs_group_stride=xs_group_stride, stride_cm=c_strides[0], stride_cn=c_strides[1],
+            stride_asm=s_am, stride_ask=s_ak, stride_bsn=s_bn, stride_bsk=s_bk, GROUP_M=GROUP_M,
+            STAGES=STAGES[block_n, self.c_tma], SCALES=0 if self.kblock else 1, XS_TMA=self.xs_tma,
+            HAS_BIAS=bias is not None, C_TMA=self.c_tma))
         tiles = -(-M // BLOCK) * -(-N // block_n)
-        self.launch = CachedLaunch(gluon_kernel().fp8_ws_kernel, (min(tiles, num_sms),), 4, 1,
+        self.launch = CachedLaunch(kernel, (min(tiles, num_sms),), 4, 1,
                                    self.device_index)  # persistent: at most one program per SM
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)
         self.y_extent = 0 if y2 is None else extent_bytes(y2)
@@ -209,7 +215,7 @@ class WSPlan:
         c = out.view(M, N) if len(self.out_shape) != 2 else out
         xs = torch.as_strided(x_scale, (self.xs_extent,), (1,)) if self.xs_tma else self._unused_xs
         c_desc = self.c_desc(c if self.c_tma else self._unused_c)
-        self.launch((self.a_desc(x), self.b_desc(w), self.xs_desc(xs), c, c_desc, bias, x_scale, w_scale), self.tail)
+        self.launch((self.a_desc(x), self.b_desc(w), self.xs_desc(xs), c, c_desc, bias, x_scale, w_scale), self.tail)  # PER_CALL
         return out
 
     __call__ = run
