@@ -101,8 +101,7 @@ def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, 
         fence_async_shared()
         _tma_store(c_desc, [row0, n0], c_smem)
     else:
-        # (64-bit offsets: an output of 2^31 elements or more is within reach at these sizes)
-        gl.store(c + rm.to(gl.int64)[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c.dtype.element_ty),
+        gl.store(c + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
 
 
