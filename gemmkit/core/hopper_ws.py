@@ -94,6 +94,14 @@ def ws_enabled(dev: DeviceInfo, device: torch.device) -> bool:
             and os.environ.get(GLUON_ENV, "1") != "0" and gluon_kernel() is not None)
 
 
+def _tma_output(y2, N: int, out_dtype) -> bool:
+    """The output is stored by TMA: 16-bit, unit column stride, 16-byte aligned rows and base (a
+    fresh output is)."""
+    s_cm, s_cn = (N, 1) if y2 is None else y2.stride()
+    return (C_TMA and out_dtype in (torch.bfloat16, torch.float16) and s_cn == 1 and (s_cm * 2) % 16 == 0
+            and (y2 is None or y2.data_ptr() % 16 == 0))
+
+
 def ws_plan(dev: DeviceInfo, x2, w, y2, M: int, N: int, K: int, *, scales: str, x_scale, w_scale, bias, activation,
             config, out_dtype, out_shape, flatten_x: bool):
     """A WSPlan for this problem if it qualifies (module docstring), else None. activation: as
@@ -102,7 +110,8 @@ def ws_plan(dev: DeviceInfo, x2, w, y2, M: int, N: int, K: int, *, scales: str, 
     w_scale one or N values, contiguous)."""
     if (config is not None or activation != "none" or not ws_shape_ok(M, N, K, dev.num_sms, scales == "kblock")
             or x2.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) or not ws_enabled(dev, x2.device)
-            or not (_tma_operand(x2) and _tma_operand(w))):
+            or not (_tma_operand(x2) and _tma_operand(w))
+            or (M * N >= 2**31 and not _tma_output(y2, N, out_dtype))):  # pointer stores: 32-bit offsets
         return None
     return WSPlan(x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, dev.num_sms)
 
@@ -175,9 +184,7 @@ class WSPlan:
         self.xs_desc = _Descriptors((self.xs_extent if self.xs_tma else BLOCK,), (1,), (BLOCK,), xs_layout)
         self._unused_xs = None if self.xs_tma else torch.zeros(BLOCK, dtype=torch.float32, device=self.device)
         c_strides = (N, 1) if y2 is None else y2.stride()
-        # TMA stores: 16-bit output, unit column stride, 16-byte aligned rows and base (a fresh output is)
-        self.c_tma = (C_TMA and out_dtype in (torch.bfloat16, torch.float16) and c_strides[1] == 1
-                      and (c_strides[0] * 2) % 16 == 0 and (y2 is None or y2.data_ptr() % 16 == 0))
+        self.c_tma = _tma_output(y2, N, out_dtype)
         c_layout = gl.NVMMASharedLayout.get_default_for([HALF, BLOCK], _gl_dtype(out_dtype))
         self.c_desc = _Descriptors((M, N) if self.c_tma else (HALF, BLOCK), (c_strides[0], 1) if self.c_tma
                                    else (BLOCK, 1), (HALF, BLOCK), c_layout)
