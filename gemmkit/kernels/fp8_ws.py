@@ -137,7 +137,10 @@ def _consumer(a_bufs, b_bufs, xs_bufs, ready, empty, c, c_desc, c_smem, bias, a_
         for ki in range(k_tiles):
             s = it % STAGES
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            if SCALES == SCALES_KBLOCK and XS_TMA:  # this block's scales from its stage
+            # this block's scales from its stage, read before the product is issued: read after its
+            # wait, the last K block's came out wrong for the second warp group with persistent tiles
+            # (the stage refilled first; scripts/ws_check.py)
+            if SCALES == SCALES_KBLOCK and XS_TMA:
                 sa_cur = xs_bufs.index(s).slice(ROLE * HALF, HALF).load(rows_l)
             zero = gl.zeros((HALF, SUB), dtype=gl.float32, layout=mma)
             p = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).slice(0, SUB).permute((1, 0)), zero, use_acc=False,
