@@ -381,7 +381,7 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
     if b.bits < b.dot_bits:
         return _derive_packed(M, N, K, dev, a, b, out_bytes)
     small_m = M <= 64
-    promoting = promote or Scale.KBLOCK in (a.scale, b.scale) or a.quantize == "group"
+    promoting = promote or promotes(a, b)
     block_m = min(128 if M > 128 else 64, max(16, next_pow2(M)))
     block_n = 64 if small_m else (256 if M >= 1024 and N >= 4096 else 128)
     if promoting and not small_m:
@@ -465,6 +465,12 @@ def _derive_packed(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b:
 # there (4 wgmma K steps, as DeepGEMM and cuBLASLt promote)
 PROMOTING_TABLES = ("a8w8_fp8_exact",)
 EXACT_MAX_BLOCK_K = 128
+
+
+def promotes(a: OperandFormat, b: OperandFormat, table: str | None = None) -> bool:
+    """Whether the K loop promotes each K tile's product to fp32 before the next one: K-block
+    scales, an A quantized per group in the kernel, or an op of a PROMOTING_TABLES table."""
+    return Scale.KBLOCK in (a.scale, b.scale) or a.quantize == "group" or table in PROMOTING_TABLES
 
 
 @functools.lru_cache(maxsize=8192)

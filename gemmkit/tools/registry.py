@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..core.config import EXACT_MAX_BLOCK_K, PROMOTING_TABLES, TMA_MIN_M, GemmConfig
+from ..core.config import EXACT_MAX_BLOCK_K, PROMOTING_TABLES, TMA_MIN_M, GemmConfig, promotes
 from ..core.device import DeviceInfo
 from ..core.formats import OperandFormat, Scale, check_block_k, dense, packed4, quantized_in_kernel
 
@@ -699,8 +699,7 @@ def search_space(op: ToolOp, M: int, N: int, K: int, dev: DeviceInfo) -> list[Ge
     # on sm_90 Triton (3.6 to 3.9) compiles WARP_SPECIALIZE to the binary of its plain persistent
     # twin (README, Architecture; `python -m gemmkit.tools.codegen --warp-specialize`): not enumerated
     warp_specialize = dev.capability != (9, 0)
-    promoting = (Scale.KBLOCK in (a_fmt.scale, b_fmt.scale) or a_fmt.quantize == "group"  # K-block promotion
-                 or op.table in PROMOTING_TABLES)
+    promoting = promotes(a_fmt, b_fmt, op.table)
     dot_bytes = max(a_fmt.dot_bits, b_fmt.dot_bits) // 8
     elem_k = 128 // dot_bytes  # BLOCK_K of one 128-byte line
     cands = []
