@@ -13,6 +13,7 @@ from gemmkit.core import hopper_ws
 from gemmkit.core.device import device_info
 from gemmkit.quant import dequantize_fp8_blockwise, quantize_fp8_blockwise
 from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference
+from test_a8w8_blockscale import col_major, operands
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -105,12 +106,10 @@ def test_plan_binds_the_kernel_signature(scales, layout, out_dtype, block_n, xs_
 # block scales (GPU) ----------------------------------------------------------------------------
 
 def block_operands(M, N, K, x_dtype=E4M3, w_dtype=E4M3, layout="col", scale_format="float32", lead=None):
-    x = randn(*(lead or (M,)), K, dtype=FP32, scale=3.0)
-    w = randn(N, K, dtype=FP32) / K**0.5
-    xq, xs = quantize_fp8_blockwise(x, (1, 128), x_dtype, scale_format, scale_layout=layout)
-    wq, ws = quantize_fp8_blockwise(w, (128, 128), w_dtype, scale_format)
-    xd = dequantize_fp8_blockwise(xq, xs, dtype=torch.float64).reshape(-1, K)
-    wd = dequantize_fp8_blockwise(wq, ws, (128, 128), dtype=torch.float64)
+    """test_a8w8_blockscale.operands, with x_scale column-major (TMA-loadable) unless layout="row"."""
+    xq, xs, wq, ws, xd, wd = operands(M, N, K, x_dtype, w_dtype, scale_format, lead)
+    if layout == "col":  # (*lead, G): the flattened rows unit-stride, as quantize_fp8_blockwise stores it
+        xs = col_major(xs.reshape(-1, xs.shape[-1])).view(xs.shape)
     return xq, xs, wq, ws, xd, wd
 
 

@@ -24,7 +24,7 @@ import os
 import torch
 
 from .device import DeviceInfo
-from .plan import contiguous_strides, extent_bytes, kernel_tail, overlapping_input
+from .plan import _get_device, contiguous_strides, extent_bytes, kernel_tail, overlapping_input
 
 WS_MIN_M = 256
 WS_MIN_K = 512
@@ -182,13 +182,16 @@ class WSPlan:
             self.xs_tma = False
             scale_strides = (int(x_scale.numel() > 1), 0, int(w_scale.numel() > 1), 0)
         self.xs_desc = _Descriptors((self.xs_extent if self.xs_tma else BLOCK,), (1,), (BLOCK,), xs_layout)
-        self._unused_xs = None if self.xs_tma else torch.zeros(BLOCK, dtype=torch.float32, device=self.device)
+        # a descriptor the kernel does not read (scales by register loads): one, built here
+        self._xs_const = None if self.xs_tma else self.xs_desc(torch.zeros(BLOCK, dtype=torch.float32,
+                                                                           device=self.device))
         c_strides = (N, 1) if y2 is None else y2.stride()
         self.c_tma = _tma_output(y2, N, out_dtype)
         c_layout = gl.NVMMASharedLayout.get_default_for([HALF, BLOCK], _gl_dtype(out_dtype))
         self.c_desc = _Descriptors((M, N) if self.c_tma else (HALF, BLOCK), (c_strides[0], 1) if self.c_tma
                                    else (BLOCK, 1), (HALF, BLOCK), c_layout)
-        self._unused_c = None if self.c_tma else torch.zeros(HALF, BLOCK, dtype=out_dtype, device=self.device)
+        self._c_const = None if self.c_tma else self.c_desc(torch.zeros(HALF, BLOCK, dtype=out_dtype,
+                                                                         device=self.device))  # (unused: pointer stores)
         kernel = gluon_kernel().fp8_ws_kernel
         s_am, s_ak, s_bn, s_bk = scale_strides
         self.tail = kernel_tail(kernel, PER_CALL, dict(
@@ -203,7 +206,7 @@ class WSPlan:
         self.y_extent = 0 if y2 is None else extent_bytes(y2)
 
     def run(self, x, w, bias, y, x_scale, w_scale):
-        if torch.cuda.current_device() != self.device_index:  # launches go to the current device
+        if _get_device() != self.device_index:  # launches go to the current device
             with torch.cuda.device(self.device_index):
                 return self._run(x, w, bias, y, x_scale, w_scale)
         return self._run(x, w, bias, y, x_scale, w_scale)
@@ -220,9 +223,9 @@ class WSPlan:
         out = torch.empty_strided(self.out_shape, self.out_strides, dtype=self.out_dtype,
                                   device=self.device) if y is None else y
         c = out.view(M, N) if len(self.out_shape) != 2 else out
-        xs = torch.as_strided(x_scale, (self.xs_extent,), (1,)) if self.xs_tma else self._unused_xs
-        c_desc = self.c_desc(c if self.c_tma else self._unused_c)
-        self.launch((self.a_desc(x), self.b_desc(w), self.xs_desc(xs), c, c_desc, bias, x_scale, w_scale), self.tail)  # PER_CALL
+        xs_desc = self.xs_desc(torch.as_strided(x_scale, (self.xs_extent,), (1,))) if self.xs_tma else self._xs_const
+        c_desc = self.c_desc(c) if self.c_tma else self._c_const
+        self.launch((self.a_desc(x), self.b_desc(w), xs_desc, c, c_desc, bias, x_scale, w_scale), self.tail)  # PER_CALL
         return out
 
     __call__ = run
