@@ -1,15 +1,17 @@
-"""Host side of the warp-specialized promoting FP8 kernel (kernels/fp8_ws.py, Gluon, sm_90).
+"""Host side of the warp-specialized Gluon kernel (kernels/gemm_ws.py, sm_90).
 
 `ws_plan(...)` returns a plan for the problems where that kernel measured faster than the shared
-tl kernel on the H100 (BENCHMARKS.md, "Promoting FP8 GEMM, warp-specialized"), else None and the
-op builds its DensePlan as before:
+tl kernel on the H100 (BENCHMARKS.md, "Promoting FP8 GEMM, warp-specialized" and "Fitted tile
+widths"), else None and the op builds its DensePlan as before:
 - CUDA device of compute capability 9.0, Triton with Gluon, no interpreter, GEMMKIT_GLUON not "0";
 - the library's own config (a caller's `config` is a tl config: it always gets the tl kernel);
 - no activation (bias and every output dtype are handled);
 - x and w K-contiguous with 16-byte aligned rows and bases (TMA descriptors);
-- sizes where it measured faster (ws_shape_ok: M >= WS_MIN_M, K >= WS_MIN_K, half a wave of
-  128 x 128 tiles, a third with block scales, and no thin second wave; fewer tiles favour the tl
-  kernel's split-K / stream-K).
+- sizes where it measured faster: promoting FP8 (block scales, fast_accum=False) by ws_shape_ok
+  (M >= WS_MIN_M, K >= WS_MIN_K, half a wave of 128 x 128 tiles, a third with block scales, and no
+  thin second wave; fewer tiles favour the tl kernel's split-K / stream-K); the tensor cores'
+  own accumulation (bf16 / fp16, FP8 fast accumulation) by ws_direct_ok, in tiles of 128 rows
+  and the width ws_parts fits to the SMs' waves.
 Block-scaled (SCALES_KBLOCK): x_scale's 128 values of a tile and K block come by TMA with the
 stage when x_scale is column-major with a group stride of a multiple of 4 and a 16-byte aligned
 base (as quantize_fp8_blockwise(scale_layout="col") and DeepGEMM's TMA-aligned layout store it);
@@ -29,29 +31,35 @@ from .plan import _get_device, contiguous_strides, extent_bytes, kernel_tail, ov
 WS_MIN_M = 256
 WS_MIN_K = 512
 GLUON_ENV = "GEMMKIT_GLUON"
-BLOCK = 128  # tile rows (two warp groups of 64), K block (= the scale group), narrow tile columns
+BLOCK = 128  # tile rows (two warp groups of 64), FP8 K block (= the scale group), promoting tile columns
 HALF = 64
-STAGES = {(128, False): 5, (256, False): 4, (128, True): 5, (256, True): 3}  # by (tile columns, C_TMA): as many as
-# shared memory holds beside the output buffers
+ROW_BYTES = 128  # one K block of a tile row: BLOCK_K = 64 bf16 / fp16, 128 FP8
+SMEM_BYTES = 232448  # sm_90's shared memory per block (opt-in maximum)
+MAX_STAGES = 5
+# column parts (N0, N1) of the widths fitted tiles take: each a power of two with its own product
+WIDTHS = ((64, 0), (64, 16), (64, 32), (128, 0), (128, 16), (128, 32), (128, 64), (128, 128))
+PART_COST = 64  # per-tile work of a K block that does not scale with its width (the 128-row A tile), in columns
 GROUP_M = 8
-PER_CALL = ("a_desc", "b_desc", "xs_desc", "c", "c_desc", "bias", "a_scale", "b_scale")  # the kernel's leading parameters
+PER_CALL = ("a_desc", "b0_desc", "b1_desc", "xs_desc", "c", "c0_desc", "c1_desc", "bias", "a_scale",
+            "b_scale")  # the kernel's leading parameters
 C_TMA = True  # 16-bit outputs stored by TMA from shared memory (off: pointer stores; scripts/ws_probe.py --no-c-tma)
 
 
 @functools.lru_cache(maxsize=1)
 def gluon_kernel():
-    """The Gluon module (kernels/fp8_ws.py), or None where Triton has no usable Gluon."""
+    """The Gluon module (kernels/gemm_ws.py), or None where Triton has no usable Gluon."""
     try:
-        from ..kernels import fp8_ws
+        from ..kernels import gemm_ws
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     except Exception:  # noqa: BLE001 - any Triton without this Gluon API: the tl kernel serves
         return None
-    return fp8_ws if TensorDescriptor is not None else None
+    return gemm_ws if TensorDescriptor is not None else None
 
 
 def _tma_operand(t: torch.Tensor) -> bool:
-    """A (rows, K) fp8 operand a TMA descriptor can address: K-contiguous, 16-byte aligned."""
-    return t.stride(1) == 1 and t.stride(0) % 16 == 0 and t.data_ptr() % 16 == 0 and t.stride(0) >= t.shape[1]
+    """A (rows, K) operand a TMA descriptor can address: K-contiguous, 16-byte aligned."""
+    return (t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+            and t.stride(0) >= t.shape[1])
 
 
 def ws_shape_ok(M: int, N: int, K: int, num_sms: int, kblock: bool) -> bool:
@@ -88,6 +96,28 @@ def ws_block_n(M: int, N: int, num_sms: int, kblock: bool) -> int:
     return 256
 
 
+def ws_parts(M: int, N: int, num_sms: int) -> tuple[int, int]:
+    """Column parts (N0, N1) of the tiles without promotion: the width of WIDTHS whose waves of
+    128-row tiles over the SMs take the least time, a wave's time taken as its tiles' width plus
+    PART_COST (the A tile's share); the widest on ties. As cuBLAS's sm_90 kernels do (their tiles
+    are 144 to 320 wide on the held-out layers at M = 512 to 2048: tuning/fitted/cublas_*.txt),
+    a width that fills one wave beats a power of two that leaves a ragged second: at M = 512,
+    N = 5120, 128 tiles of 160 against 160 of 128."""
+    tiles_m = -(-M // BLOCK)
+
+    def cost(parts):
+        width = parts[0] + parts[1]
+        return -(-tiles_m * -(-N // width) // num_sms) * (width + PART_COST), -width
+
+    return min(WIDTHS, key=cost)
+
+
+def ws_direct_ok(M: int, N: int, K: int, num_sms: int) -> bool:
+    """The problem sizes for which the kernel without promotion measured faster than the tl
+    kernel: M >= WS_MIN_M and K >= WS_MIN_K."""
+    return M >= WS_MIN_M and K >= WS_MIN_K
+
+
 def ws_enabled(dev: DeviceInfo, device: torch.device) -> bool:
     """The warp-specialized kernel can run here (sm_90 CUDA, Gluon, not disabled by GEMMKIT_GLUON=0)."""
     return (device.type == "cuda" and not dev.interpreter and tuple(dev.capability) == (9, 0)
@@ -102,18 +132,30 @@ def _tma_output(y2, N: int, out_dtype) -> bool:
             and (y2 is None or y2.data_ptr() % 16 == 0))
 
 
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def ws_plan(dev: DeviceInfo, x2, w, y2, M: int, N: int, K: int, *, scales: str, x_scale, w_scale, bias, activation,
-            config, out_dtype, out_shape, flatten_x: bool):
+            config, out_dtype, out_shape, flatten_x: bool, promote: bool = True):
     """A WSPlan for this problem if it qualifies (module docstring), else None. activation: as
     validate.check_activation returns it ("none"). scales: "kblock" (x_scale (M, G), w_scale
-    (ceil(N / 128), G): the 2-D views run() will get) or "rowcol" (x_scale one or M values,
-    w_scale one or N values, contiguous)."""
-    if (config is not None or activation != "none" or not ws_shape_ok(M, N, K, dev.num_sms, scales == "kblock")
-            or x2.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) or not ws_enabled(dev, x2.device)
-            or not (_tma_operand(x2) and _tma_operand(w))
+    (ceil(N / 128), G): the 2-D views run() will get), "rowcol" (x_scale one or M values,
+    w_scale one or N values, contiguous), both FP8, or "none" (bf16 / fp16, promote=False).
+    promote: FP8 products promoted to fp32 per K block (always with "kblock"), else the tensor
+    cores accumulate."""
+    promote = promote or scales == "kblock"
+    if scales == "none":
+        dtypes_ok = not promote and x2.dtype in (torch.bfloat16, torch.float16)
+    else:
+        dtypes_ok = x2.dtype in _FP8
+    sizes_ok = (ws_shape_ok(M, N, K, dev.num_sms, scales == "kblock") if promote
+                else ws_direct_ok(M, N, K, dev.num_sms))
+    if (config is not None or activation != "none" or not dtypes_ok or not sizes_ok
+            or not ws_enabled(dev, x2.device) or not (_tma_operand(x2) and _tma_operand(w))
             or (M * N >= 2**31 and not _tma_output(y2, N, out_dtype))):  # pointer stores: 32-bit offsets
         return None
-    return WSPlan(x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, dev.num_sms)
+    return WSPlan(x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, dev.num_sms,
+                  promote)
 
 
 _GL_DTYPES = {}
@@ -148,12 +190,20 @@ class _Descriptors:
         return d
 
 
-class WSPlan:
-    """y (M, N) = the promoted FP8 product through fp8_ws_kernel, for fixed tensor facts.
-    Called as run(x, w, bias, y, x_scale, w_scale) like the ops' other plans; launched through
-    Triton the first time, then directly (core/launcher.CachedLaunch)."""
+def ws_stages(width: int, out_bytes: int) -> int:
+    """Pipeline stages of 128 x width tiles: as many as shared memory holds beside the output
+    buffers (out_bytes per element; 0: pointer stores), at most MAX_STAGES."""
+    stage = (BLOCK + width) * ROW_BYTES + BLOCK * 4  # A, B and a tile's x scales
+    return min(MAX_STAGES, (SMEM_BYTES - BLOCK * width * out_bytes) // stage)
 
-    def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms):
+
+class WSPlan:
+    """y (M, N) = x @ w.T through gemm_ws_kernel (FP8 promoted per K block or not; bf16 / fp16),
+    for fixed tensor facts. Called as run(x, w, bias, y, x_scale, w_scale) like the ops' other
+    plans; launched through Triton the first time, then directly (core/launcher.CachedLaunch)."""
+
+    def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms,
+                 promote=True):
         from triton.experimental.gluon import language as gl
 
         from .launcher import CachedLaunch
@@ -163,12 +213,26 @@ class WSPlan:
         self.out_strides = contiguous_strides(self.out_shape)
         self.device = x2.device
         self.device_index = x2.device.index or 0
-        self.a_desc = _Descriptors((M, K), (x2.stride(0), 1), (HALF, BLOCK),
-                                   gl.NVMMASharedLayout.get_default_for([HALF, BLOCK], _gl_dtype(x2.dtype)))
         self.kblock = scales == "kblock"
-        self.block_n = block_n = ws_block_n(M, N, num_sms, self.kblock)
-        self.b_desc = _Descriptors((N, K), (w.stride(0), 1), (block_n, BLOCK),
-                                   gl.NVMMASharedLayout.get_default_for([block_n, BLOCK], _gl_dtype(w.dtype)))
+        self.promote = promote = promote or self.kblock
+        block_k = ROW_BYTES // x2.element_size()
+        op_dtype = _gl_dtype(x2.dtype)
+        self.a_desc = _Descriptors((M, K), (x2.stride(0), 1), (HALF, block_k),
+                                   gl.NVMMASharedLayout.get_default_for([HALF, block_k], op_dtype))
+        if promote:
+            wide = ws_block_n(M, N, num_sms, self.kblock) == 2 * BLOCK
+            self.parts = (BLOCK, BLOCK) if wide else (BLOCK, 0)
+        else:
+            self.parts = ws_parts(M, N, num_sms)
+        n0, n1 = self.parts
+        self.block_n = n0 + n1
+
+        def b_desc(rows):
+            return _Descriptors((N, K), (w.stride(0), 1), (rows, block_k),
+                                gl.NVMMASharedLayout.get_default_for([rows, block_k], op_dtype))
+
+        self.b0_desc = b_desc(n0)
+        self.b1_desc = b_desc(n1) if n1 else self.b0_desc
         xs_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
         xs_group_stride = 0
         if self.kblock:
@@ -178,32 +242,53 @@ class WSPlan:
             xs_group_stride = s1 if G > 1 else 0
             self.xs_extent = (G - 1) * xs_group_stride + M
             scale_strides = (s0, s1, *w_scale.stride())
-        else:
+        elif scales == "rowcol":
             self.xs_tma = False
             scale_strides = (int(x_scale.numel() > 1), 0, int(w_scale.numel() > 1), 0)
+        else:
+            self.xs_tma = False
+            scale_strides = (0, 0, 0, 0)
         self.xs_desc = _Descriptors((self.xs_extent if self.xs_tma else BLOCK,), (1,), (BLOCK,), xs_layout)
         # a descriptor the kernel does not read (scales by register loads): one, built here
         self._xs_const = None if self.xs_tma else self.xs_desc(torch.zeros(BLOCK, dtype=torch.float32,
                                                                            device=self.device))
         c_strides = (N, 1) if y2 is None else y2.stride()
         self.c_tma = _tma_output(y2, N, out_dtype)
-        c_layout = gl.NVMMASharedLayout.get_default_for([HALF, BLOCK], _gl_dtype(out_dtype))
-        self.c_desc = _Descriptors((M, N) if self.c_tma else (HALF, BLOCK), (c_strides[0], 1) if self.c_tma
-                                   else (BLOCK, 1), (HALF, BLOCK), c_layout)
-        self._c_const = None if self.c_tma else self.c_desc(torch.zeros(HALF, BLOCK, dtype=out_dtype,
-                                                                         device=self.device))  # (unused: pointer stores)
-        kernel = gluon_kernel().fp8_ws_kernel
+
+        def c_desc(cols):
+            layout = gl.NVMMASharedLayout.get_default_for([HALF, cols], _gl_dtype(out_dtype))
+            if self.c_tma:
+                return _Descriptors((M, N), (c_strides[0], 1), (HALF, cols), layout)
+            d = _Descriptors((HALF, cols), (cols, 1), (HALF, cols), layout)  # (unused: pointer stores)
+            return d(torch.zeros(HALF, cols, dtype=out_dtype, device=self.device))
+
+        self.c0_desc = c_desc(n0)
+        self.c1_desc = c_desc(n1) if n1 else self.c0_desc
+        kernel = gluon_kernel().gemm_ws_kernel
         s_am, s_ak, s_bn, s_bk = scale_strides
+        self.stages = ws_stages(self.block_n, out_dtype.itemsize if self.c_tma else 0)
         self.tail = kernel_tail(kernel, PER_CALL, dict(
             M=M, N=N, K=K, xs_group_stride=xs_group_stride, stride_cm=c_strides[0], stride_cn=c_strides[1],
             stride_asm=s_am, stride_ask=s_ak, stride_bsn=s_bn, stride_bsk=s_bk, GROUP_M=GROUP_M,
-            STAGES=STAGES[block_n, self.c_tma], SCALES=0 if self.kblock else 1, XS_TMA=self.xs_tma,
-            HAS_BIAS=bias is not None, C_TMA=self.c_tma))
-        tiles = -(-M // BLOCK) * -(-N // block_n)
+            STAGES=self.stages, SCALES={"kblock": 0, "rowcol": 1, "none": 2}[scales], XS_TMA=self.xs_tma,
+            PROMOTE=promote, TWO=n1 > 0, HAS_BIAS=bias is not None, C_TMA=self.c_tma))
+        tiles = -(-M // BLOCK) * -(-N // self.block_n)
         self.launch = CachedLaunch(kernel, (min(tiles, num_sms),), 4, 1,
                                    self.device_index)  # persistent: at most one program per SM
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)
         self.y_extent = 0 if y2 is None else extent_bytes(y2)
+
+    def arguments(self, x, w, c, bias, x_scale, w_scale) -> tuple:
+        """The kernel's PER_CALL arguments for these tensors (x (M, K), c (M, N))."""
+        xs_desc = self.xs_desc(torch.as_strided(x_scale, (self.xs_extent,), (1,))) if self.xs_tma else self._xs_const
+        b0 = self.b0_desc(w)
+        b1 = self.b1_desc(w) if self.b1_desc is not self.b0_desc else b0
+        if self.c_tma:
+            c0 = self.c0_desc(c)
+            c1 = self.c1_desc(c) if self.c1_desc is not self.c0_desc else c0
+        else:
+            c0, c1 = self.c0_desc, self.c1_desc
+        return self.a_desc(x), b0, b1, xs_desc, c, c0, c1, bias, x_scale, w_scale
 
     def run(self, x, w, bias, y, x_scale, w_scale):
         if _get_device() != self.device_index:  # launches go to the current device
@@ -223,9 +308,7 @@ class WSPlan:
         out = torch.empty_strided(self.out_shape, self.out_strides, dtype=self.out_dtype,
                                   device=self.device) if y is None else y
         c = out.view(M, N) if len(self.out_shape) != 2 else out
-        xs_desc = self.xs_desc(torch.as_strided(x_scale, (self.xs_extent,), (1,))) if self.xs_tma else self._xs_const
-        c_desc = self.c_desc(c) if self.c_tma else self._c_const
-        self.launch((self.a_desc(x), self.b_desc(w), xs_desc, c, c_desc, bias, x_scale, w_scale), self.tail)  # PER_CALL
+        self.launch(self.arguments(x, w, c, bias, x_scale, w_scale), self.tail)
         return out
 
     __call__ = run

@@ -125,11 +125,11 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, f
     epilogue = EpilogueSpec(activation, bias is not None)
     common = dict(out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=x.ndim != 2, auto_config=config is None,
                   exact_accumulation=not fast_accum)
-    exact_fp8 = not fast_accum and op == "a8w8_fp8"  # sm_90: the warp-specialized promoting kernel
+    fp8 = op == "a8w8_fp8"  # sm_90: the warp-specialized kernel where it measured faster (core/hopper_ws.py)
     ws_common = dict(scales="rowcol", w_scale=w_scale, bias=bias, activation=activation, config=config,
-                     out_dtype=out_dtype, out_shape=(*lead, N))
+                     out_dtype=out_dtype, out_shape=(*lead, N), promote=not fast_accum)
     if not dynamic:
-        ws = ws_plan(dev, x2, w, y2, M, N, K, x_scale=x_scale, flatten_x=x.ndim != 2, **ws_common) if exact_fp8 else None
+        ws = ws_plan(dev, x2, w, y2, M, N, K, x_scale=x_scale, flatten_x=x.ndim != 2, **ws_common) if fp8 else None
         return ws or DensePlan(x2, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev,
                                inputs=dict(bias=bias, a_scale=x_scale, b_scale=w_scale), **common)
     from ..quant import quantize_fp8, quantize_int8
@@ -137,7 +137,7 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, f
     quantize = quantize_int8 if w.dtype == torch.int8 else (lambda t: quantize_fp8(t, "row", w.dtype))
     xq = torch.empty((M, K), dtype=w.dtype, device=device)  # what the quantizer returns (facts only)
     xs = torch.empty((M, 1), dtype=torch.float32, device=device)
-    gemm = ws_plan(dev, xq, w, y2, M, N, K, x_scale=xs, flatten_x=False, **ws_common) if exact_fp8 else None
+    gemm = ws_plan(dev, xq, w, y2, M, N, K, x_scale=xs, flatten_x=False, **ws_common) if fp8 else None
     gemm = gemm or DensePlan(xq, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev,
                              inputs=dict(bias=bias, a_scale=xs, b_scale=w_scale), **dict(common, flatten_x=False))
     fused = None

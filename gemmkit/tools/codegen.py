@@ -221,44 +221,39 @@ def compile_bare(M: int, N: int, K: int, cfg: GemmConfig, dtype=torch.float8_e4m
     return _compile(bare_persistent_gemm, args, cfg)
 
 
-def compile_ws(M: int, N: int, K: int, block_scales: bool, block_n: int = 128, xs_tma: bool = True,
-               c_tma: bool = True, out_dtype=torch.bfloat16) -> Binary:
-    """Compile the warp-specialized promoting FP8 kernel (kernels/fp8_ws.py, Gluon) for sm_90 with
-    the arguments core/hopper_ws.WSPlan passes: block scales (x scales by TMA or by register
-    loads) or row / column scales, 128- or 256-wide tiles, TMA or pointer stores."""
+def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = True, dtype=torch.float8_e4m3fn,
+               xs_tma: bool = True, out_dtype=torch.bfloat16, num_sms: int = H100.num_sms) -> Binary:
+    """Compile the warp-specialized Gluon kernel (kernels/gemm_ws.py) for sm_90 with the arguments
+    core/hopper_ws.WSPlan passes for this problem: scales "kblock" (x scales by TMA or by register
+    loads), "rowcol" or "none" (bf16 / fp16), FP8 promoted or not, the plan's tile width, TMA stores
+    for 16-bit outputs (pointer stores for fp32)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from triton.runtime.jit import JITFunction, create_function_from_signature
 
     from ..core import hopper_ws as hw
 
-    kernel = hw.gluon_kernel().fp8_ws_kernel
-    fp8, G = torch.float8_e4m3fn, -(-K // hw.BLOCK)
-    x, w, c = torch.empty(M, K, dtype=fp8), torch.empty(N, K, dtype=fp8), torch.empty(M, N, dtype=out_dtype)
-
-    def desc(t, block):
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), block,
-                                gl.NVMMASharedLayout.get_default_for(block, hw._gl_dtype(t.dtype)))
-
-    xs = torch.empty(G, M).t() if block_scales else torch.empty(M, 1)
-    ws = torch.empty(-(-N // hw.BLOCK), G) if block_scales else torch.empty(1, N)
-    flat = torch.empty(G * M)
-    xs_desc = TensorDescriptor(flat, [G * M], [1], [hw.BLOCK],
-                               gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
-    scale_strides = (1, M, G, 1) if block_scales else (1, 0, 1, 0)
-    args = (desc(x, [hw.HALF, hw.BLOCK]), desc(w, [block_n, hw.BLOCK]), xs_desc, c, desc(c, [hw.HALF, hw.BLOCK]),
-            torch.empty(N, dtype=out_dtype), xs, ws, M, N, K, M if block_scales else 0, N, 1, *scale_strides)
-    options = dict(GROUP_M=hw.GROUP_M, STAGES=hw.STAGES[block_n, c_tma], SCALES=0 if block_scales else 1,
-                   XS_TMA=block_scales and xs_tma, HAS_BIAS=True, C_TMA=c_tma, num_warps=4)
+    kernel = hw.gluon_kernel().gemm_ws_kernel
+    G = -(-K // hw.BLOCK)
+    x, w, c = torch.empty(M, K, dtype=dtype), torch.empty(N, K, dtype=dtype), torch.empty(M, N, dtype=out_dtype)
+    if scales == "kblock":
+        xs = torch.empty(G, M).t() if xs_tma else torch.empty(M, G)
+        ws = torch.empty(-(-N // hw.BLOCK), G)
+    elif scales == "rowcol":
+        xs, ws = torch.empty(M, 1), torch.empty(1, N)
+    else:
+        xs = ws = None
+    bias = torch.empty(N, dtype=out_dtype)
+    plan = hw.WSPlan(x, w, None, M, N, K, scales, xs, ws, bias, out_dtype, (M, N), False, num_sms, promote)
+    args = (*plan.arguments(x, w, c, bias, xs, ws), *plan.tail)
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     bound, specialization, opts = create_function_from_signature(kernel.signature, kernel.params, backend)(
-        *args, **options)
-    opts, signature, constexprs, attrs = JITFunction._pack_args(kernel, backend, options, bound, specialization, opts)
+        *args, num_warps=4)
+    opts, signature, constexprs, attrs = JITFunction._pack_args(kernel, backend, dict(num_warps=4), bound,
+                                                               specialization, opts)
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target,
                               options=opts.__dict__)
     return _inspect(compiled.asm["cubin"], compiled.metadata.shared, with_stack=True)
@@ -497,25 +492,34 @@ def _compare_bare(b: Binary, M, N, K, cfg: GemmConfig, kw: dict, dev: DeviceInfo
 # without local memory or stack (its 256-wide block-scaled form spilled 968 bytes into a 200-byte
 # stack frame and ran 2.5x slower), with warpgroup FP8 MMAs, TMA loads, TMA stores where asked for, and shared
 # memory within the device's limit.
-WS_CHECKS = {
-    "gluon fp8 blockscale, x scales by TMA, TMA stores": (4096, 7168, 7168, dict(block_scales=True)),
+WS_CHECKS = {  # (M, N, K, compile_ws keywords, tensor-core instruction)
+    "gluon fp8 blockscale, x scales by TMA, TMA stores": (4096, 7168, 7168, dict(scales="kblock"), "QGMMA"),
     "gluon fp8 blockscale, x scales by register loads, fp32 output by pointers": (
-        4096, 7168, 7168, dict(block_scales=True, xs_tma=False, c_tma=False, out_dtype=torch.float32)),
-    "gluon fp8 fast_accum=False, 128x256 tiles, TMA stores": (4096, 7168, 7168, dict(block_scales=False, block_n=256)),
+        4096, 7168, 7168, dict(scales="kblock", xs_tma=False, out_dtype=torch.float32), "QGMMA"),
+    "gluon fp8 fast_accum=False, 128x256 tiles, TMA stores": (4096, 7168, 7168, dict(scales="rowcol"), "QGMMA"),
     "gluon fp8 fast_accum=False, 128x128 tiles, pointer stores": (
-        4096, 7168, 7168, dict(block_scales=False, c_tma=False)),
+        1024, 6144, 4096, dict(scales="rowcol", out_dtype=torch.float32), "QGMMA"),
+    "gluon fp8 fast accumulation, 128x160 tiles (128 + 32)": (
+        512, 5120, 4096, dict(scales="rowcol", promote=False), "QGMMA"),
+    "gluon bf16, 128x192 tiles (128 + 64), TMA stores": (
+        512, 6144, 5120, dict(scales="none", promote=False, dtype=torch.bfloat16), "HGMMA"),
+    "gluon bf16, 128x256 tiles, TMA stores": (
+        4096, 4096, 4096, dict(scales="none", promote=False, dtype=torch.bfloat16), "HGMMA"),
+    "gluon fp16, 128x144 tiles (128 + 16), fp32 output by pointers": (
+        512, 4608, 4096, dict(scales="none", promote=False, dtype=torch.float16, out_dtype=torch.float32), "HGMMA"),
 }
 
 
 def check_ws(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
     """Compile one of WS_CHECKS: (passed, binary, one-line report)."""
-    M, N, K, kw = WS_CHECKS[name]
+    M, N, K, kw, mma = WS_CHECKS[name]
     b = compile_ws(M, N, K, **kw)
     stores = b.count("UTMASTG")
-    ok = (b.local_bytes == 0 and b.count("QGMMA") > 0 and b.count("UTMALDG") > 0
-          and (stores > 0) == kw.get("c_tma", True) and b.shared_bytes <= dev.smem_per_block)
+    ok = (b.local_bytes == 0 and b.count(mma) > 0 and b.count("UTMALDG") > 0
+          and (stores > 0) == (kw.get("out_dtype", torch.bfloat16) != torch.float32)
+          and b.shared_bytes <= dev.smem_per_block)
     return ok, b, (f"{'ok ' if ok else 'BAD'} {name}: {b.registers} registers, {b.local_bytes} B local, "
-                   f"{b.shared_bytes} B shared, QGMMA {b.count('QGMMA')}, UTMALDG {b.count('UTMALDG')}, "
+                   f"{b.shared_bytes} B shared, {mma} {b.count(mma)}, UTMALDG {b.count('UTMALDG')}, "
                    f"UTMASTG {stores}")
 
 

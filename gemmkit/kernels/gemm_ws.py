@@ -1,0 +1,308 @@
+"""Hopper (sm_90) warp-specialized GEMM (Gluon): bf16 / fp16 / FP8 operands, tiles of 128 rows and
+fitted column widths, FP8 products promoted to fp32 per K block where asked.
+
+Why a second kernel: Triton's tl code for sm_90 neither splits producer and consumer warps nor
+keeps a tensor-core product in flight while it promotes the previous one (every promoting K
+step waits for all of its tensor-core work, PTX `wgmma.wait_group 0`, and the block scales'
+register loads stall the fence before the next product: BENCHMARKS.md, "FP8 promotion"), and its
+tiles are powers of two wide. Here the roles are split, as DeepGEMM and CUTLASS's cooperative
+kernels do: a producer warp brings each K block's two 64-row A halves, the B tile's column
+part(s) and (SCALES_KBLOCK, XS_TMA) the tile's 128 activation scales into shared memory by TMA,
+STAGES deep; two consumer warp groups of 64 rows each multiply.
+PROMOTE (FP8: block scales, gemm_a8w8(fast_accum=False)): each group waits for its own product
+and promotes it while the other group's product runs on the tensor cores
+(scripts/gluon_blockscale_probe.py measured the arrangement: tuning/gluon_blockscale_probe_h100.txt).
+Otherwise the tensor cores accumulate (bf16 / fp16, FP8 fast accumulation), one K block's
+products in flight while the next block's are issued.
+
+Tiles are 128 x (N0 + N1) x BLOCK_K (BLOCK_K = 128 bytes of a row: 64 bf16 / fp16, 128 FP8 = the
+scale group), each column part a power of two wide with its own product and accumulator, so that
+tile widths such as 144, 160 or 192 fill the SMs' waves where powers of two leave a ragged last
+one (the host picks them: core/hopper_ws.py); persistent programs (at most one per SM) in
+grouped order.
+SCALES_KBLOCK: DeepSeek-V3 block scales, x_scale (M, G) per token and K group, w_scale
+(ceil(N / 128), G); each block's product is multiplied by its two scales as it is promoted
+(parts of 128 columns, one weight scale group each).
+SCALES_ROWCOL: per-token (or per-tensor) x and per-channel (or per-tensor) w scales, applied once
+in the epilogue. SCALES_NONE: no scales (bf16 / fp16).
+The tile with an optional bias, cast to c's dtype, stored by TMA from shared memory (C_TMA) or
+through pointers.
+
+Only for CUDA sm_90 with Gluon (core/hopper_ws.py decides); everything else runs the tl kernel.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                               warpgroup_mma_wait)
+
+# Triton 3.6 names the TMA copies async_copy_global_to_shared / _shared_to_global; later versions
+# async_load / async_store
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+_tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+
+SCALES_KBLOCK = gl.constexpr(0)
+SCALES_ROWCOL = gl.constexpr(1)
+SCALES_NONE = gl.constexpr(2)
+
+
+@gluon.jit
+def _grouped_tile(pid, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """(off_m, off_n) of program pid in grouped order: GROUP_M tile-rows walked column by column
+    (kernels/schedule.py grouped_tile; a Gluon kernel cannot call the tl one)."""
+    num_pid_m = gl.cdiv(M, BLOCK_M)
+    num_pid_n = gl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_pid_n
+    first_m = (pid // per_group) * GROUP_M
+    group_m = gl.minimum(num_pid_m - first_m, GROUP_M)
+    in_group = pid % per_group
+    return (first_m + in_group % group_m) * BLOCK_M, (in_group // group_m) * BLOCK_N
+
+
+@gluon.jit
+def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M, N,
+              k_tiles, xs_group_stride, GROUP_M: gl.constexpr, STAGES: gl.constexpr, XS_TMA: gl.constexpr,
+              TWO: gl.constexpr):
+    """One warp: for each of the program's tiles, TMA loads of each K block's two A halves, B
+    column part(s) and (XS_TMA) the tile's activation scales into the next stage, once both
+    consumers have released it; it runs ahead into the next tile while the consumers finish the last one."""
+    HALF: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    N0: gl.constexpr = b0_desc.block_type.shape[0]
+    if TWO:
+        BLOCK_N: gl.constexpr = N0 + b1_desc.block_type.shape[0]
+        b_bytes: gl.constexpr = b0_desc.block_type.nbytes + b1_desc.block_type.nbytes
+    else:
+        BLOCK_N: gl.constexpr = N0
+        b_bytes: gl.constexpr = b0_desc.block_type.nbytes
+    if XS_TMA:
+        nbytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_bytes + xs_desc.block_type.nbytes
+    else:
+        nbytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_bytes
+    it = 0
+    for tile in range(gl.program_id(0), gl.cdiv(M, 2 * HALF) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
+        off_m, off_n = _grouped_tile(tile, M, N, 2 * HALF, BLOCK_N, GROUP_M)
+        for ki in range(k_tiles):
+            s = it % STAGES
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # (the first round passes at once)
+            mbarrier.expect(ready.index(s), nbytes)
+            if XS_TMA:  # x_scale column-major: group ki's scales of rows off_m.. are contiguous
+                _tma_load(xs_desc, [ki * xs_group_stride + off_m], ready.index(s), xs_bufs.index(s))
+            _tma_load(a_desc, [off_m, ki * BLOCK_K], ready.index(s), a0_bufs.index(s))
+            _tma_load(a_desc, [off_m + HALF, ki * BLOCK_K], ready.index(s), a1_bufs.index(s))
+            _tma_load(b0_desc, [off_n, ki * BLOCK_K], ready.index(s), b0_bufs.index(s))
+            if TWO:
+                _tma_load(b1_desc, [off_n + N0, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
+            it += 1
+
+
+@gluon.jit
+def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, stride_cm, stride_cn, stride_bsn,
+            SUB: gl.constexpr, K_INSTR: gl.constexpr, SCALES: gl.constexpr, HAS_BIAS: gl.constexpr,
+            C_TMA: gl.constexpr, PENDING: gl.constexpr):
+    """Epilogue of one SUB-wide column part of a warp group's rows: (SCALES_ROWCOL) the row scales
+    `sa` and the columns' scales, the bias, the cast to c's dtype, then a masked pointer store,
+    or (C_TMA) the part into its buffer `c_smem` and a TMA store from there that runs on while the
+    warp group starts its next tile (PENDING: the stores issued since the previous one out of
+    this buffer, which may still run)."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, SUB, K_INSTR])
+    rn = n0 + gl.arange(0, SUB, layout=gl.SliceLayout(0, mma))
+    col_ok = rn < N
+    if SCALES == SCALES_ROWCOL:  # per channel (stride 0: one value per tensor)
+        acc = acc * sa[:, None] * gl.load(b_scale + rn * stride_bsn, mask=col_ok, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += gl.load(bias + rn, mask=col_ok, other=0.0).to(gl.float32)[None, :]
+    if C_TMA:
+        out = acc.to(c_desc.dtype)
+        tma.store_wait(PENDING)  # this buffer's store of the previous tile has read it
+        c_smem.store(out)
+        fence_async_shared()
+        _tma_store(c_desc, [row0, n0], c_smem)
+    else:
+        gl.store(c + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c.dtype.element_ty),
+                 mask=row_ok[:, None] & col_ok[None, :])
+
+
+@gluon.jit
+def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, c0_smem, c1_smem, bias, a_scale,
+              b_scale, M, N, k_tiles, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
+              GROUP_M: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr, N0: gl.constexpr, N1: gl.constexpr,
+              K_INSTR: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr, XS_TMA: gl.constexpr,
+              PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr):
+    """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles, in
+    column parts of N0 and (N1 > 0) N1 columns, each its own product and accumulator.
+    PROMOTE: per K block and part, issue the product, wait for it, promote it (times the block's
+    scales for SCALES_KBLOCK) while the other group's runs; one product at a time is held beside
+    the accumulators. The next block's scales are loaded right after the last product is issued:
+    the fence before each product waits for register loads in flight, so a load issued before it
+    would put its latency between two products.
+    Else the tensor cores accumulate, one K block's products in flight while the next are issued."""
+    mma0: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                   instr_shape=[16, N0, K_INSTR])
+    rows_l: gl.constexpr = gl.SliceLayout(1, mma0)
+    TWO: gl.constexpr = N1 > 0
+    if TWO:
+        W1: gl.constexpr = N1
+    else:
+        W1: gl.constexpr = N0  # (an accumulator that is never used)
+    mma1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                   instr_shape=[16, W1, K_INSTR])
+    rows1_l: gl.constexpr = gl.SliceLayout(1, mma1)
+    if TWO:  # the stores a part's buffer may leave in flight when it is written again
+        PEND0: gl.constexpr = 1
+    else:
+        PEND0: gl.constexpr = 0
+    it = 0
+    for tile in range(gl.program_id(0), gl.cdiv(M, 2 * HALF) * gl.cdiv(N, N0 + N1), gl.num_programs(0)):
+        off_m, off_n = _grouped_tile(tile, M, N, 2 * HALF, N0 + N1, GROUP_M)
+        rm = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows_l)
+        row_ok = rm < M
+        acc0 = gl.zeros((HALF, N0), dtype=gl.float32, layout=mma0)
+        acc1 = gl.zeros((HALF, W1), dtype=gl.float32, layout=mma1)
+        if PROMOTE:
+            if SCALES == SCALES_KBLOCK:
+                sb_row = b_scale + (off_n // N0) * stride_bsn
+                has1 = off_n + N0 < N  # (TWO: the tile's second weight scale group exists)
+                sa_cur = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)
+                sb0 = gl.load(sb_row)
+                sb1 = gl.load(sb_row + stride_bsn, mask=TWO and has1, other=0.0)
+            for ki in range(k_tiles):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                # this block's scales from its stage, read before the product is issued: read after its
+                # wait, the last K block's came out wrong for the second warp group with persistent tiles
+                # (the stage refilled first; scripts/ws_check.py)
+                if SCALES == SCALES_KBLOCK and XS_TMA:
+                    sa_cur = xs_bufs.index(s).slice(ROLE * HALF, HALF).load(rows_l)
+                zero = gl.zeros((HALF, N0), dtype=gl.float32, layout=mma0)
+                p = warpgroup_mma(a_bufs.index(s), b0_bufs.index(s).permute((1, 0)), zero, use_acc=False,
+                                  is_async=True)
+                if TWO:
+                    p = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
+                    if SCALES == SCALES_KBLOCK:
+                        acc0 += p * (sa_cur * sb0)[:, None]
+                    else:
+                        acc0 += p
+                    zero1 = gl.zeros((HALF, W1), dtype=gl.float32, layout=mma1)
+                    p1 = warpgroup_mma(a_bufs.index(s), b1_bufs.index(s).permute((1, 0)), zero1, use_acc=False,
+                                       is_async=True)
+                if SCALES == SCALES_KBLOCK:
+                    kn = gl.minimum(ki + 1, k_tiles - 1)
+                    sa_nxt = sa_cur
+                    if not XS_TMA:
+                        sa_nxt = gl.load(a_scale + rm * stride_asm + kn * stride_ask, mask=row_ok, other=0.0)
+                    sb0_nxt = gl.load(sb_row + kn * stride_bsk)
+                    sb1_nxt = gl.load(sb_row + stride_bsn + kn * stride_bsk, mask=TWO and has1, other=0.0)
+                if TWO:
+                    p1 = warpgroup_mma_wait(num_outstanding=0, deps=(p1, ))
+                    mbarrier.arrive(empty.index(s), count=1)
+                    if SCALES == SCALES_KBLOCK:
+                        acc1 += p1 * gl.convert_layout(sa_cur * sb1, rows1_l)[:, None]
+                    else:
+                        acc1 += p1
+                else:
+                    p = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
+                    mbarrier.arrive(empty.index(s), count=1)
+                    if SCALES == SCALES_KBLOCK:
+                        acc0 += p * (sa_cur * sb0)[:, None]
+                    else:
+                        acc0 += p
+                if SCALES == SCALES_KBLOCK:
+                    sa_cur = sa_nxt
+                    sb0 = sb0_nxt
+                    sb1 = sb1_nxt
+                it += 1
+        else:  # the tensor cores accumulate: this K block's products run while the next block's are issued
+            prev = 0
+            for ki in range(k_tiles):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                acc0 = warpgroup_mma(a_bufs.index(s), b0_bufs.index(s).permute((1, 0)), acc0, is_async=True)
+                if TWO:
+                    acc1 = warpgroup_mma(a_bufs.index(s), b1_bufs.index(s).permute((1, 0)), acc1, is_async=True)
+                    acc0, acc1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc0, acc1))
+                else:
+                    acc0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc0, ))
+                mbarrier.arrive(empty.index(prev), count=1, pred=ki > 0)  # the previous block's stage is read
+                prev = s
+                it += 1
+            if TWO:
+                acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
+            else:
+                acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, ))
+            mbarrier.arrive(empty.index(prev), count=1)
+        row0 = off_m + ROLE * HALF
+        if SCALES == SCALES_ROWCOL:  # per token (stride 0: one value per tensor)
+            sa = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)
+        else:
+            sa = rm.to(gl.float32)  # (unused)
+        _finish(acc0, c, c0_desc, c0_smem, bias, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
+                stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND0)
+        if TWO:
+            rm1 = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows1_l)
+            _finish(acc1, c, c1_desc, c1_smem, bias, b_scale, gl.convert_layout(sa, rows1_l), row0, rm1, rm1 < M,
+                    off_n + N0, N, stride_cm, stride_cn, stride_bsn, W1, K_INSTR, SCALES, HAS_BIAS, C_TMA, 1)
+    if C_TMA:
+        tma.store_wait(0)  # the last stores read the c buffers: finished before the program ends
+
+
+@gluon.jit
+def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias, a_scale, b_scale, M, N, K,
+                   xs_group_stride, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
+                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr, XS_TMA: gl.constexpr,
+                   PROMOTE: gl.constexpr, TWO: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr):
+    """c (M, N) = x (a_desc: (M, K), boxes of HALF x BLOCK_K) @ w (b0_desc / b1_desc: (N, K), boxes
+    of N0 / N1 x BLOCK_K) in (2 * HALF) x (N0 + N1) tiles (N1 = 0 unless TWO), persistent: program
+    p takes tiles p, p + programs, ... in grouped order (4 warps launched: the first consumer; a
+    second consumer warp group and a producer warp are added). C_TMA: c0_desc / c1_desc (boxes of
+    HALF x N0 / N1 over c) store the output, else pointer stores through c."""
+    HALF: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    N0: gl.constexpr = b0_desc.block_type.shape[0]
+    if TWO:
+        N1: gl.constexpr = b1_desc.block_type.shape[0]
+    else:
+        N1: gl.constexpr = 0
+    K_INSTR: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth  # one wgmma's K: 32 bytes
+    gl.static_assert(PROMOTE or SCALES != SCALES_KBLOCK, "block scales apply as each block is promoted")
+    gl.static_assert(SCALES != SCALES_KBLOCK or (N0 == 128 and (not TWO or N1 == 128)),
+                     "block-scaled column parts of one weight scale group")
+    a0_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
+    a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
+    b0_bufs = gl.allocate_shared_memory(b0_desc.dtype, [STAGES, N0, BLOCK_K], b0_desc.layout)
+    if TWO:
+        b1_bufs = gl.allocate_shared_memory(b1_desc.dtype, [STAGES, N1, BLOCK_K], b1_desc.layout)
+    else:  # (unused)
+        b1_bufs = b0_bufs
+    xs_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * HALF], xs_desc.layout)
+    if C_TMA:  # per warp group, a buffer per column part
+        cA0 = gl.allocate_shared_memory(c0_desc.dtype, [HALF, N0], c0_desc.layout)
+        cB0 = gl.allocate_shared_memory(c0_desc.dtype, [HALF, N0], c0_desc.layout)
+        if TWO:
+            cA1 = gl.allocate_shared_memory(c1_desc.dtype, [HALF, N1], c1_desc.layout)
+            cB1 = gl.allocate_shared_memory(c1_desc.dtype, [HALF, N1], c1_desc.layout)
+        else:  # (unused)
+            cA1 = cA0
+            cB1 = cB0
+    else:  # (unused)
+        cA0 = xs_bufs
+        cB0 = xs_bufs
+        cA1 = xs_bufs
+        cB1 = xs_bufs
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    k_tiles = gl.cdiv(K, BLOCK_K)
+    gl.warp_specialize([
+        (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias, a_scale,
+                     b_scale, M, N, k_tiles, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
+                     GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA)),
+        (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cB0, cB1, bias, a_scale,
+                     b_scale, M, N, k_tiles, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
+                     GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA)),
+        (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M,
+                     N, k_tiles, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO)),
+    ], [4, 1], [232, 40])
