@@ -1,7 +1,8 @@
-"""The warp-specialized promoting FP8 kernel (Gluon, sm_90; core/hopper_ws.py): which calls take it,
-and (on a Hopper GPU) its results against float64 references and against the tl kernel, for
-gemm_a8w8_blockscale and gemm_a8w8(fast_accum=False). Elsewhere the ops run the tl kernel, which
-the other test files cover; the CPU tests here check the dispatch rule."""
+"""The warp-specialized Gluon kernel (sm_90; kernels/gemm_ws.py, core/hopper_ws.py): which calls take
+it, and (on a Hopper GPU) its results against float64 references and against the tl kernel, for
+gemm_a8w8_blockscale, gemm_a8w8 (fast_accum=False: promoted; True: fitted tile widths) and
+gemm_a16w16 (fitted tile widths). Elsewhere the ops run the tl kernel, which the other test files
+cover; the CPU tests here check the dispatch rules and the plan's binding of the kernel's arguments."""
 
 import pytest
 import torch
@@ -84,23 +85,49 @@ def test_not_taken_off_hopper(built):
                              flatten_x=False) is None
 
 
+# (M, N, K, fp8, taken, parts): fitted widths where a power of two leaves a ragged wave (held-out
+# layers of tuning/fitted/); none where a power of two fills the waves; bf16 tiles 128 wide or more
+@pytest.mark.parametrize("M,N,K,fp8,ok,parts", [
+    (512, 5120, 4096, False, True, (128, 32)), (512, 4608, 4096, False, True, (128, 16)),
+    (512, 6144, 5120, False, True, (128, 64)), (2048, 1280, 8192, False, True, (128, 32)),
+    (256, 9216, 3072, True, True, (128, 16)), (512, 2560, 8192, True, True, (64, 16)),
+    (512, 2560, 8192, False, False, (128, 0)),  # bf16: 80-wide tiles measured slower than the tl kernel's
+    (1024, 4096, 4096, False, False, (128, 128)), (512, 8192, 4096, True, False, (128, 128)),  # one full wave of 256
+    (128, 5120, 4096, False, False, (128, 0)), (512, 5120, 512, True, False, (128, 32))])  # M, K too small
+def test_fitted_width_rule(M, N, K, fp8, ok, parts):
+    assert hopper_ws.ws_direct_ok(M, N, K, 132, fp8) is ok
+    assert hopper_ws.ws_parts(M, N, 132, fp8) == parts
+
+
+@pytest.mark.parametrize("width,out_bytes,stages", [(128, 2, 5), (256, 2, 3), (256, 0, 4), (160, 2, 5), (192, 4, 3)])
+def test_stages_fit_shared_memory(width, out_bytes, stages):
+    assert hopper_ws.ws_stages(width, out_bytes) == stages
+
+
 @pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")
-@pytest.mark.parametrize("scales,layout,out_dtype,block_n,xs_tma,c_tma", [
-    ("kblock", "col", BF16, 128, True, True), ("kblock", "row", FP32, 128, False, False),
-    ("rowcol", None, FP16, 256, False, True), ("rowcol", None, FP32, 128, False, False)])
-def test_plan_binds_the_kernel_signature(scales, layout, out_dtype, block_n, xs_tma, c_tma):
-    """WSPlan's arguments by name against fp8_ws_kernel's signature (core/plan.kernel_tail raises on
-    a mismatch), and what it derives from the tensors, built on the CPU (no launch)."""
-    M, N, K = (4096, 4096, 1024) if block_n == 256 else (512, 3000, 1024)
-    x, w = torch.empty(M, K, dtype=E4M3), torch.empty(N, K, dtype=E4M3)
+@pytest.mark.parametrize("scales,dtype,layout,out_dtype,parts,xs_tma,c_tma", [
+    ("kblock", E4M3, "col", BF16, (128, 0), True, True), ("kblock", E4M3, "row", FP32, (128, 0), False, False),
+    ("rowcol", E4M3, None, FP16, (128, 128), False, True), ("rowcol", E4M3, None, FP32, (128, 0), False, False),
+    ("rowcol-fast", E4M3, None, BF16, (128, 32), False, True), ("none", BF16, None, BF16, (128, 32), False, True),
+    ("none", FP16, None, FP32, (128, 32), False, False)])
+def test_plan_binds_the_kernel_signature(scales, dtype, layout, out_dtype, parts, xs_tma, c_tma):
+    """WSPlan's arguments by name against gemm_ws_kernel's signature (core/plan.kernel_tail raises
+    on a mismatch), and what it derives from the tensors, built on the CPU (no launch)."""
+    promote = scales != "rowcol-fast" and scales != "none"
+    scales = scales.split("-")[0]
+    M, N, K = {(128, 128): (4096, 4096, 1024), (128, 0): (512, 3000, 1024)}.get(parts, (512, 5120, 4096))
+    x, w = torch.empty(M, K, dtype=dtype), torch.empty(N, K, dtype=dtype)
     if scales == "kblock":
         xs = torch.empty(K // 128, M).t() if layout == "col" else torch.empty(M, K // 128)
         ws = torch.empty(-(-N // 128), K // 128)
-    else:
+    elif scales == "rowcol":
         xs, ws = torch.empty(M, 1), torch.empty(1, N)
-    plan = hopper_ws.WSPlan(x, w, None, M, N, K, scales, xs, ws, None, out_dtype, (M, N), False, 132)
-    assert (plan.block_n, plan.xs_tma, plan.c_tma) == (block_n, xs_tma, c_tma)
-    assert len(hopper_ws.PER_CALL) + len(plan.tail) == len(hopper_ws.gluon_kernel().fp8_ws_kernel.arg_names)
+    else:
+        xs = ws = None
+    plan = hopper_ws.WSPlan(x, w, None, M, N, K, scales, xs, ws, None, out_dtype, (M, N), False, 132, promote)
+    assert (plan.parts, plan.xs_tma, plan.c_tma, plan.promote) == (parts, xs_tma, c_tma, promote)
+    assert len(hopper_ws.PER_CALL) + len(plan.tail) == len(hopper_ws.gluon_kernel().gemm_ws_kernel.arg_names)
+    assert plan.b0_desc.args[2] == [parts[0], 128 // dtype.itemsize]
 
 
 # block scales (GPU) ----------------------------------------------------------------------------
@@ -242,8 +269,97 @@ def test_long_k_exactness_test_takes_this_kernel(built):
 
 
 @needs_hopper
-def test_fast_accumulation_keeps_the_tl_kernel(built):
+def test_fast_accumulation_keeps_the_tl_kernel_where_powers_of_two_fit(built):
     x, w = randn(1024, 4096, dtype=FP32), randn(4096, 4096, dtype=FP32)
     (xq, xs), (wq, ws) = quant.quantize_fp8(x, "row"), quant.quantize_fp8(w, "row")
     gemmkit.gemm_a8w8(xq, wq, xs, ws.reshape(1, -1))
     assert not built
+
+
+# fitted tile widths, the tensor cores accumulating: bf16 / fp16 and FP8 fast accumulation (GPU) --
+
+# ragged M, N (not a multiple of the tile width or of its parts) and K (not a multiple of 64 / 128),
+# several tiles per program; the default rule's picks and every part combination forced
+FITTED_SHAPES = [(512, 5120, 4096), (777, 4600, 1104), (2048, 1280, 2000), (300, 9216, 1040)]
+FORCED_PARTS = [None, (128, 16), (128, 64), (128, 128), (64, 32), (64, 0)]
+
+
+def force_fitted(monkeypatch, parts):
+    """The kernel without promotion at every size; `parts` (None: ws_parts's pick) at every shape."""
+    monkeypatch.setattr(hopper_ws, "ws_direct_ok", lambda *args: True)
+    if parts is not None:
+        monkeypatch.setattr(hopper_ws, "ws_parts", lambda *args: parts)
+
+
+@needs_hopper
+@pytest.mark.parametrize("parts", FORCED_PARTS)
+@pytest.mark.parametrize("M,N,K", FITTED_SHAPES)
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_a16w16_fitted(built, monkeypatch, dtype, M, N, K, parts):
+    force_fitted(monkeypatch, parts)
+    x, w = randn(M, K, dtype=dtype), randn(N, K, dtype=dtype, scale=K**-0.5)
+    bias = randn(N, dtype=dtype)
+    y = poisoned((M, N), dtype)
+    out = gemmkit.gemm_a16w16(x, w, bias, y=y)
+    assert out is y and len(built) == 1
+    assert built[0].parts == (parts or hopper_ws.ws_parts(M, N, torch.cuda.get_device_properties(0).multi_processor_count,
+                                                          False))
+    assert_close(out, reference(x, w, bias))
+
+
+@needs_hopper
+@pytest.mark.parametrize("out_dtype", [FP32, FP16])
+def test_a16w16_fitted_outputs_and_layouts(built, monkeypatch, out_dtype):
+    """fp32 output (pointer stores), x with leading dims, a row-strided x (a slice of a wider
+    buffer); a column-major x is not TMA-addressable: the tl kernel."""
+    force_fitted(monkeypatch, (128, 32))
+    M, N, K = 600, 5000, 2048
+    x, w = randn(2, M // 2, K, dtype=BF16), randn(N, K, dtype=BF16, scale=K**-0.5)
+    out = gemmkit.gemm_a16w16(x, w, out_dtype=out_dtype)
+    assert out.shape == (2, M // 2, N) and out.dtype == out_dtype and len(built) == 1
+    assert built[0].c_tma == (out_dtype != FP32)
+    assert_close(out.reshape(M, N), reference(x.reshape(M, K), w).to(out_dtype), tol=2e-3 if out_dtype == FP16 else None)
+    wide = randn(M, K + 64, dtype=BF16)
+    assert_close(gemmkit.gemm_a16w16(wide[:, :K], w), reference(wide[:, :K], w))
+    assert len(built) == 2
+    xt = randn(K, M, dtype=BF16).t()
+    assert_close(gemmkit.gemm_a16w16(xt, w), reference(xt, w))
+    assert len(built) == 2
+
+
+@needs_hopper
+def test_a16w16_fitted_by_default(built, monkeypatch):
+    """512 x 5120 x 4096: 128 tiles of 160 columns, taken without forcing; equal to the tl kernel's
+    result within bf16 rounding."""
+    x, w = randn(512, 4096, dtype=BF16), randn(5120, 4096, dtype=BF16, scale=4096**-0.5)
+    out = gemmkit.gemm_a16w16(x, w)
+    assert len(built) == 1 and built[0].parts == (128, 32)
+    assert_close(out, reference(x, w))
+    assert_close(out, tl_result(monkeypatch, lambda: gemmkit.gemm_a16w16(x, w)).double())
+
+
+@needs_hopper
+@pytest.mark.parametrize("parts", [None, (128, 32), (64, 16), (128, 128)])
+@pytest.mark.parametrize("M,N,K", FITTED_SHAPES)
+def test_a8w8_fast_fitted(built, monkeypatch, M, N, K, parts):
+    force_fitted(monkeypatch, parts)
+    x, w = randn(M, K, dtype=FP32), randn(N, K, dtype=FP32) / K**0.5
+    (xq, xs), (wq, ws) = quant.quantize_fp8(x, "row"), quant.quantize_fp8(w, "row")
+    ws = ws.reshape(1, N)
+    bias = randn(N, dtype=BF16)
+    y = poisoned((M, N), BF16)
+    out = gemmkit.gemm_a8w8(xq, wq, xs, ws, bias, y=y)
+    assert out is y and len(built) == 1 and not built[0].promote
+    assert_close(out, reference(xq, wq, bias, x_scale=xs, w_scale=ws))
+
+
+@needs_hopper
+def test_a8w8_dynamic_fitted(built):
+    """bf16 x, quantized per token in the call, then the fitted FP8 GEMM (512 x 4608 x 4096: 128
+    tiles of 144)."""
+    x, w = randn(512, 4096, dtype=BF16), randn(4608, 4096, dtype=FP32) / 64
+    wq, ws = quant.quantize_fp8(w, "row")
+    out = gemmkit.gemm_a8w8(x, wq, None, ws.reshape(1, -1))
+    assert len(built) == 1 and built[0].parts == (128, 16)
+    xq, xs = quant.quantize_fp8(x, "row")
+    assert_close(out, reference(xq, wq, None, x_scale=xs, w_scale=ws.reshape(1, -1)))

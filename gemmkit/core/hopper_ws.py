@@ -39,6 +39,8 @@ MAX_STAGES = 5
 # column parts (N0, N1) of the widths fitted tiles take: each a power of two with its own product
 WIDTHS = ((64, 0), (64, 16), (64, 32), (128, 0), (128, 16), (128, 32), (128, 64), (128, 128))
 PART_COST = 64  # per-tile work of a K block that does not scale with its width (the 128-row A tile), in columns
+DIRECT_MIN_K = 1024
+FITTED_GAIN = {False: 0.85, True: 0.96}  # (FP8): ws_direct_ok's threshold
 GROUP_M = 8
 PER_CALL = ("a_desc", "b0_desc", "b1_desc", "xs_desc", "c", "c0_desc", "c1_desc", "bias", "a_scale",
             "b_scale")  # the kernel's leading parameters
@@ -96,26 +98,39 @@ def ws_block_n(M: int, N: int, num_sms: int, kblock: bool) -> int:
     return 256
 
 
-def ws_parts(M: int, N: int, num_sms: int) -> tuple[int, int]:
-    """Column parts (N0, N1) of the tiles without promotion: the width of WIDTHS whose waves of
-    128-row tiles over the SMs take the least time, a wave's time taken as its tiles' width plus
-    PART_COST (the A tile's share); the widest on ties. As cuBLAS's sm_90 kernels do (their tiles
-    are 144 to 320 wide on the held-out layers at M = 512 to 2048: tuning/fitted/cublas_*.txt),
-    a width that fills one wave beats a power of two that leaves a ragged second: at M = 512,
-    N = 5120, 128 tiles of 160 against 160 of 128."""
-    tiles_m = -(-M // BLOCK)
-
-    def cost(parts):
-        width = parts[0] + parts[1]
-        return -(-tiles_m * -(-N // width) // num_sms) * (width + PART_COST), -width
-
-    return min(WIDTHS, key=cost)
+def _wave_cost(M: int, N: int, parts: tuple[int, int], num_sms: int) -> int:
+    """The time of the waves of 128 x (N0 + N1) tiles over the SMs, a tile's time taken as its
+    width plus PART_COST."""
+    width = parts[0] + parts[1]
+    return -(-(-(-M // BLOCK) * -(-N // width)) // num_sms) * (width + PART_COST)
 
 
-def ws_direct_ok(M: int, N: int, K: int, num_sms: int) -> bool:
-    """The problem sizes for which the kernel without promotion measured faster than the tl
-    kernel: M >= WS_MIN_M and K >= WS_MIN_K."""
-    return M >= WS_MIN_M and K >= WS_MIN_K
+def _widths(fp8: bool) -> tuple:
+    """The tile widths the kernel without promotion takes: bf16 / fp16 tiles narrower than 128
+    measured slower than the tl kernel's (0.77x to 0.99x at M = 256 and 512:
+    tuning/fitted/ws_any_a16w16_heldout_h100.txt), FP8 ones faster (1.10x to 1.21x)."""
+    return WIDTHS if fp8 else tuple(p for p in WIDTHS if p[0] >= BLOCK)
+
+
+def ws_parts(M: int, N: int, num_sms: int, fp8: bool) -> tuple[int, int]:
+    """Column parts (N0, N1) of the tiles without promotion: the width whose waves of 128-row
+    tiles over the SMs take the least time (_wave_cost), the widest on ties. As cuBLAS's sm_90
+    kernels do (tiles 144 to 320 wide on the held-out layers at M = 512 to 2048:
+    tuning/fitted/cublas_kernels_*_h100.txt), a width that fills one wave beats a power of two
+    that leaves a ragged second: at M = 512, N = 5120, 128 tiles of 160 against 160 of 128."""
+    return min(_widths(fp8), key=lambda p: (_wave_cost(M, N, p, num_sms), -(p[0] + p[1])))
+
+
+def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
+    """The problem sizes for which the kernel without promotion measured faster than the tl kernel
+    (scripts/ws_probe.py --any-size, tuning/fitted/ws_any_*_heldout_h100.txt): M >= WS_MIN_M,
+    K >= DIRECT_MIN_K and a fitted width (ws_parts) whose waves take at most FITTED_GAIN of the
+    time of the best power-of-two width's. Where a power of two fits as well, the tl kernel's
+    tuned tiles ran as fast or faster (bf16: 0.85x to 1.01x; FP8: 0.92x to 1.34x)."""
+    if M < WS_MIN_M or K < DIRECT_MIN_K:
+        return False
+    fitted = _wave_cost(M, N, ws_parts(M, N, num_sms, fp8), num_sms)
+    return fitted <= FITTED_GAIN[fp8] * min(_wave_cost(M, N, p, num_sms) for p in _widths(fp8) if p[1] in (0, p[0]))
 
 
 def ws_enabled(dev: DeviceInfo, device: torch.device) -> bool:
@@ -149,7 +164,7 @@ def ws_plan(dev: DeviceInfo, x2, w, y2, M: int, N: int, K: int, *, scales: str, 
     else:
         dtypes_ok = x2.dtype in _FP8
     sizes_ok = (ws_shape_ok(M, N, K, dev.num_sms, scales == "kblock") if promote
-                else ws_direct_ok(M, N, K, dev.num_sms))
+                else ws_direct_ok(M, N, K, dev.num_sms, x2.dtype in _FP8))
     if (config is not None or activation != "none" or not dtypes_ok or not sizes_ok
             or not ws_enabled(dev, x2.device) or not (_tma_operand(x2) and _tma_operand(w))
             or (M * N >= 2**31 and not _tma_output(y2, N, out_dtype))):  # pointer stores: 32-bit offsets
@@ -223,7 +238,7 @@ class WSPlan:
             wide = ws_block_n(M, N, num_sms, self.kblock) == 2 * BLOCK
             self.parts = (BLOCK, BLOCK) if wide else (BLOCK, 0)
         else:
-            self.parts = ws_parts(M, N, num_sms)
+            self.parts = ws_parts(M, N, num_sms, x2.dtype in _FP8)
         n0, n1 = self.parts
         self.block_n = n0 + n1
 
