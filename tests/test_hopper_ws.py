@@ -99,6 +99,34 @@ def test_fitted_width_rule(M, N, K, fp8, ok, parts):
     assert hopper_ws.ws_parts(M, N, 132, fp8) == parts
 
 
+@pytest.mark.parametrize("M,N,K,block_n,block_k,splits", [
+    (256, 2112, 7168, 128, 128, 3),  # 34 tiles: three slices of 19 K blocks
+    (256, 2048, 8192, 128, 64, 4), (128, 1024, 1024, 128, 128, 2),  # 8 K blocks: two slices of 4
+    (256, 4608, 4096, 128, 64, 1),  # 72 tiles: more than half the SMs
+    (256, 1024, 512, 128, 128, 1),  # 4 K blocks: one slice
+    (100, 256, 4096, 128, 128, 8)])  # 2 tiles: 32 K blocks in slices of 4
+def test_k_slice_rule(M, N, K, block_n, block_k, splits):
+    assert hopper_ws.ws_splits(M, N, K, 132, block_n, block_k) == splits
+
+
+@pytest.mark.parametrize("splits,bias,out_dtype", [(1, False, FP32), (3, True, BF16), (4, True, FP16)])
+def test_sum_k_slices(splits, bias, out_dtype):
+    """kernels/reduce.py sum_k_slices (the tl kernel that adds the K slices' partials; runs under
+    the interpreter): slices in rows split_rows apart of a padded workspace, a strided output."""
+    from gemmkit.core.launcher import launch_jit
+    from gemmkit.kernels.reduce import sum_k_slices
+
+    M, N, rows, n_pad = 37, 70, 64, 72
+    ws = randn(splits * rows, n_pad, dtype=FP32)
+    b = randn(N, dtype=BF16) if bias else None
+    y = poisoned((M, 2 * N), out_dtype)[:, ::2]
+    launch_jit(sum_k_slices, (2, 1), (ws, y, b, M, N, splits, rows, n_pad, *y.stride(), bias, 32, 128), 4, 1)
+    want = sum(ws[s * rows:s * rows + M, :N].double() for s in range(splits))
+    if bias:
+        want = want + b.double()
+    assert_close(y, want.to(out_dtype))
+
+
 @pytest.mark.parametrize("width,out_bytes,stages", [(128, 2, 5), (256, 2, 3), (256, 0, 4), (160, 2, 5), (192, 4, 3)])
 def test_stages_fit_shared_memory(width, out_bytes, stages):
     assert hopper_ws.ws_stages(width, out_bytes) == stages
@@ -159,6 +187,24 @@ def test_blockscale(built, monkeypatch, M, N, K, layout):
     assert_close(out, reference(xd, wd, bias), tol=2e-3)
     tl = tl_result(monkeypatch, lambda: gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws, bias, out_dtype=FP32))
     assert_close(out, tl.double(), tol=1e-3)
+
+
+@needs_hopper
+@pytest.mark.parametrize("M,N,K", [(256, 2112, 7168), (100, 700, 2000), (16, 4096, 7168), (300, 1500, 1040)])
+def test_blockscale_k_slices(built, monkeypatch, M, N, K):
+    """Few tiles: K slices summed by the second kernel (forced at every size), bias added once."""
+    monkeypatch.setattr(hopper_ws, "ws_shape_ok", lambda *args: True)
+    xq, xs, wq, ws, xd, wd = block_operands(M, N, K)
+    bias = randn(N, dtype=BF16)
+    y = poisoned((M, N), BF16)
+    out = gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws, bias, y=y)
+    assert out is y and len(built) == 1 and built[0].splits > 1
+    assert_close(out, reference(xd, wd, bias))
+    x = randn(M, K, dtype=FP32)
+    (xq, xs), (wq, ws) = quant.quantize_fp8(x, "row"), quant.quantize_fp8(randn(N, K, dtype=FP32) / K**0.5, "row")
+    out = gemmkit.gemm_a8w8(xq, wq, xs, ws.reshape(1, N), bias, out_dtype=FP32, fast_accum=False)
+    assert len(built) == 2 and built[1].splits > 1
+    assert_close(out, reference(xq, wq, bias, x_scale=xs, w_scale=ws.reshape(1, N)), tol=2e-3)
 
 
 @needs_hopper
@@ -280,7 +326,8 @@ def test_fast_accumulation_keeps_the_tl_kernel_where_powers_of_two_fit(built):
 
 # ragged M, N (not a multiple of the tile width or of its parts) and K (not a multiple of 64 / 128),
 # several tiles per program; the default rule's picks and every part combination forced
-FITTED_SHAPES = [(512, 5120, 4096), (777, 4600, 1104), (2048, 1280, 2000), (300, 9216, 1040)]
+FITTED_SHAPES = [(512, 5120, 4096), (777, 4600, 1104), (2048, 1280, 2000), (300, 9216, 1040),
+                 (200, 1000, 3000)]  # (16 tiles: K slices)
 FORCED_PARTS = [None, (128, 16), (128, 64), (128, 128), (64, 32), (64, 0)]
 
 

@@ -40,6 +40,8 @@ MAX_STAGES = 5
 WIDTHS = ((64, 0), (64, 16), (64, 32), (128, 0), (128, 16), (128, 32), (128, 64), (128, 128))
 PART_COST = 64  # per-tile work of a K block that does not scale with its width (the 128-row A tile), in columns
 DIRECT_MIN_K = 1024
+MIN_SLICE_K_BLOCKS = 4
+REDUCE_BLOCK = (32, 128)
 FITTED_GAIN = {False: 0.85, True: 0.96}  # (FP8): ws_direct_ok's threshold
 GROUP_M = 8
 PER_CALL = ("a_desc", "b0_desc", "b1_desc", "xs_desc", "c", "c0_desc", "c1_desc", "bias", "a_scale",
@@ -131,6 +133,25 @@ def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
         return False
     fitted = _wave_cost(M, N, ws_parts(M, N, num_sms, fp8), num_sms)
     return fitted <= FITTED_GAIN[fp8] * min(_wave_cost(M, N, p, num_sms) for p in _widths(fp8) if p[1] in (0, p[0]))
+
+
+def ws_splits(M: int, N: int, K: int, num_sms: int, block_n: int, block_k: int) -> int:
+    """K slices per tile: where the 128 x block_n tiles fill less than half of the SMs, as many as
+    the SMs hold (each at least MIN_SLICE_K_BLOCKS K blocks deep), summed by a second kernel
+    (kernels/reduce.py sum_k_slices); else 1."""
+    tiles = -(-M // BLOCK) * -(-N // block_n)
+    k_blocks = -(-K // block_k)
+    if 2 * tiles > num_sms:
+        return 1
+    splits = max(1, min(num_sms // tiles, k_blocks // MIN_SLICE_K_BLOCKS))
+    return -(-k_blocks // -(-k_blocks // splits))  # (no empty slice)
+
+
+@functools.lru_cache(maxsize=1)
+def reduce_kernels():
+    from ..kernels import reduce
+
+    return reduce
 
 
 def ws_enabled(dev: DeviceInfo, device: torch.device) -> bool:
@@ -267,28 +288,43 @@ class WSPlan:
         # a descriptor the kernel does not read (scales by register loads): one, built here
         self._xs_const = None if self.xs_tma else self.xs_desc(torch.zeros(BLOCK, dtype=torch.float32,
                                                                            device=self.device))
-        c_strides = (N, 1) if y2 is None else y2.stride()
-        self.c_tma = _tma_output(y2, N, out_dtype)
+        self.y_strides = (N, 1) if y2 is None else y2.stride()
+        self.splits = ws_splits(M, N, K, num_sms, self.block_n, block_k)
+        if self.splits > 1:  # K slices summed apart: into an fp32 workspace, slice s at rows s * split_rows
+            self.split_rows = -(-M // BLOCK) * BLOCK
+            n_pad = -(-N // 4) * 4  # 16-byte rows
+            self.ws_shape = (self.splits * self.split_rows, n_pad)
+            c_strides, c_dtype, self.c_tma = (n_pad, 1), torch.float32, True
+            self.reduce = CachedLaunch(reduce_kernels().sum_k_slices, (-(-M // REDUCE_BLOCK[0]),
+                                                                       -(-N // REDUCE_BLOCK[1])), 4, 1,
+                                       self.device_index)
+            self.reduce_tail = (M, N, self.splits, self.split_rows, n_pad, *self.y_strides, bias is not None,
+                                *REDUCE_BLOCK)
+        else:
+            self.split_rows = 0
+            c_strides, c_dtype, self.c_tma = self.y_strides, out_dtype, _tma_output(y2, N, out_dtype)
 
         def c_desc(cols):
-            layout = gl.NVMMASharedLayout.get_default_for([HALF, cols], _gl_dtype(out_dtype))
+            layout = gl.NVMMASharedLayout.get_default_for([HALF, cols], _gl_dtype(c_dtype))
             if self.c_tma:
-                return _Descriptors((M, N), (c_strides[0], 1), (HALF, cols), layout)
+                return _Descriptors((M if self.splits == 1 else self.ws_shape[0], N), (c_strides[0], 1),
+                                    (HALF, cols), layout)
             d = _Descriptors((HALF, cols), (cols, 1), (HALF, cols), layout)  # (unused: pointer stores)
-            return d(torch.zeros(HALF, cols, dtype=out_dtype, device=self.device))
+            return d(torch.zeros(HALF, cols, dtype=c_dtype, device=self.device))
 
         self.c0_desc = c_desc(n0)
         self.c1_desc = c_desc(n1) if n1 else self.c0_desc
         kernel = gluon_kernel().gemm_ws_kernel
         s_am, s_ak, s_bn, s_bk = scale_strides
-        self.stages = ws_stages(self.block_n, out_dtype.itemsize if self.c_tma else 0)
+        self.stages = ws_stages(self.block_n, c_dtype.itemsize if self.c_tma else 0)
         self.tail = kernel_tail(kernel, PER_CALL, dict(
-            M=M, N=N, K=K, xs_group_stride=xs_group_stride, stride_cm=c_strides[0], stride_cn=c_strides[1],
+            M=M, N=N, K=K, splits=self.splits, split_rows=self.split_rows, xs_group_stride=xs_group_stride,
+            stride_cm=c_strides[0], stride_cn=c_strides[1],
             stride_asm=s_am, stride_ask=s_ak, stride_bsn=s_bn, stride_bsk=s_bk, GROUP_M=GROUP_M,
             STAGES=self.stages, SCALES={"kblock": 0, "rowcol": 1, "none": 2}[scales], XS_TMA=self.xs_tma,
-            PROMOTE=promote, TWO=n1 > 0, HAS_BIAS=bias is not None, C_TMA=self.c_tma))
-        tiles = -(-M // BLOCK) * -(-N // self.block_n)
-        self.launch = CachedLaunch(kernel, (min(tiles, num_sms),), 4, 1,
+            PROMOTE=promote, TWO=n1 > 0, HAS_BIAS=bias is not None and self.splits == 1, C_TMA=self.c_tma))
+        units = -(-M // BLOCK) * -(-N // self.block_n) * self.splits
+        self.launch = CachedLaunch(kernel, (min(units, num_sms),), 4, 1,
                                    self.device_index)  # persistent: at most one program per SM
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)
         self.y_extent = 0 if y2 is None else extent_bytes(y2)
@@ -323,7 +359,12 @@ class WSPlan:
         out = torch.empty_strided(self.out_shape, self.out_strides, dtype=self.out_dtype,
                                   device=self.device) if y is None else y
         c = out.view(M, N) if len(self.out_shape) != 2 else out
-        self.launch(self.arguments(x, w, c, bias, x_scale, w_scale), self.tail)
+        if self.splits == 1:
+            self.launch(self.arguments(x, w, c, bias, x_scale, w_scale), self.tail)
+            return out
+        ws = torch.empty(self.ws_shape, dtype=torch.float32, device=self.device)
+        self.launch(self.arguments(x, w, ws, None, x_scale, w_scale), self.tail)
+        self.reduce((ws, c, bias), self.reduce_tail)
         return out
 
     __call__ = run

@@ -60,9 +60,19 @@ def _grouped_tile(pid, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP
 
 
 @gluon.jit
+def _unit(unit, tiles, splits, k_tiles):
+    """(tile, K slice, first and end K block) of work unit `unit`: units slice-major (programs that
+    run together read the same K range), slices of cdiv(k_tiles, splits) K blocks."""
+    sp = unit // tiles
+    per = gl.cdiv(k_tiles, splits)
+    k0 = sp * per
+    return unit - sp * tiles, sp, k0, gl.minimum(k0 + per, k_tiles)
+
+
+@gluon.jit
 def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M, N,
-              k_tiles, xs_group_stride, GROUP_M: gl.constexpr, STAGES: gl.constexpr, XS_TMA: gl.constexpr,
-              TWO: gl.constexpr):
+              k_tiles, splits, xs_group_stride, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+              XS_TMA: gl.constexpr, TWO: gl.constexpr):
     """One warp: for each of the program's tiles, TMA loads of each K block's two A halves, B
     column part(s) and (XS_TMA) the tile's activation scales into the next stage, once both
     consumers have released it; it runs ahead into the next tile while the consumers finish the last one."""
@@ -80,9 +90,11 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
     else:
         nbytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_bytes
     it = 0
-    for tile in range(gl.program_id(0), gl.cdiv(M, 2 * HALF) * gl.cdiv(N, BLOCK_N), gl.num_programs(0)):
+    tiles = gl.cdiv(M, 2 * HALF) * gl.cdiv(N, BLOCK_N)
+    for unit in range(gl.program_id(0), tiles * splits, gl.num_programs(0)):
+        tile, sp, k0, k1 = _unit(unit, tiles, splits, k_tiles)
         off_m, off_n = _grouped_tile(tile, M, N, 2 * HALF, BLOCK_N, GROUP_M)
-        for ki in range(k_tiles):
+        for ki in range(k0, k1):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # (the first round passes at once)
             mbarrier.expect(ready.index(s), nbytes)
@@ -126,8 +138,8 @@ def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, 
 
 @gluon.jit
 def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, c0_smem, c1_smem, bias, a_scale,
-              b_scale, M, N, k_tiles, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
-              GROUP_M: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr, N0: gl.constexpr, N1: gl.constexpr,
+              b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
+              stride_bsk, GROUP_M: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr, N0: gl.constexpr, N1: gl.constexpr,
               K_INSTR: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr, XS_TMA: gl.constexpr,
               PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr):
     """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles, in
@@ -154,7 +166,9 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
     else:
         PEND0: gl.constexpr = 0
     it = 0
-    for tile in range(gl.program_id(0), gl.cdiv(M, 2 * HALF) * gl.cdiv(N, N0 + N1), gl.num_programs(0)):
+    tiles = gl.cdiv(M, 2 * HALF) * gl.cdiv(N, N0 + N1)
+    for unit in range(gl.program_id(0), tiles * splits, gl.num_programs(0)):
+        tile, sp, k0, k1 = _unit(unit, tiles, splits, k_tiles)
         off_m, off_n = _grouped_tile(tile, M, N, 2 * HALF, N0 + N1, GROUP_M)
         rm = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows_l)
         row_ok = rm < M
@@ -164,10 +178,10 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
             if SCALES == SCALES_KBLOCK:
                 sb_row = b_scale + (off_n // N0) * stride_bsn
                 has1 = off_n + N0 < N  # (TWO: the tile's second weight scale group exists)
-                sa_cur = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)
-                sb0 = gl.load(sb_row)
-                sb1 = gl.load(sb_row + stride_bsn, mask=TWO and has1, other=0.0)
-            for ki in range(k_tiles):
+                sa_cur = gl.load(a_scale + rm * stride_asm + k0 * stride_ask, mask=row_ok, other=0.0)
+                sb0 = gl.load(sb_row + k0 * stride_bsk)
+                sb1 = gl.load(sb_row + stride_bsn + k0 * stride_bsk, mask=TWO and has1, other=0.0)
+            for ki in range(k0, k1):
                 s = it % STAGES
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 # this block's scales from its stage, read before the product is issued: read after its
@@ -188,7 +202,7 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
                     p1 = warpgroup_mma(a_bufs.index(s), b1_bufs.index(s).permute((1, 0)), zero1, use_acc=False,
                                        is_async=True)
                 if SCALES == SCALES_KBLOCK:
-                    kn = gl.minimum(ki + 1, k_tiles - 1)
+                    kn = gl.minimum(ki + 1, k1 - 1)
                     sa_nxt = sa_cur
                     if not XS_TMA:
                         sa_nxt = gl.load(a_scale + rm * stride_asm + kn * stride_ask, mask=row_ok, other=0.0)
@@ -215,7 +229,7 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
                 it += 1
         else:  # the tensor cores accumulate: this K block's products run while the next block's are issued
             prev = 0
-            for ki in range(k_tiles):
+            for ki in range(k0, k1):
                 s = it % STAGES
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 acc0 = warpgroup_mma(a_bufs.index(s), b0_bufs.index(s).permute((1, 0)), acc0, is_async=True)
@@ -224,7 +238,7 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
                     acc0, acc1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc0, acc1))
                 else:
                     acc0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc0, ))
-                mbarrier.arrive(empty.index(prev), count=1, pred=ki > 0)  # the previous block's stage is read
+                mbarrier.arrive(empty.index(prev), count=1, pred=ki > k0)  # the previous block's stage is read
                 prev = s
                 it += 1
             if TWO:
@@ -232,7 +246,7 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
             else:
                 acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, ))
             mbarrier.arrive(empty.index(prev), count=1)
-        row0 = off_m + ROLE * HALF
+        row0 = sp * split_rows + off_m + ROLE * HALF  # (split_rows: a K slice's rows in the workspace c)
         if SCALES == SCALES_ROWCOL:  # per token (stride 0: one value per tensor)
             sa = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)
         else:
@@ -249,14 +263,17 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
 
 @gluon.jit
 def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias, a_scale, b_scale, M, N, K,
-                   xs_group_stride, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
+                   splits, split_rows, xs_group_stride, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr, XS_TMA: gl.constexpr,
                    PROMOTE: gl.constexpr, TWO: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr):
     """c (M, N) = x (a_desc: (M, K), boxes of HALF x BLOCK_K) @ w (b0_desc / b1_desc: (N, K), boxes
     of N0 / N1 x BLOCK_K) in (2 * HALF) x (N0 + N1) tiles (N1 = 0 unless TWO), persistent: program
-    p takes tiles p, p + programs, ... in grouped order (4 warps launched: the first consumer; a
-    second consumer warp group and a producer warp are added). C_TMA: c0_desc / c1_desc (boxes of
-    HALF x N0 / N1 over c) store the output, else pointer stores through c."""
+    p takes work units p, p + programs, ... (4 warps launched: the first consumer; a second
+    consumer warp group and a producer warp are added). A unit is a tile (in grouped order) and
+    one of `splits` K slices; splits > 1: slice s of the tile goes to rows s * split_rows + .. of
+    c, an fp32 workspace (split_rows >= M) that kernels/reduce.py sum_k_slices adds up (no bias
+    here). C_TMA: c0_desc / c1_desc (boxes of HALF x N0 / N1 over c) store the output, else
+    pointer stores through c."""
     HALF: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     N0: gl.constexpr = b0_desc.block_type.shape[0]
@@ -298,11 +315,13 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     k_tiles = gl.cdiv(K, BLOCK_K)
     gl.warp_specialize([
         (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias, a_scale,
-                     b_scale, M, N, k_tiles, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
+                     b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
+                     stride_bsk,
                      GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA)),
         (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cB0, cB1, bias, a_scale,
-                     b_scale, M, N, k_tiles, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
+                     b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
+                     stride_bsk,
                      GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA)),
         (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M,
-                     N, k_tiles, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO)),
+                     N, k_tiles, splits, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO)),
     ], [4, 1], [232, 40])

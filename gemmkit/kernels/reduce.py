@@ -46,3 +46,21 @@ def fixup_tile(acc, ws, counters, tile, my_block, first_block, part_stride, firs
             total += tl.load(_block_ptrs(ws, block, BLOCK_M, BLOCK_N), cache_modifier=".cg")
         tl.store(counters + tile, 0)
     return last, total
+
+
+@triton.jit
+def sum_k_slices(ws, y, bias, M, N, splits, split_rows, stride_wm, stride_ym, stride_yn, HAS_BIAS: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y (M, N) = the sum over s < splits of ws[s * split_rows + m, n] (fp32 partial products of K
+    slices, rows stride_wm apart, unit column stride), in slice order, plus bias (N,), cast to
+    y's dtype. For kernels that store the K slices of a tile apart (kernels/gemm_ws.py)."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    rows = rm.to(tl.int64)[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for s in range(0, splits):
+        acc += tl.load(ws + (rows + s * split_rows) * stride_wm + rn[None, :], mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(y + rows * stride_ym + rn[None, :].to(tl.int64) * stride_yn, acc.to(y.dtype.element_ty), mask=mask)

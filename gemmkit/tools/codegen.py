@@ -247,6 +247,8 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
         xs = ws = None
     bias = torch.empty(N, dtype=out_dtype)
     plan = hw.WSPlan(x, w, None, M, N, K, scales, xs, ws, bias, out_dtype, (M, N), False, num_sms, promote)
+    if plan.splits > 1:  # the kernel writes K slices' fp32 partials into the workspace
+        c = torch.empty(plan.ws_shape, dtype=torch.float32)
     args = (*plan.arguments(x, w, c, bias, xs, ws), *plan.tail)
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
@@ -505,6 +507,9 @@ WS_CHECKS = {  # (M, N, K, compile_ws keywords, tensor-core instruction)
         512, 6144, 5120, dict(scales="none", promote=False, dtype=torch.bfloat16), "HGMMA"),
     "gluon bf16, 128x256 tiles, TMA stores": (
         4096, 4096, 4096, dict(scales="none", promote=False, dtype=torch.bfloat16), "HGMMA"),
+    "gluon fp8 blockscale, 3 K slices into a workspace (34 tiles)": (256, 2112, 7168, dict(scales="kblock"), "QGMMA"),
+    "gluon bf16, 4 K slices into a workspace (32 tiles)": (
+        256, 2048, 8192, dict(scales="none", promote=False, dtype=torch.bfloat16), "HGMMA"),
     "gluon fp16, 128x144 tiles (128 + 16), fp32 output by pointers": (
         512, 4608, 4096, dict(scales="none", promote=False, dtype=torch.float16, out_dtype=torch.float32), "HGMMA"),
 }
@@ -516,7 +521,7 @@ def check_ws(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
     b = compile_ws(M, N, K, **kw)
     stores = b.count("UTMASTG")
     ok = (b.local_bytes == 0 and b.count(mma) > 0 and b.count("UTMALDG") > 0
-          and (stores > 0) == (kw.get("out_dtype", torch.bfloat16) != torch.float32)
+          and (stores > 0) == (kw.get("out_dtype", torch.bfloat16) != torch.float32 or "slices" in name)
           and b.shared_bytes <= dev.smem_per_block)
     return ok, b, (f"{'ok ' if ok else 'BAD'} {name}: {b.registers} registers, {b.local_bytes} B local, "
                    f"{b.shared_bytes} B shared, {mma} {b.count(mma)}, UTMALDG {b.count('UTMALDG')}, "
