@@ -64,13 +64,13 @@ def main():
     args = ap.parse_args()
     if args.any_size:
         hopper_ws.ws_shape_ok = lambda M, N, K, num_sms, kblock: True
-        hopper_ws.ws_direct_ok = lambda M, N, K, num_sms: True
+        hopper_ws.ws_direct_ok = lambda *args: True
     if args.no_c_tma:
         hopper_ws.C_TMA = False
     if args.block_n:
         hopper_ws.ws_block_n = lambda M, N, num_sms, kblock: args.block_n
     if args.parts:
-        hopper_ws.ws_parts = lambda M, N, num_sms: tuple(args.parts)
+        hopper_ws.ws_parts = lambda *a: tuple(args.parts)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     for name in args.op:
         op = get_op(name)
