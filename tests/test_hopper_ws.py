@@ -55,7 +55,8 @@ def tl_result(monkeypatch, call):
     (4096, 7168, 7168, False, True), (255, 36864, 7168, False, False), (4096, 7168, 256, False, False),
     (4096, 32768, 512, True, True),
     (256, 36864, 7168, False, True), (256, 4608, 4096, False, True), (256, 4096, 7168, False, False),  # 576 / 72 / 64
-    (256, 4096, 7168, True, True), (256, 3072, 4096, True, True), (256, 2112, 7168, True, False),  # 64 / 48 / 34
+    (256, 4096, 7168, True, True), (256, 3072, 4096, True, True), (256, 2112, 7168, True, True),  # 64 / 48 / 34
+    (256, 2112, 7168, False, False),  # 34 tiles without block scales: the tl kernel's split-K
     (1024, 2112, 7168, True, False),  # 136 tiles on 132 SMs: a thin second wave
     (1024, 3072, 4096, False, True), (2048, 3000, 1024, False, True)])
 def test_shape_rule(M, N, K, kblock, ok):
@@ -93,6 +94,7 @@ def test_not_taken_off_hopper(built):
     (256, 9216, 3072, True, True, (128, 16)), (512, 2560, 8192, True, True, (64, 16)),
     (512, 2560, 8192, False, False, (128, 0)),  # bf16: 80-wide tiles measured slower than the tl kernel's
     (1024, 4096, 4096, False, False, (128, 128)), (512, 8192, 4096, True, False, (128, 128)),  # one full wave of 256
+    (256, 8192, 4096, True, True, (128, 0)), (256, 8192, 4096, False, False, (128, 0)),  # FP8 at M < 512: any width
     (128, 5120, 4096, False, False, (128, 0)), (512, 5120, 512, True, False, (128, 32))])  # M, K too small
 def test_fitted_width_rule(M, N, K, fp8, ok, parts):
     assert hopper_ws.ws_direct_ok(M, N, K, 132, fp8) is ok
@@ -327,7 +329,7 @@ def test_fast_accumulation_keeps_the_tl_kernel_where_powers_of_two_fit(built):
 # ragged M, N (not a multiple of the tile width or of its parts) and K (not a multiple of 64 / 128),
 # several tiles per program; the default rule's picks and every part combination forced
 FITTED_SHAPES = [(512, 5120, 4096), (777, 4600, 1104), (2048, 1280, 2000), (300, 9216, 1040),
-                 (200, 1000, 3000)]  # (16 tiles: K slices)
+                 (200, 1000, 3040)]  # (16 tiles: K slices)
 FORCED_PARTS = [None, (128, 16), (128, 64), (128, 128), (64, 32), (64, 0)]
 
 

@@ -41,6 +41,7 @@ WIDTHS = ((64, 0), (64, 16), (64, 32), (128, 0), (128, 16), (128, 32), (128, 64)
 PART_COST = 64  # per-tile work of a K block that does not scale with its width (the 128-row A tile), in columns
 DIRECT_MIN_K = 1024
 MIN_SLICE_K_BLOCKS = 4
+FP8_ANY_WIDTH_M = 512
 REDUCE_BLOCK = (32, 128)
 FITTED_GAIN = {False: 0.85, True: 0.96}  # (FP8): ws_direct_ok's threshold
 GROUP_M = 8
@@ -67,16 +68,17 @@ def _tma_operand(t: torch.Tensor) -> bool:
 
 
 def ws_shape_ok(M: int, N: int, K: int, num_sms: int, kblock: bool) -> bool:
-    """The problem sizes for which the warp-specialized kernel measured faster than the tl kernel
-    (scripts/ws_probe.py --any-size, tuning/ws/ws_any*_h100.txt): M >= WS_MIN_M, K >= WS_MIN_K,
-    at least half a wave of 128 x 128 tiles, a third of one with block scales (whose tl K loop
-    loses more to its scale loads), but not a thin second wave (up to a quarter of the SMs: one
-    tile more for a few programs, which the tl kernel's stream-K splits; 0.79x / 1.09x at 136
-    tiles). At M = 256: 1.05x to 1.45x the tl kernel from 72 tiles up; at 64 tiles 1.15x to
-    1.23x with block scales, 0.90x to 0.97x without; 0.67x to 1.09x under 60 tiles except 1.19x
-    at 48 with block scales, 0.80x at 34; at K = 512, 1.24x to 1.76x from 128 tiles up."""
+    """The problem sizes for which the promoting kernel measured faster than the tl kernel
+    (scripts/ws_probe.py --any-size, tuning/ws/ws_any*_h100.txt, tuning/fitted/ws_split_*_h100.txt):
+    M >= WS_MIN_M, K >= WS_MIN_K, not a thin second wave of 128 x 128 tiles (up to a quarter of the
+    SMs: one tile more for a few programs, which the tl kernel's stream-K splits; 0.79x / 1.09x
+    at 136 tiles) and, without block scales, at least half a wave (at M = 256: 1.05x to 1.45x
+    the tl kernel from 72 tiles up; at 64 tiles 0.90x to 0.97x, in K slices 0.85x to 0.97x).
+    Block-scaled tiles that fill less than half of the SMs run in K slices (ws_splits): 1.10x
+    to 1.33x the tl kernel at M = 256 on the DeepSeek-V3 layers (34 to 64 tiles), whose promoting
+    K loop loses more to its scale loads."""
     tiles = -(-M // BLOCK) * -(-N // BLOCK)
-    enough = 3 * tiles >= num_sms if kblock else 2 * tiles >= num_sms
+    enough = kblock or 2 * tiles >= num_sms
     return M >= WS_MIN_M and K >= WS_MIN_K and enough and not num_sms < tiles <= num_sms + num_sms // 4
 
 
@@ -128,9 +130,14 @@ def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
     (scripts/ws_probe.py --any-size, tuning/fitted/ws_any_*_heldout_h100.txt): M >= WS_MIN_M,
     K >= DIRECT_MIN_K and a fitted width (ws_parts) whose waves take at most FITTED_GAIN of the
     time of the best power-of-two width's. Where a power of two fits as well, the tl kernel's
-    tuned tiles ran as fast or faster (bf16: 0.85x to 1.01x; FP8: 0.92x to 1.34x)."""
+    tuned tiles ran as fast or faster (bf16: 0.85x to 1.01x; FP8: 0.92x to 1.34x). FP8 below
+    FP8_ANY_WIDTH_M rows (two 128-row tiles) at any width, in K slices where the tiles are few:
+    0.96x to 1.74x the tl kernel at M = 256 (tuning/fitted/ws_split_heldout_h100.txt; at M = 128
+    0.86x to 1.16x, bf16 at M = 128 0.61x to 1.32x: not taken)."""
     if M < WS_MIN_M or K < DIRECT_MIN_K:
         return False
+    if fp8 and M < FP8_ANY_WIDTH_M:
+        return True
     fitted = _wave_cost(M, N, ws_parts(M, N, num_sms, fp8), num_sms)
     return fitted <= FITTED_GAIN[fp8] * min(_wave_cost(M, N, p, num_sms) for p in _widths(fp8) if p[1] in (0, p[0]))
 
