@@ -3,7 +3,7 @@
 split-K, in-kernel quantization. Each must compile with no local memory (spills), at most 255
 registers, and the expected tensor-core instructions (warpgroup MMA for large tiles); the
 persistent TMA configs' K loop must cost what a bare tutorial-09 kernel's does. The Gluon kernel
-(kernels/fp8_ws.py) is compiled the same way, in the variants core/hopper_ws.py launches."""
+(kernels/gemm_ws.py) is compiled the same way, in the variants core/hopper_ws.py launches."""
 
 import os
 import subprocess

@@ -111,8 +111,8 @@ def _wave_cost(M: int, N: int, parts: tuple[int, int], num_sms: int) -> int:
 
 def _widths(fp8: bool) -> tuple:
     """The tile widths the kernel without promotion takes: bf16 / fp16 tiles narrower than 128
-    measured slower than the tl kernel's (0.77x to 0.99x at M = 256 and 512:
-    tuning/fitted/ws_any_a16w16_heldout_h100.txt), FP8 ones faster (1.10x to 1.21x)."""
+    measured no faster than the tl kernel's (0.77x to 1.25x, geomean 0.96, at M = 256 and 512:
+    tuning/fitted/ws_any_a16w16_heldout_h100.txt), FP8 ones faster (1.10x to 1.21x at M = 512)."""
     return WIDTHS if fp8 else tuple(p for p in WIDTHS if p[0] >= BLOCK)
 
 
@@ -133,7 +133,7 @@ def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
     tuned tiles ran as fast or faster (bf16: 0.85x to 1.01x; FP8: 0.92x to 1.34x). FP8 below
     FP8_ANY_WIDTH_M rows (two 128-row tiles) at any width, in K slices where the tiles are few:
     0.96x to 1.74x the tl kernel at M = 256 (tuning/fitted/ws_split_heldout_h100.txt; at M = 128
-    0.86x to 1.16x, bf16 at M = 128 0.61x to 1.32x: not taken)."""
+    0.86x to 1.60x, geomean 0.99, bf16 at M = 128 0.61x to 1.32x: not taken)."""
     if M < WS_MIN_M or K < DIRECT_MIN_K:
         return False
     if fp8 and M < FP8_ANY_WIDTH_M:

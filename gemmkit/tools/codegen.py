@@ -490,10 +490,11 @@ def _compare_bare(b: Binary, M, N, K, cfg: GemmConfig, kw: dict, dev: DeviceInfo
     return same, f"; K loop {len(ours)} instructions (bare tutorial-09 kernel {len(ref)}{'' if same else ', DIFFERENT'})"
 
 
-# The warp-specialized promoting FP8 kernel's variants (compile_ws arguments): each must compile
-# without local memory or stack (its 256-wide block-scaled form spilled 968 bytes into a 200-byte
-# stack frame and ran 2.5x slower), with warpgroup FP8 MMAs, TMA loads, TMA stores where asked for, and shared
-# memory within the device's limit.
+# The warp-specialized Gluon kernel's variants (compile_ws arguments, widths and K slices as WSPlan
+# picks them for each problem): each must compile without local memory or stack (its 256-wide
+# block-scaled form spilled 968 bytes into a 200-byte stack frame and ran 2.5x slower), with
+# warpgroup MMAs of the operands' type, TMA loads, TMA stores for 16-bit outputs and K slices'
+# partials, and shared memory within the device's limit.
 WS_CHECKS = {  # (M, N, K, compile_ws keywords, tensor-core instruction)
     "gluon fp8 blockscale, x scales by TMA, TMA stores": (4096, 7168, 7168, dict(scales="kblock"), "QGMMA"),
     "gluon fp8 blockscale, x scales by register loads, fp32 output by pointers": (
