@@ -50,5 +50,4 @@ for M in MS:
         print(f"M={M} N={N} K={K}: " + "  ".join(f"{n} {base / t:.2f}" for n, t in sorted(zip(names, times),
                                                                                    key=lambda p: p[1])),
               file=out, flush=True)
-        del x, w, ref, calls
         torch.cuda.empty_cache()
