@@ -417,3 +417,25 @@ def test_exact_fp8_accumulation_derives_promoting_tiles(M):
     tiles = {(c.BLOCK_M, c.BLOCK_N, c.num_warps) for c in registry.search_space(registry.OPS["a8w8_default_accum"],
                                                                               M, 7168, 7168, H100)}
     assert (64, 128, 4) in tiles and (128, 64, 4) in tiles
+
+
+# (M, N, K, (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K) or None: the other derivation): M = 128 and 256 on
+# held-out layers with 64-row tiles that make half a wave to one (tuning/fitted/small_m_h100.txt)
+@pytest.mark.parametrize("M,N,K,tile", [
+    (128, 3072, 3072, (64, 64, 128, 1)), (128, 3584, 4096, (64, 64, 128, 1)),  # 96 / 112 tiles
+    (128, 8192, 4096, (64, 128, 128, 1)), (128, 5120, 4096, (64, 128, 128, 1)),  # 128 / 80 tiles
+    (256, 3072, 3072, (64, 128, 128, 1)), (128, 4608, 96, (64, 128, 128, 1)),  # 72 tiles, K below a step
+    (128, 1280, 8192, None),  # 40 tiles of 64 x 64: split-K
+    (128, 9216, 3072, None), (256, 5120, 4096, None),  # more than a wave of either width
+    (64, 3072, 3072, None), (512, 1024, 4096, None)])  # M outside (64, 256]
+def test_one_wave_rule(M, N, K, tile):
+    f = dense(torch.bfloat16)
+    cfg = derive_config(M, N, K, H100, f, f, 2, one_wave=True)
+    got = (cfg.BLOCK_M, cfg.BLOCK_N, cfg.BLOCK_K, cfg.SPLIT_K)
+    if tile is None:
+        assert cfg == derive_config(M, N, K, H100, f, f, 2)
+    else:
+        assert got == tile and cfg.TMA and not cfg.PERSISTENT and cfg.num_warps == 4
+        assert cfg.smem_bytes(f, f, 2) <= H100.smem_per_block
+    fp8 = dense(torch.float8_e4m3fn)
+    assert derive_config(M, N, K, H100, fp8, fp8, 2, one_wave=True) == derive_config(M, N, K, H100, fp8, fp8, 2)

@@ -293,6 +293,7 @@ DERIVED = "derived from the device"
 # Since the derived rule takes 64-row tiles up to M = 128, it beats the nearest entry there too (all
 # eight held-out models, one run: A16W16 0.880 against 0.849, FP8 1.006 against 1.001), hence 64.
 NEAREST_SHAPE_MAX_M = 64
+ONE_WAVE_TABLES = ("a16w16",)  # derive_config's one_wave rule: measured on these
 
 
 def lookup_entry(device_name: str, op: str, M: int, N: int, K: int) -> tuple[dict | None, str]:
@@ -361,7 +362,7 @@ def config_source(op: str, M: int, N: int, K: int, dev: DeviceInfo) -> tuple[dic
 
 
 def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,
-                  out_bytes: int, promote: bool = False) -> GemmConfig:
+                  out_bytes: int, promote: bool = False, one_wave: bool = False) -> GemmConfig:
     """A config from the device's limits, for shapes and devices without a tuned entry.
 
     BLOCK_K spans one 128-byte line of the operand (64 bf16, 128 fp8), doubled when M is small and
@@ -377,9 +378,20 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
     tiles, not persistent, with the stages of half the shared memory, so that two programs share
     an SM and one's tensor-core work covers the other's promotion (scripts/accum_probe.py: at
     4096x7168x7168 on the H100 these ran 1.4x the one-program-per-SM 128x256 tiles).
+
+    `one_wave` (ONE_WAVE_TABLES: 16-bit operands without scales) at 64 < M <= 256 with TMA:
+    64-row tiles 64 or 128 wide where they make between half a wave and one (the most tiles
+    that do), each over the whole K in 128-deep steps, no split-K, as cuBLAS runs such shapes
+    (tuning/fitted/cublas_kernels_bf16_h100.txt): at M = 128 on held-out layers 0.89x to 1.18x
+    cuBLAS where split-K 64x128 tiles ran 0.65x to 0.98x (scripts/small_m_probe.py,
+    tuning/fitted/small_m_h100.txt).
     """
     if b.bits < b.dot_bits:
         return _derive_packed(M, N, K, dev, a, b, out_bytes)
+    if one_wave and 64 < M <= 256 and dev.has_tma and M >= TMA_MIN_M and a.bits == b.bits == 16:
+        cfg = _one_wave_config(M, N, K, dev, a, b, out_bytes)
+        if cfg is not None:
+            return cfg
     small_m = M <= 64
     promoting = promote or promotes(a, b)
     block_m = min(128 if M > 128 else 64, max(16, next_pow2(M)))
@@ -414,6 +426,22 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
     while stages < 6 and dataclasses.replace(cfg, num_stages=stages + 1).smem_bytes(a, b, out_bytes) <= shared - SMEM_SLACK:
         stages += 1
     return dataclasses.replace(cfg, num_stages=stages)
+
+
+def _one_wave_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,
+                     out_bytes: int) -> GemmConfig | None:
+    """derive_config's `one_wave` tiles, or None where neither width makes half a wave to one."""
+    for block_n in (64, 128):
+        if dev.num_sms // 2 <= -(-M // 64) * -(-N // block_n) <= dev.num_sms:
+            block_k = min(128, max(16, next_pow2(K)))
+            cfg = fit_to_smem(GemmConfig(64, block_n, block_k, 8, 1, 4, 2, True, False, False, False, False),
+                              dev, a, b, out_bytes)
+            stages = cfg.num_stages
+            while stages < 6 and dataclasses.replace(cfg, num_stages=stages + 1).smem_bytes(
+                    a, b, out_bytes) <= dev.smem_per_block - SMEM_SLACK:
+                stages += 1
+            return dataclasses.replace(cfg, num_stages=stages)
+    return None
 
 
 # packed INT4 B (groups >= 128) at decode sizes: up to this M, 64-row x 256-deep B tiles, ~3 programs per SM
@@ -480,7 +508,8 @@ def _select(op: str, bucket: str, below_tma: bool, N: int, K: int, dev: DeviceIn
     cfg, _ = lookup_entry(dev.name, op, M, N, K)
     if cfg is not None:
         return fit_to_smem(GemmConfig.from_dict(cfg), dev, a, b, out_bytes)
-    return derive_config(M, N, K, dev, a, b, out_bytes, promote=op in PROMOTING_TABLES)
+    return derive_config(M, N, K, dev, a, b, out_bytes, promote=op in PROMOTING_TABLES,
+                         one_wave=op in ONE_WAVE_TABLES)
 
 
 def select_config(op: str, M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: OperandFormat,
