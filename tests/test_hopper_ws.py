@@ -95,7 +95,9 @@ def test_not_taken_off_hopper(built):
     (512, 2560, 8192, False, False, (128, 0)),  # bf16: 80-wide tiles measured slower than the tl kernel's
     (1024, 4096, 4096, False, False, (128, 128)), (512, 8192, 4096, True, False, (128, 128)),  # one full wave of 256
     (256, 8192, 4096, True, True, (128, 0)), (256, 8192, 4096, False, False, (128, 0)),  # FP8 at M < 512: any width
-    (128, 5120, 4096, False, False, (128, 0)), (512, 5120, 512, True, False, (128, 32))])  # M, K too small
+    (128, 5120, 4096, False, False, (128, 0)), (512, 5120, 512, True, False, (128, 32)),  # M, K too small
+    (128, 9216, 3072, False, True, (128, 0)), (128, 25600, 5120, False, True, (128, 128)),  # bf16 at M = 128:
+    (128, 8192, 4096, False, False, (128, 0)), (128, 9216, 3072, True, False, (64, 16))])  # past a wave of 64x128
 def test_fitted_width_rule(M, N, K, fp8, ok, parts):
     assert hopper_ws.ws_direct_ok(M, N, K, 132, fp8) is ok
     assert hopper_ws.ws_parts(M, N, 132, fp8) == parts

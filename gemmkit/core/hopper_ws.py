@@ -133,7 +133,11 @@ def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
     tuned tiles ran as fast or faster (bf16: 0.85x to 1.01x; FP8: 0.92x to 1.34x). FP8 below
     FP8_ANY_WIDTH_M rows (two 128-row tiles) at any width, in K slices where the tiles are few:
     0.96x to 1.74x the tl kernel at M = 256 (tuning/fitted/ws_split_heldout_h100.txt; at M = 128
-    0.86x to 1.60x, geomean 0.99, bf16 at M = 128 0.61x to 1.32x: not taken)."""
+    0.86x to 1.60x, geomean 0.99: not taken). bf16 from 128 rows up to WS_MIN_M where the tl
+    kernel's one-wave 64 x 128 tiles (config.derive_config one_wave) make more than a wave: at
+    M = 128 1.02x to 1.32x the tl kernel (N >= 9216); with fewer tiles 0.61x to 0.98x."""
+    if not fp8 and BLOCK <= M < WS_MIN_M and K >= DIRECT_MIN_K:
+        return -(-M // HALF) * -(-N // BLOCK) > num_sms
     if M < WS_MIN_M or K < DIRECT_MIN_K:
         return False
     if fp8 and M < FP8_ANY_WIDTH_M:
