@@ -382,9 +382,9 @@ def derive_config(M: int, N: int, K: int, dev: DeviceInfo, a: OperandFormat, b: 
     `one_wave` (ONE_WAVE_TABLES: 16-bit operands without scales) at 64 < M <= 256 with TMA:
     64-row tiles 64 or 128 wide where they make between half a wave and one (the most tiles
     that do), each over the whole K in 128-deep steps, no split-K, as cuBLAS runs such shapes
-    (tuning/fitted/cublas_kernels_bf16_h100.txt): at M = 128 on held-out layers 0.89x to 1.18x
-    cuBLAS where split-K 64x128 tiles ran 0.65x to 0.98x (scripts/small_m_probe.py,
-    tuning/fitted/small_m_h100.txt).
+    (tuning/fitted/cublas_kernels_bf16_h100.txt): at M = 128 on held-out layers 64 x 64 tiles
+    0.95x to 1.18x cuBLAS where the pick before (split-K) ran 0.65x to 0.98x, 64 x 128 tiles 0.72x
+    to 1.05x against 0.72x to 0.99x (scripts/small_m_probe.py, tuning/fitted/small_m_h100.txt).
     """
     if b.bits < b.dot_bits:
         return _derive_packed(M, N, K, dev, a, b, out_bytes)
