@@ -23,7 +23,7 @@ import torch.nn.functional as F  # noqa: E402
 import gemmkit  # noqa: E402
 from gemmkit.tools import tune  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
-from probe_util import checked_calls  # noqa: E402
+from probe_util import a16w16_config_calls, checked_calls  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 out = open(args[0], "w") if args else sys.stdout
@@ -116,14 +116,10 @@ def tuned():
 
 def held_out():
     for M, N, K in SHAPES:
-        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
-        ref = x.float() @ w.float().T
-        calls = checked_calls({"F.linear": lambda: F.linear(x, w), "own pick": lambda: gemmkit.gemm_a16w16(x, w)},
-                              CONFIGS, lambda cfg: gemmkit.gemm_a16w16(x, w, config=cfg), ref, out, 1e-2)
+        calls = a16w16_config_calls(M, N, K, CONFIGS, out)
         names = list(calls)
         report(M, N, K, names, time_graphs_us(*[[calls[n]] for n in names], rep_ms=10, retries=3))
-        del x, w, ref, calls
+        del calls
         torch.cuda.empty_cache()
 
 

@@ -17,3 +17,18 @@ def checked_calls(calls: dict, configs: dict, run, ref, out, tol: float) -> dict
             continue
         calls[name] = lambda cfg=cfg: run(cfg)
     return calls
+
+
+def a16w16_config_calls(M: int, N: int, K: int, configs: dict, out) -> dict:
+    """name -> call for one bf16 problem on fresh random operands: F.linear (first), gemm_a16w16's
+    own pick, then each of `configs` whose result checks out (checked_calls)."""
+    import torch
+    import torch.nn.functional as F
+
+    import gemmkit
+
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
+    ref = x.float() @ w.float().T
+    return checked_calls({"F.linear": lambda: F.linear(x, w), "own pick": lambda: gemmkit.gemm_a16w16(x, w)},
+                         configs, lambda cfg: gemmkit.gemm_a16w16(x, w, config=cfg), ref, out, 1e-2)

@@ -13,11 +13,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 import gemmkit  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
-from probe_util import checked_calls  # noqa: E402
+from probe_util import a16w16_config_calls  # noqa: E402
 
 args = sys.argv[1:]
 out = open(args[0], "w") if args and not args[0].startswith("--") else sys.stdout
@@ -39,11 +38,7 @@ shapes = sorted({tuple(nk) for name, m in models.items() if name.startswith("hel
 print(torch.cuda.get_device_name(), torch.__version__, file=out, flush=True)
 for M in MS:
     for N, K in shapes:
-        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K**0.5
-        ref = x.float() @ w.float().T
-        calls = checked_calls({"F.linear": lambda: F.linear(x, w), "own pick": lambda: gemmkit.gemm_a16w16(x, w)},
-                              CONFIGS, lambda cfg: gemmkit.gemm_a16w16(x, w, config=cfg), ref, out, 1e-2)
+        calls = a16w16_config_calls(M, N, K, CONFIGS, out)
         names = list(calls)
         times = time_graphs_us(*[[calls[n]] for n in names], rep_ms=5, retries=3)
         base = times[0]
