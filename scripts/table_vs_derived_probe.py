@@ -2,9 +2,14 @@
 the same problems (what a lookup without the entry would run), and the torch baseline, under
 CUDA-graph replay: which tuned entries still earn their place. A16W16 (F.linear baseline).
 
-Usage: python3 scripts/table_vs_derived_probe.py [OUT_FILE] [--m M]
+--drop-worse MARGIN: then remove from the shipped table (gemmkit/configs/<DEVICE>/a16w16.json) the
+entries for M's bucket whose config took more than (1 + MARGIN) times the derived config's time,
+so that lookups there derive (the entry's shape keeps its other buckets).
+
+Usage: python3 scripts/table_vs_derived_probe.py [OUT_FILE] [--m M] [--drop-worse MARGIN]
 """
 
+import json
 import os
 import sys
 
@@ -12,20 +17,23 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from gemmkit.core.config import GemmConfig, _bucket_key, derive_config, load_table, m_bucket  # noqa: E402
+from gemmkit.core.config import GemmConfig, _bucket_key, derive_config, load_table, m_bucket, table_path  # noqa: E402
 from gemmkit.core.device import device_info  # noqa: E402
 from gemmkit.core.formats import dense  # noqa: E402
 from gemmkit.tools.configs import describe  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
+from gemmkit.tools.tune import _sorted_table  # noqa: E402
 from probe_util import a16w16_config_calls  # noqa: E402
 
 args = sys.argv[1:]
 out = open(args[0], "w") if args and not args[0].startswith("--") else sys.stdout
 M = int(args[args.index("--m") + 1]) if "--m" in args else 256
+MARGIN = float(args[args.index("--drop-worse") + 1]) if "--drop-worse" in args else None
 dev = device_info(torch.device("cuda"))
 fmt = dense(torch.bfloat16)
 table = load_table(dev.name, "a16w16") or {}
 print(torch.cuda.get_device_name(), torch.__version__, f"a16w16 M={M} bucket {m_bucket(M)}", file=out, flush=True)
+drop = []
 for nk, entries in sorted(table.get("shapes", {}).items()):
     key = _bucket_key(entries, M)
     if key is None:
@@ -38,4 +46,15 @@ for nk, entries in sorted(table.get("shapes", {}).items()):
     times = dict(zip(names, time_graphs_us(*[[calls[n]] for n in names], rep_ms=5, retries=3)))
     base = times["F.linear"]
     ratios = "  ".join(f"{n} {base / t:.3f}" for n, t in times.items() if n != "F.linear")
-    print(f"N={N} K={K} [{key}] {ratios} | entry {describe(entry)} | derived {describe(derived)}", file=out, flush=True)
+    worse = MARGIN is not None and times["entry"] > (1 + MARGIN) * times["derived"]
+    if worse:
+        drop.append((nk, key))
+    print(f"N={N} K={K} [{key}] {ratios} | entry {describe(entry)} | derived {describe(derived)}"
+          f"{' | dropped' if worse else ''}", file=out, flush=True)
+if drop:
+    path = table_path(dev.name, "a16w16", "shipped")
+    shipped = json.loads(path.read_text())
+    for nk, key in drop:
+        shipped["shapes"][nk].pop(key, None)
+    path.write_text(json.dumps(_sorted_table(shipped), indent=1) + "\n")  # the tuner's layout
+    print(f"dropped {len(drop)} entries from {path}", file=out, flush=True)
