@@ -2,11 +2,12 @@
 the same problems (what a lookup without the entry would run), and the torch baseline, under
 CUDA-graph replay: which tuned entries still earn their place. A16W16 (F.linear baseline).
 
---drop-worse MARGIN: then remove from the shipped table (gemmkit/configs/<DEVICE>/a16w16.json) the
-entries for M's bucket whose config took more than (1 + MARGIN) times the derived config's time,
-so that lookups there derive (the entry's shape keeps its other buckets).
+--replace-worse MARGIN: then, in the shipped table (gemmkit/configs/<DEVICE>/a16w16.json), replace
+the entries for M's bucket whose config took more than (1 + MARGIN) times the derived config's
+time by the derived config (removing one would not derive: the lookup takes the shape's next
+larger bucket).
 
-Usage: python3 scripts/table_vs_derived_probe.py [OUT_FILE] [--m M] [--drop-worse MARGIN]
+Usage: python3 scripts/table_vs_derived_probe.py [OUT_FILE] [--m M] [--replace-worse MARGIN]
 """
 
 import json
@@ -28,12 +29,12 @@ from probe_util import a16w16_config_calls  # noqa: E402
 args = sys.argv[1:]
 out = open(args[0], "w") if args and not args[0].startswith("--") else sys.stdout
 M = int(args[args.index("--m") + 1]) if "--m" in args else 256
-MARGIN = float(args[args.index("--drop-worse") + 1]) if "--drop-worse" in args else None
+MARGIN = float(args[args.index("--replace-worse") + 1]) if "--replace-worse" in args else None
 dev = device_info(torch.device("cuda"))
 fmt = dense(torch.bfloat16)
 table = load_table(dev.name, "a16w16") or {}
 print(torch.cuda.get_device_name(), torch.__version__, f"a16w16 M={M} bucket {m_bucket(M)}", file=out, flush=True)
-drop = []
+replace = []
 for nk, entries in sorted(table.get("shapes", {}).items()):
     key = _bucket_key(entries, M)
     if key is None:
@@ -48,13 +49,13 @@ for nk, entries in sorted(table.get("shapes", {}).items()):
     ratios = "  ".join(f"{n} {base / t:.3f}" for n, t in times.items() if n != "F.linear")
     worse = MARGIN is not None and times["entry"] > (1 + MARGIN) * times["derived"]
     if worse:
-        drop.append((nk, key))
+        replace.append((nk, key, derived))
     print(f"N={N} K={K} [{key}] {ratios} | entry {describe(entry)} | derived {describe(derived)}"
-          f"{' | dropped' if worse else ''}", file=out, flush=True)
-if drop:
+          f"{' | replaced' if worse else ''}", file=out, flush=True)
+if replace:
     path = table_path(dev.name, "a16w16", "shipped")
     shipped = json.loads(path.read_text())
-    for nk, key in drop:
-        shipped["shapes"][nk].pop(key, None)
+    for nk, key, derived in replace:
+        shipped["shapes"][nk][key] = derived.to_dict()
     path.write_text(json.dumps(_sorted_table(shipped), indent=1) + "\n")  # the tuner's layout
-    print(f"dropped {len(drop)} entries from {path}", file=out, flush=True)
+    print(f"replaced {len(replace)} entries in {path} by the derived configs", file=out, flush=True)
