@@ -56,6 +56,6 @@ if replace:
     path = table_path(dev.name, "a16w16", "shipped")
     shipped = json.loads(path.read_text())
     for nk, key, derived in replace:
-        shipped["shapes"][nk][key] = derived.to_dict()
+        shipped["shapes"][nk][key] = dict(sorted(derived.to_dict().items()))
     path.write_text(json.dumps(_sorted_table(shipped), indent=1) + "\n")  # the tuner's layout
     print(f"replaced {len(replace)} entries in {path} by the derived configs", file=out, flush=True)
