@@ -113,6 +113,29 @@ def test_k_slice_rule(M, N, K, block_n, block_k, splits):
     assert hopper_ws.ws_splits(M, N, K, 132, block_n, block_k) == splits
 
 
+@pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("scales,dtype", [("kblock", E4M3), ("none", BF16)])
+def test_plan_with_k_slices(scales, dtype):
+    """A plan in K slices (built on the CPU, no launch): fp32 partials into a workspace of
+    splits x (M rounded up to 128) rows, stored by TMA whatever the output dtype, no bias in the
+    GEMM; sum_k_slices's arguments bound to its signature with the bias."""
+    from gemmkit.kernels.reduce import sum_k_slices
+
+    M, N, K = (256, 2112, 7168) if scales == "kblock" else (200, 1000, 8192)
+    x, w = torch.empty(M, K, dtype=dtype), torch.empty(N, K, dtype=dtype)
+    xs = torch.empty(K // 128, M).t() if scales == "kblock" else None
+    ws = torch.empty(-(-N // 128), K // 128) if scales == "kblock" else None
+    plan = hopper_ws.WSPlan(x, w, None, M, N, K, scales, xs, ws, torch.empty(N), FP16, (M, N), False, 132,
+                            scales == "kblock")
+    assert plan.splits == hopper_ws.ws_splits(M, N, K, 132, plan.block_n, 128 // dtype.itemsize) > 1
+    assert plan.ws_shape == (plan.splits * -(-M // 128) * 128, -(-N // 4) * 4) and plan.c_tma
+    tail = dict(zip(hopper_ws.gluon_kernel().gemm_ws_kernel.arg_names[len(hopper_ws.PER_CALL):], plan.tail))
+    assert tail["HAS_BIAS"] is False and tail["C_TMA"] is True and tail["splits"] == plan.splits
+    reduce_args = dict(zip(sum_k_slices.arg_names[3:], plan.reduce_tail))
+    assert len(reduce_args) == len(plan.reduce_tail) == len(sum_k_slices.arg_names) - 3 and reduce_args["HAS_BIAS"] is True
+    assert reduce_args["split_rows"] == plan.split_rows and reduce_args["stride_wm"] == plan.ws_shape[1]
+
+
 @pytest.mark.parametrize("splits,bias,out_dtype", [(1, False, FP32), (3, True, BF16), (4, True, FP16)])
 def test_sum_k_slices(splits, bias, out_dtype):
     """kernels/reduce.py sum_k_slices (the tl kernel that adds the K slices' partials; runs under

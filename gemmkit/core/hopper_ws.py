@@ -160,6 +160,7 @@ def ws_splits(M: int, N: int, K: int, num_sms: int, block_n: int, block_k: int) 
 
 @functools.lru_cache(maxsize=1)
 def reduce_kernels():
+    """kernels/reduce.py (its sum_k_slices adds the K slices' partials), imported once."""
     from ..kernels import reduce
 
     return reduce
