@@ -1,5 +1,6 @@
 """Tiles computed in pieces inside one launch (split-K, stream-K): partials meet through a
-workspace and a per-tile counter.
+workspace and a per-tile counter. (sum_k_slices, at the end: the same sum in a second launch, for
+the Gluon kernel's K slices.)
 
 Each piece of a tile stores its partial product in a block of its own in the workspace (blocks are
 whole (BLOCK_M, BLOCK_N) tiles, row-major, no masks), then bumps the tile's counter; the piece that
@@ -17,6 +18,10 @@ Where the pieces of a tile are: piece q (0 <= q < n_parts) is block
 
 import triton
 import triton.language as tl
+
+from .epilogue import finish_tile
+from .memory import load_k_tile, store_tile
+from .modes import SCALE_NONE
 
 
 @triton.jit
@@ -53,14 +58,15 @@ def sum_k_slices(ws, y, bias, M, N, splits, split_rows, stride_wm, stride_ym, st
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """y (M, N) = the sum over s < splits of ws[s * split_rows + m, n] (fp32 partial products of K
     slices, rows stride_wm apart, unit column stride), in slice order, plus bias (N,), cast to
-    y's dtype. For kernels that store the K slices of a tile apart (kernels/gemm_ws.py)."""
-    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (rm < M)[:, None] & (rn < N)[None, :]
-    rows = rm.to(tl.int64)[:, None]
+    y's dtype. For kernels that store the K slices of a tile apart, in another launch
+    (kernels/gemm_ws.py); the shared loads, epilogue and store pieces do the work."""
+    off_m = tl.program_id(0) * BLOCK_M
+    off_n = tl.program_id(1) * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for s in range(0, splits):
-        acc += tl.load(ws + (rows + s * split_rows) * stride_wm + rn[None, :], mask=mask, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(bias + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
-    tl.store(y + rows * stride_ym + rn[None, :].to(tl.int64) * stride_yn, acc.to(y.dtype.element_ty), mask=mask)
+        acc += load_k_tile(ws + s * split_rows.to(tl.int64) * stride_wm, off_m, off_n, M, N, stride_wm, 1,
+                           BLOCK_M, BLOCK_N, False, True, False, True)
+    out = finish_tile(acc, off_m, off_n, M, N, bias if HAS_BIAS else None, None, None, None, None, 0, 0, 0, 0,
+                      BLOCK_M, BLOCK_N, SCALE_NONE, SCALE_NONE, "none")
+    store_tile(y, out.to(y.dtype.element_ty), off_m, off_n, M, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N, False,
+               True)
