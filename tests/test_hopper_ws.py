@@ -437,3 +437,140 @@ def test_a8w8_dynamic_fitted(built):
     assert len(built) == 1 and built[0].parts == (128, 16)
     xq, xs = quant.quantize_fp8(x, "row")
     assert_close(out, reference(xq, wq, None, x_scale=xs, w_scale=ws.reshape(1, -1)))
+
+
+# gated tiles (fused feed-forward) --------------------------------------------------------------
+
+@pytest.mark.parametrize("M,N,width", [(256, 14336, 128), (256, 18944, 64), (1024, 18944, 128), (1024, 7168, 64),
+                                       (128, 28672, 64), (512, 1000, 64)])
+def test_gated_width_rule(M, N, width):
+    """The gated tile width: 64 for one row of tiles; else the least wave time, 128 where its waves
+    fill as well (256 x 14336: 2 waves of 128 against 4 of 64), 64 where 128 leaves a ragged last
+    wave (256 x 18944: 3 waves of 128 against 5 of 64; 1024 x 7168: 4 of 128 against 7 of 64)."""
+    assert hopper_ws.ws_gated_width(M, N, 132) == width
+
+
+@pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("dtype,out_dtype,scale_shape", [(BF16, BF16, None), (FP16, FP32, None), (E4M3, BF16, (2, 1)),
+                                                         (E4M3, BF16, (1, 0))])
+def test_gated_plan_binds_the_kernel_signature(dtype, out_dtype, scale_shape):
+    """A gated WSPlan's arguments against the kernel's signature, built on the CPU: the up weight's
+    descriptor over its own tensor, one K slice, the up weight's scales at their offset."""
+    M, N, K = 256, 3000, 2048
+    x, gate, up = torch.empty(M, K, dtype=dtype), torch.empty(N, K, dtype=dtype), torch.empty(N, K, dtype=dtype)
+    fp8 = dtype == E4M3
+    xs = torch.empty(M, 1) if fp8 else None
+    ws = torch.empty(2 * N if scale_shape[1] else 1) if fp8 else None
+    up_scale = (N * scale_shape[1], scale_shape[1]) if fp8 else None
+    plan = hopper_ws.WSPlan(x, gate, None, M, N, K, "rowcol" if fp8 else "none", xs, ws, None, out_dtype, (M, N),
+                            False, 132, promote=False, gated=("silu", up_scale))
+    width = hopper_ws.ws_gated_width(M, N, 132)
+    assert plan.parts == (width, width) and plan.block_n == width and plan.splits == 1
+    names = hopper_ws.gluon_kernel().gemm_ws_kernel.arg_names[len(hopper_ws.PER_CALL):]
+    tail = dict(zip(names, plan.tail))
+    assert tail["GATED"] and tail["ACTIVATION"] == "silu" and not tail["HAS_BIAS"]
+    if fp8:
+        assert (tail["up_scale_offset"], tail["stride_bsn"]) == (up_scale if scale_shape[1] else (0, 0))
+    args = plan.arguments(x, gate, torch.empty(M, N, dtype=out_dtype), None, xs, ws, up)
+    assert args[1].base is gate and args[2].base is up
+
+
+def ff_operands(M, I, H, dtype=BF16, layout="concat"):
+    x = randn(M, H, dtype=dtype)
+    gate, up = randn(I, H, dtype=dtype, scale=H**-0.5), randn(I, H, dtype=dtype, scale=H**-0.5)
+    if layout == "interleaved":
+        w = torch.stack([gate, up], 1).reshape(2 * I, H)
+        return x, w, None, w[0::2], w[1::2]
+    if layout == "separate":
+        return x, gate, up, gate, up
+    w = torch.cat([gate, up])
+    return x, w, None, w[:I], w[I:]
+
+
+def gated_reference(x, gate, up, activation="silu", xs=None, gs=None, us=None):
+    from conftest import ACT_REF
+
+    g, u = x.double() @ gate.double().T, x.double() @ up.double().T
+    if xs is not None:
+        g, u = g * xs.double().reshape(-1, 1), u * xs.double().reshape(-1, 1)
+        g, u = g * gs.double().reshape(1, -1), u * us.double().reshape(1, -1)
+    return ACT_REF[activation](g) * u
+
+
+# ragged rows and intermediate sizes (not multiples of the tile), one and several tiles per program
+GATED_SHAPES = [(256, 14336, 4096), (300, 1000, 1040), (1000, 3000, 2048), (129, 5000, 1536)]
+
+
+@needs_hopper
+@pytest.mark.parametrize("width", [None, 64, 128])
+@pytest.mark.parametrize("M,I,H", GATED_SHAPES)
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_gated(built, monkeypatch, dtype, M, I, H, width):
+    from gemmkit.ops import fused
+
+    if width is not None:
+        monkeypatch.setattr(hopper_ws, "ws_gated_width", lambda *args: width)
+    x, w, w_up, gate, up = ff_operands(M, I, H, dtype)
+    y = poisoned((M, I), dtype)
+    out = fused.gated_gemm(x, gate, up, y=y)
+    assert out is y and len(built) == 1 and built[0].gated
+    assert_close(out, gated_reference(x, gate, up))
+
+
+@needs_hopper
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh", "relu", None])
+@pytest.mark.parametrize("layout", ["concat", "interleaved", "separate"])
+def test_gated_layouts_activations(built, layout, activation):
+    from gemmkit.ops import fused
+
+    M, I, H = 384, 2000, 1024
+    x, w, w_up, gate, up = ff_operands(M, I, H, BF16, layout)
+    g, u = fused.gate_up_views(w, w_up, "interleaved" if layout == "interleaved" else "concat")
+    out = fused.gated_gemm(x.reshape(2, M // 2, H), g, u, activation=activation, out_dtype=FP32)
+    assert out.shape == (2, M // 2, I) and out.dtype == FP32 and len(built) == 1
+    assert_close(out.reshape(M, I), gated_reference(x, gate, up, activation or "none"))
+
+
+@needs_hopper
+@pytest.mark.parametrize("M", [128, 1024, 2048])
+def test_ff_gated_takes_the_gated_tiles(built, monkeypatch, M):
+    """ff_a16w16_gated from 128 rows on: the gated tiles (no separate up GEMM at M >= 1024), then
+    the down GEMM; equal to the tl kernels' result within bf16 rounding."""
+    I, H = 3072, 1024
+    x, w, _, gate, up = ff_operands(M, I, H)
+    w_down = randn(H, I, dtype=BF16, scale=I**-0.5)
+    out = gemmkit.ff_a16w16_gated(x, w, w_down)
+    assert any(p.gated for p in built)
+    h = gated_reference(x, gate, up).to(BF16)
+    assert_close(out, h.double() @ w_down.double().T, tol=2e-2)
+    assert_close(out, tl_result(monkeypatch, lambda: gemmkit.ff_a16w16_gated(x, w, w_down)).double(), tol=2e-2)
+
+
+@needs_hopper
+@pytest.mark.parametrize("layout", ["concat", "interleaved", "separate"])
+@pytest.mark.parametrize("granularity", ["row", "tensor"])
+def test_ff_a8w8_gated_tiles(built, layout, granularity):
+    """FP8 weights with per-channel (in the rows' order of each layout) or per-tensor scales, x
+    quantized per token first; the gated tiles with the scales applied in the epilogue."""
+    from gemmkit.ops import fused
+
+    M, I, H = 512, 3000, 2048
+    x, w16, w_up16, _, _ = ff_operands(M, I, H, BF16, layout)
+    rows = torch.cat([w16, w_up16]) if w_up16 is not None else w16
+    wq, ws = quant.quantize_fp8(rows, granularity)
+    ws = ws.reshape(-1)
+    w_gate_up, w_up = (wq[:I], wq[I:]) if w_up16 is not None else (wq, None)
+    lay = "interleaved" if layout == "interleaved" else "concat"
+    gq, uq = fused.gate_up_views(w_gate_up, w_up, lay)
+    if granularity == "tensor":
+        gs = us = ws.expand(I)
+    else:
+        gs, us = (ws[0::2], ws[1::2]) if layout == "interleaved" else (ws[:I], ws[I:])
+    w_down, w_down_s = quant.quantize_fp8(randn(H, I, dtype=BF16, scale=I**-0.5), "row")
+    out = gemmkit.ff_a8w8_gated(x, w_gate_up, ws, w_down, w_down_s, w_up=w_up, layout=lay)
+    assert any(p.gated for p in built)
+    xq, xs = quant.quantize_fp8(x, "row")
+    h = gated_reference(xq, gq, uq, "silu", xs, gs, us).to(BF16)
+    hq, hs = quant.quantize_fp8(h, "row")
+    ref = (hq.double() @ w_down.double().T) * hs.double() * w_down_s.double().reshape(1, -1)
+    assert_close(out, ref, tol=2e-2)

@@ -166,6 +166,40 @@ def reduce_kernels():
     return reduce
 
 
+GATED_WIDTHS = (64, 128)
+GATED_MIN_M = 128
+GATED_PART_COST = 16  # (in columns) fitted to tuning/gated_ws/gated_ws_probe_h100.txt
+
+
+def ws_gated_width(M: int, N: int, num_sms: int) -> int:
+    """Columns W of the gated tiles (128 rows x W gate + W up columns). One row of tiles (M <= 128,
+    weight-bound): 64, more programs streaming the weights (faster on 8 of 10 layers, at most 3%
+    slower on the others). Else the width whose waves take the least time, a tile's time taken as
+    2W + GATED_PART_COST, the wider on ties: of the 50 problems of M >= 256 in
+    tuning/gated_ws/gated_ws_probe_h100.txt it picks the faster width, or one within 2%, on 48 (e.g.
+    1024 x 7168 x 8192: 7 waves of 64 in 353 us against 4 of 128 in 393; PART_COST = 64, the
+    ungated kernel's fit, picked the slower one on 9), the other two within 4% (1024 x 13824 x
+    5120, where the same 128-wide plan also timed 397 us against 450 in that run)."""
+    if M <= BLOCK:
+        return GATED_WIDTHS[0]
+
+    def cost(w):
+        tiles = -(-M // BLOCK) * -(-N // w)
+        return -(-tiles // num_sms) * (2 * w + GATED_PART_COST)
+
+    return min(GATED_WIDTHS, key=lambda w: (cost(w), -w))
+
+
+def ws_gated_ok(M: int, N: int, K: int, num_sms: int) -> bool:
+    """The gated problems (N: the intermediate size) this kernel takes: M >= GATED_MIN_M and
+    K >= DIRECT_MIN_K. On 10 MLP shapes (7 held out) x M in 128..4096 (scripts/gated_ws_probe.py,
+    tuning/gated_ws/gated_ws_probe_h100.txt), at the width ws_gated_width picks, it ran 0.98x
+    to 1.90x the tl kernel's gated GEMM (geomean 1.33: the tl gated tiles are not persistent,
+    their two accumulators and two B tiles leave no room) and faster than the two-GEMM form
+    (ops/fused._gated_two_gemms) at every problem."""
+    return M >= GATED_MIN_M and K >= DIRECT_MIN_K
+
+
 def ws_enabled(dev: DeviceInfo, device: torch.device) -> bool:
     """The warp-specialized kernel can run here (sm_90 CUDA, Gluon, not disabled by GEMMKIT_GLUON=0)."""
     return (device.type == "cuda" and not dev.interpreter and tuple(dev.capability) == (9, 0)
@@ -206,6 +240,24 @@ def ws_plan(dev: DeviceInfo, x2, w, y2, M: int, N: int, K: int, *, scales: str, 
                   promote)
 
 
+def ws_gated_plan(dev: DeviceInfo, x2, gate, up, y2, M: int, N: int, K: int, *, x_scale, w_scale, up_scale,
+                  activation: str, config, out_dtype, out_shape, flatten_x: bool):
+    """A gated WSPlan (act(x @ gate^T) * (x @ up^T), N = the intermediate size) if the problem
+    qualifies (ws_gated_ok, TMA-addressable operands, gate and up with the same strides), else
+    None. bf16 / fp16 x and weights; or FP8 x quantized per token (x_scale, one or M values) with
+    FP8 weights scaled per channel (w_scale: the gate's at n * stride, the up weight's at offset +
+    n * stride, up_scale = (offset, stride)) or per tensor, the tensor cores accumulating."""
+    fp8 = x2.dtype in _FP8
+    dtypes_ok = gate.dtype == x2.dtype if not fp8 else gate.dtype in _FP8
+    if (config is not None or not dtypes_ok or not ws_gated_ok(M, N, K, dev.num_sms)
+            or not ws_enabled(dev, x2.device) or gate.stride() != up.stride()
+            or not (_tma_operand(x2) and _tma_operand(gate) and _tma_operand(up))
+            or (M * N >= 2**31 and not _tma_output(y2, N, out_dtype))):
+        return None
+    return WSPlan(x2, gate, y2, M, N, K, "rowcol" if fp8 else "none", x_scale, w_scale, None, out_dtype, out_shape,
+                  flatten_x, dev.num_sms, promote=False, gated=(activation, up_scale))
+
+
 _GL_DTYPES = {}
 
 
@@ -238,20 +290,24 @@ class _Descriptors:
         return d
 
 
-def ws_stages(width: int, out_bytes: int) -> int:
-    """Pipeline stages of 128 x width tiles: as many as shared memory holds beside the output
-    buffers (out_bytes per element; 0: pointer stores), at most MAX_STAGES."""
+def ws_stages(width: int, out_bytes: int, out_width: int | None = None) -> int:
+    """Pipeline stages of 128 x width tiles (B rows per K block): as many as shared memory holds
+    beside the output buffers of 128 x out_width (default width; out_bytes per element, 0: pointer
+    stores), at most MAX_STAGES."""
     stage = (BLOCK + width) * ROW_BYTES + BLOCK * 4  # A, B and a tile's x scales
-    return min(MAX_STAGES, (SMEM_BYTES - BLOCK * width * out_bytes) // stage)
+    out = BLOCK * (width if out_width is None else out_width) * out_bytes
+    return min(MAX_STAGES, (SMEM_BYTES - out) // stage)
 
 
 class WSPlan:
     """y (M, N) = x @ w.T through gemm_ws_kernel (FP8 promoted per K block or not; bf16 / fp16),
     for fixed tensor facts. Called as run(x, w, bias, y, x_scale, w_scale) like the ops' other
-    plans; launched through Triton the first time, then directly (core/launcher.CachedLaunch)."""
+    plans; launched through Triton the first time, then directly (core/launcher.CachedLaunch).
+    gated=(activation, (up scale offset, stride)): y = activation(x @ w.T) * (x @ w2.T), w the gate
+    and w2 the up weight (run(..., w2=up)), in tiles of ws_gated_width columns of each."""
 
     def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms,
-                 promote=True):
+                 promote=True, gated=None):
         from triton.experimental.gluon import language as gl
 
         from .launcher import CachedLaunch
@@ -267,20 +323,24 @@ class WSPlan:
         op_dtype = _gl_dtype(x2.dtype)
         self.a_desc = _Descriptors((M, K), (x2.stride(0), 1), (HALF, block_k),
                                    gl.NVMMASharedLayout.get_default_for([HALF, block_k], op_dtype))
-        if promote:
+        self.gated = gated is not None
+        if self.gated:
+            width = ws_gated_width(M, N, num_sms)
+            self.parts = (width, width)
+        elif promote:
             wide = ws_block_n(M, N, num_sms, self.kblock) == 2 * BLOCK
             self.parts = (BLOCK, BLOCK) if wide else (BLOCK, 0)
         else:
             self.parts = ws_parts(M, N, num_sms, x2.dtype in _FP8)
         n0, n1 = self.parts
-        self.block_n = n0 + n1
+        self.block_n = n0 if self.gated else n0 + n1  # (output columns per tile)
 
         def b_desc(rows):
             return _Descriptors((N, K), (w.stride(0), 1), (rows, block_k),
                                 gl.NVMMASharedLayout.get_default_for([rows, block_k], op_dtype))
 
         self.b0_desc = b_desc(n0)
-        self.b1_desc = b_desc(n1) if n1 else self.b0_desc
+        self.b1_desc = b_desc(n1) if n1 else self.b0_desc  # (gated: over the up weight, a descriptor of its own)
         xs_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
         xs_group_stride = 0
         if self.kblock:
@@ -292,7 +352,12 @@ class WSPlan:
             scale_strides = (s0, s1, *w_scale.stride())
         elif scales == "rowcol":
             self.xs_tma = False
-            scale_strides = (int(x_scale.numel() > 1), 0, int(w_scale.numel() > 1), 0)
+            per_channel = w_scale.numel() > 1
+            if self.gated:
+                up_offset, up_stride = gated[1]
+            else:
+                up_offset, up_stride = 0, 1
+            scale_strides = (int(x_scale.numel() > 1), 0, up_stride if per_channel else 0, 0)
         else:
             self.xs_tma = False
             scale_strides = (0, 0, 0, 0)
@@ -300,8 +365,10 @@ class WSPlan:
         # a descriptor the kernel does not read (scales by register loads): one, built here
         self._xs_const = None if self.xs_tma else self.xs_desc(torch.zeros(BLOCK, dtype=torch.float32,
                                                                            device=self.device))
+        if scales != "rowcol" or w_scale.numel() == 1:
+            up_offset = 0
         self.y_strides = (N, 1) if y2 is None else y2.stride()
-        self.splits = ws_splits(M, N, K, num_sms, self.block_n, block_k)
+        self.splits = 1 if self.gated else ws_splits(M, N, K, num_sms, self.block_n, block_k)
         if self.splits > 1:  # K slices summed apart: into an fp32 workspace, slice s at rows s * split_rows
             self.split_rows = -(-M // BLOCK) * BLOCK
             n_pad = -(-N // 4) * 4  # 16-byte rows
@@ -325,27 +392,32 @@ class WSPlan:
             return d(torch.zeros(HALF, cols, dtype=c_dtype, device=self.device))
 
         self.c0_desc = c_desc(n0)
-        self.c1_desc = c_desc(n1) if n1 else self.c0_desc
+        self.c1_desc = c_desc(n1) if n1 and not self.gated else self.c0_desc
         kernel = gluon_kernel().gemm_ws_kernel
         s_am, s_ak, s_bn, s_bk = scale_strides
-        self.stages = ws_stages(self.block_n, c_dtype.itemsize if self.c_tma else 0)
+        self.stages = ws_stages(n0 + n1, c_dtype.itemsize if self.c_tma else 0, self.block_n)
         self.tail = kernel_tail(kernel, PER_CALL, dict(
             M=M, N=N, K=K, splits=self.splits, split_rows=self.split_rows, xs_group_stride=xs_group_stride,
             stride_cm=c_strides[0], stride_cn=c_strides[1],
-            stride_asm=s_am, stride_ask=s_ak, stride_bsn=s_bn, stride_bsk=s_bk, GROUP_M=GROUP_M,
-            STAGES=self.stages, SCALES={"kblock": 0, "rowcol": 1, "none": 2}[scales], XS_TMA=self.xs_tma,
-            PROMOTE=promote, TWO=n1 > 0, HAS_BIAS=bias is not None and self.splits == 1, C_TMA=self.c_tma))
+            stride_asm=s_am, stride_ask=s_ak, stride_bsn=s_bn, stride_bsk=s_bk, up_scale_offset=up_offset,
+            GROUP_M=GROUP_M, STAGES=self.stages, SCALES={"kblock": 0, "rowcol": 1, "none": 2}[scales],
+            XS_TMA=self.xs_tma, PROMOTE=promote, TWO=n1 > 0, HAS_BIAS=bias is not None and self.splits == 1,
+            C_TMA=self.c_tma, GATED=self.gated, ACTIVATION=gated[0] if self.gated else "none"))
         units = -(-M // BLOCK) * -(-N // self.block_n) * self.splits
         self.launch = CachedLaunch(kernel, (min(units, num_sms),), 4, 1,
                                    self.device_index)  # persistent: at most one program per SM
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)
         self.y_extent = 0 if y2 is None else extent_bytes(y2)
 
-    def arguments(self, x, w, c, bias, x_scale, w_scale) -> tuple:
-        """The kernel's PER_CALL arguments for these tensors (x (M, K), c (M, N))."""
+    def arguments(self, x, w, c, bias, x_scale, w_scale, w2=None) -> tuple:
+        """The kernel's PER_CALL arguments for these tensors (x (M, K), c (M, N); gated: w2 the up
+        weight)."""
         xs_desc = self.xs_desc(torch.as_strided(x_scale, (self.xs_extent,), (1,))) if self.xs_tma else self._xs_const
         b0 = self.b0_desc(w)
-        b1 = self.b1_desc(w) if self.b1_desc is not self.b0_desc else b0
+        if self.gated:
+            b1 = self.b1_desc(w2)
+        else:
+            b1 = self.b1_desc(w) if self.b1_desc is not self.b0_desc else b0
         if self.c_tma:
             c0 = self.c0_desc(c)
             c1 = self.c1_desc(c) if self.c1_desc is not self.c0_desc else c0
@@ -353,16 +425,19 @@ class WSPlan:
             c0, c1 = self.c0_desc, self.c1_desc
         return self.a_desc(x), b0, b1, xs_desc, c, c0, c1, bias, x_scale, w_scale
 
-    def run(self, x, w, bias, y, x_scale, w_scale):
+    def run(self, x, w, bias, y, x_scale, w_scale, w2=None):
         if _get_device() != self.device_index:  # launches go to the current device
             with torch.cuda.device(self.device_index):
-                return self._run(x, w, bias, y, x_scale, w_scale)
-        return self._run(x, w, bias, y, x_scale, w_scale)
+                return self._run(x, w, bias, y, x_scale, w_scale, w2)
+        return self._run(x, w, bias, y, x_scale, w_scale, w2)
 
-    def _run(self, x, w, bias, y, x_scale, w_scale):
+    def _run(self, x, w, bias, y, x_scale, w_scale, w2=None):
         M, N = self.M, self.N
         if y is not None:
-            clash = overlapping_input(y, self.y_extent, (("x", x, self.x_extent), ("w", w, self.w_extent)))
+            inputs = (("x", x, self.x_extent), ("w", w, self.w_extent))
+            if w2 is not None:
+                inputs += (("w_up", w2, self.w_extent),)
+            clash = overlapping_input(y, self.y_extent, inputs)
             if clash:
                 raise ValueError(f"y shares memory with {clash}: the output must not overlap an input "
                                  "(other programs would still read what one has written)")
@@ -372,7 +447,7 @@ class WSPlan:
                                   device=self.device) if y is None else y
         c = out.view(M, N) if len(self.out_shape) != 2 else out
         if self.splits == 1:
-            self.launch(self.arguments(x, w, c, bias, x_scale, w_scale), self.tail)
+            self.launch(self.arguments(x, w, c, bias, x_scale, w_scale, w2), self.tail)
             return out
         ws = torch.empty(self.ws_shape, dtype=torch.float32, device=self.device)
         self.launch(self.arguments(x, w, ws, None, x_scale, w_scale), self.tail)

@@ -36,6 +36,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
+from .epilogue import activation
+
 # Triton 3.6 names the TMA copies async_copy_global_to_shared / _shared_to_global; later versions
 # async_load / async_store
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
@@ -72,14 +74,17 @@ def _unit(unit, tiles, splits, k_tiles):
 @gluon.jit
 def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M, N,
               k_tiles, splits, xs_group_stride, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-              XS_TMA: gl.constexpr, TWO: gl.constexpr):
+              XS_TMA: gl.constexpr, TWO: gl.constexpr, GATED: gl.constexpr):
     """One warp: for each of the program's tiles, TMA loads of each K block's two A halves, B
     column part(s) and (XS_TMA) the tile's activation scales into the next stage, once both
     consumers have released it; it runs ahead into the next tile while the consumers finish the last one."""
     HALF: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     N0: gl.constexpr = b0_desc.block_type.shape[0]
-    if TWO:
+    if GATED:  # the gate and up tiles of the same N0 columns
+        BLOCK_N: gl.constexpr = N0
+        b_bytes: gl.constexpr = 2 * b0_desc.block_type.nbytes
+    elif TWO:
         BLOCK_N: gl.constexpr = N0 + b1_desc.block_type.shape[0]
         b_bytes: gl.constexpr = b0_desc.block_type.nbytes + b1_desc.block_type.nbytes
     else:
@@ -103,7 +108,9 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
             _tma_load(a_desc, [off_m, ki * BLOCK_K], ready.index(s), a0_bufs.index(s))
             _tma_load(a_desc, [off_m + HALF, ki * BLOCK_K], ready.index(s), a1_bufs.index(s))
             _tma_load(b0_desc, [off_n, ki * BLOCK_K], ready.index(s), b0_bufs.index(s))
-            if TWO:
+            if GATED:
+                _tma_load(b1_desc, [off_n, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
+            elif TWO:
                 _tma_load(b1_desc, [off_n + N0, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
             it += 1
 
@@ -137,11 +144,28 @@ def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, 
 
 
 @gluon.jit
+def _gate_tile(gate, up, sa, b_scale, n0, N, stride_bsn, up_scale_offset, SUB: gl.constexpr, K_INSTR: gl.constexpr,
+               SCALES: gl.constexpr, ACTIVATION: gl.constexpr):
+    """ACTIVATION(gate) * up of a warp group's gate and up accumulators (HALF, SUB) in fp32, each
+    scaled first for SCALES_ROWCOL: by the rows' `sa` and its columns' weight scales, the gate's at
+    b_scale[n * stride_bsn], the up projection's at b_scale[up_scale_offset + n * stride_bsn]."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, SUB, K_INSTR])
+    if SCALES == SCALES_ROWCOL:
+        rn = n0 + gl.arange(0, SUB, layout=gl.SliceLayout(0, mma))
+        col_ok = rn < N
+        up = up * sa[:, None] * gl.load(b_scale + up_scale_offset + rn * stride_bsn, mask=col_ok, other=0.0)[None, :]
+        gate = gate * sa[:, None] * gl.load(b_scale + rn * stride_bsn, mask=col_ok, other=0.0)[None, :]
+    return activation(gate, ACTIVATION) * up
+
+
+@gluon.jit
 def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, c0_smem, c1_smem, bias, a_scale,
               b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
-              stride_bsk, GROUP_M: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr, N0: gl.constexpr, N1: gl.constexpr,
-              K_INSTR: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr, XS_TMA: gl.constexpr,
-              PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr):
+              stride_bsk, up_scale_offset, GROUP_M: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr,
+              N0: gl.constexpr, N1: gl.constexpr, K_INSTR: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr,
+              XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr,
+              GATED: gl.constexpr, ACTIVATION: gl.constexpr):
     """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles, in
     column parts of N0 and (N1 > 0) N1 columns, each its own product and accumulator.
     PROMOTE: per K block and part, issue the product, wait for it, promote it (times the block's
@@ -149,7 +173,9 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
     the accumulators. The next block's scales are loaded right after the last product is issued:
     the fence before each product waits for register loads in flight, so a load issued before it
     would put its latency between two products.
-    Else the tensor cores accumulate, one K block's products in flight while the next are issued."""
+    Else the tensor cores accumulate, one K block's products in flight while the next are issued.
+    GATED: the two parts are the gate and up products of the same N0 columns; the tile stored is
+    ACTIVATION(gate) * up (each times its scales for SCALES_ROWCOL) in N0 columns."""
     mma0: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                    instr_shape=[16, N0, K_INSTR])
     rows_l: gl.constexpr = gl.SliceLayout(1, mma0)
@@ -161,15 +187,19 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
     mma1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                    instr_shape=[16, W1, K_INSTR])
     rows1_l: gl.constexpr = gl.SliceLayout(1, mma1)
-    if TWO:  # the stores a part's buffer may leave in flight when it is written again
+    if TWO and not GATED:  # the stores a part's buffer may leave in flight when it is written again
         PEND0: gl.constexpr = 1
     else:
         PEND0: gl.constexpr = 0
+    if GATED:
+        BLOCK_N: gl.constexpr = N0
+    else:
+        BLOCK_N: gl.constexpr = N0 + N1
     it = 0
-    tiles = gl.cdiv(M, 2 * HALF) * gl.cdiv(N, N0 + N1)
+    tiles = gl.cdiv(M, 2 * HALF) * gl.cdiv(N, BLOCK_N)
     for unit in range(gl.program_id(0), tiles * splits, gl.num_programs(0)):
         tile, sp, k0, k1 = _unit(unit, tiles, splits, k_tiles)
-        off_m, off_n = _grouped_tile(tile, M, N, 2 * HALF, N0 + N1, GROUP_M)
+        off_m, off_n = _grouped_tile(tile, M, N, 2 * HALF, BLOCK_N, GROUP_M)
         rm = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows_l)
         row_ok = rm < M
         acc0 = gl.zeros((HALF, N0), dtype=gl.float32, layout=mma0)
@@ -251,9 +281,15 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
             sa = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)
         else:
             sa = rm.to(gl.float32)  # (unused)
-        _finish(acc0, c, c0_desc, c0_smem, bias, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
-                stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND0)
-        if TWO:
+        if GATED:
+            out = _gate_tile(acc0, acc1, sa, b_scale, off_n, N, stride_bsn, up_scale_offset, N0, K_INSTR, SCALES,
+                             ACTIVATION)
+            _finish(out, c, c0_desc, c0_smem, bias, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
+                    stride_bsn, N0, K_INSTR, SCALES_NONE, False, C_TMA, PEND0)
+        else:
+            _finish(acc0, c, c0_desc, c0_smem, bias, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
+                    stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND0)
+        if TWO and not GATED:
             rm1 = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows1_l)
             _finish(acc1, c, c1_desc, c1_smem, bias, b_scale, gl.convert_layout(sa, rows1_l), row0, rm1, rm1 < M,
                     off_n + N0, N, stride_cm, stride_cn, stride_bsn, W1, K_INSTR, SCALES, HAS_BIAS, C_TMA, 1)
@@ -264,8 +300,9 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
 @gluon.jit
 def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias, a_scale, b_scale, M, N, K,
                    splits, split_rows, xs_group_stride, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
-                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr, XS_TMA: gl.constexpr,
-                   PROMOTE: gl.constexpr, TWO: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr):
+                   up_scale_offset, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr,
+                   XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, TWO: gl.constexpr, HAS_BIAS: gl.constexpr,
+                   C_TMA: gl.constexpr, GATED: gl.constexpr = False, ACTIVATION: gl.constexpr = "none"):
     """c (M, N) = x (a_desc: (M, K), boxes of HALF x BLOCK_K) @ w (b0_desc / b1_desc: (N, K), boxes
     of N0 / N1 x BLOCK_K) in (2 * HALF) x (N0 + N1) tiles (N1 = 0 unless TWO), persistent: program
     p takes work units p, p + programs, ... (4 warps launched: the first consumer; a second
@@ -273,7 +310,10 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     one of `splits` K slices; splits > 1: slice s of the tile goes to rows s * split_rows + .. of
     c, an fp32 workspace (split_rows >= M) that kernels/reduce.py sum_k_slices adds up (no bias
     here). C_TMA: c0_desc / c1_desc (boxes of HALF x N0 / N1 over c) store the output, else
-    pointer stores through c."""
+    pointer stores through c.
+    GATED (fused feed-forward, no promotion, one slice): b0_desc is the gate weight (N, K) and
+    b1_desc the up weight (N, K, same box); c (M, N) = ACTIVATION(x @ gate^T) * (x @ up^T) in
+    2 * HALF x N0 tiles, no bias (SCALES_ROWCOL: the up weight's scales at b_scale + up_scale_offset)."""
     HALF: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     N0: gl.constexpr = b0_desc.block_type.shape[0]
@@ -285,6 +325,8 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     gl.static_assert(PROMOTE or SCALES != SCALES_KBLOCK, "block scales apply as each block is promoted")
     gl.static_assert(SCALES != SCALES_KBLOCK or (N0 == 128 and (not TWO or N1 == 128)),
                      "block-scaled column parts of one weight scale group")
+    gl.static_assert(not GATED or (TWO and N1 == N0 and not PROMOTE and not HAS_BIAS and SCALES != SCALES_KBLOCK),
+                     "gated: equal gate and up parts, the tensor cores' accumulation, no bias")
     a0_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
     a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
     b0_bufs = gl.allocate_shared_memory(b0_desc.dtype, [STAGES, N0, BLOCK_K], b0_desc.layout)
@@ -296,7 +338,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     if C_TMA:  # per warp group, a buffer per column part
         cA0 = gl.allocate_shared_memory(c0_desc.dtype, [HALF, N0], c0_desc.layout)
         cB0 = gl.allocate_shared_memory(c0_desc.dtype, [HALF, N0], c0_desc.layout)
-        if TWO:
+        if TWO and not GATED:
             cA1 = gl.allocate_shared_memory(c1_desc.dtype, [HALF, N1], c1_desc.layout)
             cB1 = gl.allocate_shared_memory(c1_desc.dtype, [HALF, N1], c1_desc.layout)
         else:  # (unused)
@@ -316,12 +358,14 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     gl.warp_specialize([
         (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias, a_scale,
                      b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
-                     stride_bsk,
-                     GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA)),
+                     stride_bsk, up_scale_offset,
+                     GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
+                     ACTIVATION)),
         (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cB0, cB1, bias, a_scale,
                      b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
-                     stride_bsk,
-                     GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA)),
+                     stride_bsk, up_scale_offset,
+                     GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
+                     ACTIVATION)),
         (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M,
-                     N, k_tiles, splits, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO)),
+                     N, k_tiles, splits, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO, GATED)),
     ], [4, 1], [232, 40])

@@ -1,7 +1,9 @@
 """Fused feed-forward blocks and fused-epilogue GEMMs (issue 14).
 
 - ff_a16w16_gated / ff_a8w8_gated: down(act(x @ gate^T) * (x @ up^T)) in two launches: one gated
-  GEMM (one K loop, two accumulators, only the (M, I) product stored) then the down GEMM.
+  GEMM (one K loop, two accumulators, only the (M, I) product stored) then the down GEMM. On
+  sm_90 from 128 rows the gated GEMM is the Gluon kernel's (kernels/gemm_ws.py GATED: persistent
+  128 x (W gate + W up) tiles), elsewhere the tl kernel's.
 - ff_a16w16: down(act(x @ up^T)), the activation fused in the first GEMM's epilogue.
 - fused_gemm_a16w16_mul_add: (x @ w^T) * a + b, a and b broadcast in the epilogue.
 
@@ -26,6 +28,7 @@ from ..core.dense import DensePlan
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense, quantized_in_kernel
+from ..core.hopper_ws import ws_gated_plan
 from ..core.plan import PlanCache, capturing, plan_key
 from ..core.tracing import is_compiling as _is_compiling, library as _library
 from . import a8w8, a16w16
@@ -98,6 +101,19 @@ def _gated_config(config, table, M, N, K, dev, a_fmt, b_fmt, out_bytes) -> GemmC
     return fit_to_smem(gated_tiles(cfg), dev, a_fmt, two_b, out_bytes)
 
 
+class _WSGated:
+    """A gated WSPlan (core/hopper_ws.ws_gated_plan), called as the gated DensePlan is:
+    run(x, gate, bias, y, x_scale, w_scale, mul, add, c2, up)."""
+
+    is_ws = True
+
+    def __init__(self, ws):
+        self.ws = ws
+
+    def run(self, x, gate, bias, y, a_scale, b_scale, mul=None, add=None, c2=None, b2=None):
+        return self.ws.run(x, gate, None, y, a_scale, b_scale, b2)
+
+
 class _GatedPlan:
     """The gated GEMM of a fixed problem: `plan` (x already quantized where it must be), and for a
     16-bit x with FP8 weights the quantizer in front (`quantize`), or `fused` (x quantized in the
@@ -105,6 +121,7 @@ class _GatedPlan:
 
     def __init__(self, plan, quantize=None, fused=None, M=0, K=0, flatten=False):
         self.plan, self.quantize, self.fused, self.M, self.K, self.flatten = plan, quantize, fused, M, K, flatten
+        self.is_ws = getattr(plan, "is_ws", False)  # the warp-specialized kernel's gated tiles
 
     def run(self, x, gate, up, y, w_scale):
         if self.quantize is None:
@@ -142,9 +159,14 @@ def _make_gated(x, gate, up, w_scale, up_scale, y, activation, out_dtype, config
     dev = device_info(device)
     example_y = y2 if y2 is not None else torch.empty((M, N), dtype=out_dtype, device=device)
     spec = EpilogueSpec(activation, gated=True)
+    ws_common = dict(activation=activation, config=config, out_dtype=out_dtype, out_shape=(*lead, N))
     common = dict(out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=x.ndim != 2, auto_config=config is None,
                   inputs=dict(b2=up), exact_accumulation=fp8 and not fast_accum)
     if not fp8:
+        ws = ws_gated_plan(dev, x2, gate, up, y2, M, N, K, x_scale=None, w_scale=None, up_scale=None,
+                           flatten_x=x.ndim != 2, **ws_common)
+        if ws is not None:  # sm_90: the warp-specialized kernel's gated tiles (core/hopper_ws.py)
+            return _GatedPlan(_WSGated(ws))
         fmt = dense(x.dtype)
         cfg = _gated_config(config, GATED_TABLE, M, N, K, dev, fmt, fmt, out_dtype.itemsize)
         return _GatedPlan(DensePlan(x2, gate, example_y, fmt, fmt, spec, cfg, dev, **common))
@@ -156,8 +178,13 @@ def _make_gated(x, gate, up, w_scale, up_scale, y, activation, out_dtype, config
 
     xq = torch.empty((M, K), dtype=gate.dtype, device=device)
     xs = torch.empty((M, 1), dtype=torch.float32, device=device)
-    plan = DensePlan(xq, gate, example_y, a_fmt, b_fmt, spec, cfg, dev, up_scale=offsets,
-                     **dict(common, flatten_x=False, inputs=dict(b2=up, a_scale=xs, b_scale=w_scale)))
+    ws = ws_gated_plan(dev, xq, gate, up, y2, M, N, K, x_scale=xs, w_scale=w_scale, up_scale=offsets,
+                       flatten_x=False, **ws_common) if fast_accum else None
+    if ws is not None:
+        plan = _WSGated(ws)
+    else:
+        plan = DensePlan(xq, gate, example_y, a_fmt, b_fmt, spec, cfg, dev, up_scale=offsets,
+                         **dict(common, flatten_x=False, inputs=dict(b2=up, a_scale=xs, b_scale=w_scale)))
     fused = None
     if M <= IN_KERNEL_QUANT_MAX_M:
         q_fmt = quantized_in_kernel(x.dtype, gate.dtype, "row")
@@ -172,14 +199,18 @@ def gated_gemm(x, gate, up, *, w_scale=None, up_scale=(Scale.NONE, (0, 0)), acti
     """act(x @ gate^T) * (x @ up^T): x (*, K) bf16/fp16; gate, up (I, K) with equal strides (see
     gate_up_views), x's dtype, or FP8 with `w_scale` (one value, or (2I,) with `up_scale`'s
     (kind, (offset, stride)) from _up_scale); then x is quantized per token. -> (*, I)."""
+    return _gated_plan(x, gate, up, w_scale, up_scale, activation, out_dtype, y, config, fast_accum).run(
+        x, gate, up, y, w_scale)
+
+
+def _gated_plan(x, gate, up, w_scale, up_scale, activation, out_dtype, y, config, fast_accum) -> _GatedPlan:
     key = plan_key((x, gate, up, w_scale, y), (activation, out_dtype, up_scale, fast_accum,
                                                None if config is None else v.config_key(config)))
     try:
-        plan = _plans.lookup(key)
+        return _plans.lookup(key)
     except (KeyError, TypeError):
-        plan = _plans.plan_for(key, _make_gated, x, gate, up, w_scale, up_scale, y, activation, out_dtype, config,
+        return _plans.plan_for(key, _make_gated, x, gate, up, w_scale, up_scale, y, activation, out_dtype, config,
                                fast_accum)
-    return plan.run(x, gate, up, y, w_scale)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,10 +231,12 @@ def ff_a16w16_gated(x, w_gate_up, w_down, activation="silu", *, w_up=None, layou
         return _library().traced_ff_a16w16_gated(x, w_gate_up, w_down, activation, w_up, layout, out_dtype, y,
                                                  config, down_config)
     gate, up = gate_up_views(w_gate_up, w_up, layout)
-    if config is None and isinstance(x, torch.Tensor) and x.ndim and x.numel() >= TWO_GEMMS_MIN_M * x.shape[-1]:
+    plan = _gated_plan(x, gate, up, None, (Scale.NONE, (0, 0)), activation, None, None, config, True)
+    if (config is None and not plan.is_ws and isinstance(x, torch.Tensor) and x.ndim
+            and x.numel() >= TWO_GEMMS_MIN_M * x.shape[-1]):
         h = _gated_two_gemms(x, gate, up, activation)
     else:
-        h = gated_gemm(x, gate, up, activation=activation, config=config)
+        h = plan.run(x, gate, up, None, None)
     return a16w16.gemm_a16w16(h, w_down, out_dtype=out_dtype, y=y, config=down_config)
 
 
@@ -212,6 +245,8 @@ def ff_a16w16_gated(x, w_gate_up, w_down, activation="silu", *, w_up=None, layou
 # (M, I) up, not the (M, 2I) intermediate, crosses memory once each way). The one-launch gated
 # GEMM wins below it: at M = 256 with one program per tile it ran 1.0-1.2x torch where the two
 # GEMMs ran 0.74-0.95x (scripts/gated_probe.py); its two accumulators limit its tiles at large M.
+# On sm_90 the Gluon kernel's persistent gated tiles (core/hopper_ws.ws_gated_plan) beat both
+# (tuning/gated_ws/gated_ws_probe_h100.txt) and take every M >= 128 instead.
 TWO_GEMMS_MIN_M = 1024
 
 

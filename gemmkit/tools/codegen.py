@@ -222,11 +222,12 @@ def compile_bare(M: int, N: int, K: int, cfg: GemmConfig, dtype=torch.float8_e4m
 
 
 def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = True, dtype=torch.float8_e4m3fn,
-               xs_tma: bool = True, out_dtype=torch.bfloat16, num_sms: int = H100.num_sms) -> Binary:
+               xs_tma: bool = True, out_dtype=torch.bfloat16, num_sms: int = H100.num_sms, gated: bool = False) -> Binary:
     """Compile the warp-specialized Gluon kernel (kernels/gemm_ws.py) for sm_90 with the arguments
     core/hopper_ws.WSPlan passes for this problem: scales "kblock" (x scales by TMA or by register
     loads), "rowcol" or "none" (bf16 / fp16), FP8 promoted or not, the plan's tile width, TMA stores
-    for 16-bit outputs (pointer stores for fp32)."""
+    for 16-bit outputs (pointer stores for fp32). gated: the fused feed-forward's gated tiles
+    (silu(x @ gate^T) * (x @ up^T), N the intermediate size; per-channel scales for "rowcol")."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
@@ -242,14 +243,17 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
         xs = torch.empty(G, M).t() if xs_tma else torch.empty(M, G)
         ws = torch.empty(-(-N // hw.BLOCK), G)
     elif scales == "rowcol":
-        xs, ws = torch.empty(M, 1), torch.empty(1, N)
+        xs, ws = torch.empty(M, 1), torch.empty(1, 2 * N if gated else N)
     else:
         xs = ws = None
     bias = torch.empty(N, dtype=out_dtype)
-    plan = hw.WSPlan(x, w, None, M, N, K, scales, xs, ws, bias, out_dtype, (M, N), False, num_sms, promote)
+    if gated:
+        bias = None
+    plan = hw.WSPlan(x, w, None, M, N, K, scales, xs, ws, bias, out_dtype, (M, N), False, num_sms, promote,
+                     gated=("silu", (N, 1)) if gated else None)
     if plan.splits > 1:  # the kernel writes K slices' fp32 partials into the workspace
         c = torch.empty(plan.ws_shape, dtype=torch.float32)
-    args = (*plan.arguments(x, w, c, bias, xs, ws), *plan.tail)
+    args = (*plan.arguments(x, w, c, bias, xs, ws, w if gated else None), *plan.tail)
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     bound, specialization, opts = create_function_from_signature(kernel.signature, kernel.params, backend)(
@@ -513,6 +517,10 @@ WS_CHECKS = {  # (M, N, K, compile_ws keywords, tensor-core instruction)
         256, 2048, 8192, dict(scales="none", promote=False, dtype=torch.bfloat16), "HGMMA"),
     "gluon fp16, 128x144 tiles (128 + 16), fp32 output by pointers": (
         512, 4608, 4096, dict(scales="none", promote=False, dtype=torch.float16, out_dtype=torch.float32), "HGMMA"),
+    "gluon bf16 gated (feed-forward), 128 x (128 + 128) tiles, TMA stores": (
+        256, 14336, 4096, dict(scales="none", promote=False, dtype=torch.bfloat16, gated=True), "HGMMA"),
+    "gluon fp8 gated, per-channel scales, 128 x (128 + 128) tiles, TMA stores": (
+        256, 18944, 3584, dict(scales="rowcol", promote=False, gated=True), "QGMMA"),
 }
 
 
