@@ -93,8 +93,9 @@ def test_not_taken_off_hopper(built):
     (512, 6144, 5120, False, True, (128, 64)), (2048, 1280, 8192, False, True, (128, 32)),
     (256, 9216, 3072, True, True, (128, 16)), (512, 2560, 8192, True, True, (64, 16)),
     (512, 2560, 8192, False, False, (128, 0)),  # bf16: 80-wide tiles measured slower than the tl kernel's
-    (1024, 4096, 4096, False, False, (128, 128)), (512, 8192, 4096, True, False, (128, 128)),  # one full wave of 256
-    (256, 8192, 4096, True, True, (128, 0)), (256, 8192, 4096, False, False, (128, 0)),  # FP8 at M < 512: any width
+    (1024, 4096, 4096, False, False, (128, 128)), (512, 8192, 4096, True, True, (128, 128)),  # one full wave of 256:
+    (8192, 7168, 8192, True, True, (128, 128)),  # bf16 the tl kernel's tiles, FP8 this kernel at every M >= 256
+    (256, 8192, 4096, True, True, (128, 0)), (256, 8192, 4096, False, False, (128, 0)),
     (128, 5120, 4096, False, False, (128, 0)), (512, 5120, 512, True, False, (128, 32)),  # M, K too small
     (128, 9216, 3072, False, True, (128, 0)), (128, 25600, 5120, False, True, (128, 128)),  # bf16 at M = 128:
     (128, 8192, 4096, False, False, (128, 0)), (128, 9216, 3072, True, False, (64, 16))])  # past a wave of 64x128
@@ -342,11 +343,16 @@ def test_long_k_exactness_test_takes_this_kernel(built):
 
 
 @needs_hopper
-def test_fast_accumulation_keeps_the_tl_kernel_where_powers_of_two_fit(built):
+def test_fast_accumulation_takes_this_kernel_from_256_rows(built):
+    """FP8 fast accumulation at M >= 256 (here 1024 x 4096 x 4096, where a power of two fills the
+    waves): this kernel, 128 x 256 tiles; at M = 128 the tl kernel."""
     x, w = randn(1024, 4096, dtype=FP32), randn(4096, 4096, dtype=FP32)
     (xq, xs), (wq, ws) = quant.quantize_fp8(x, "row"), quant.quantize_fp8(w, "row")
-    gemmkit.gemm_a8w8(xq, wq, xs, ws.reshape(1, -1))
-    assert not built
+    out = gemmkit.gemm_a8w8(xq, wq, xs, ws.reshape(1, -1))
+    assert len(built) == 1 and built[0].parts == (128, 128) and not built[0].promote
+    assert_close(out, reference(xq, wq, None, x_scale=xs, w_scale=ws.reshape(1, -1)))
+    gemmkit.gemm_a8w8(xq[:128], wq, xs[:128], ws.reshape(1, -1))
+    assert len(built) == 1
 
 
 # fitted tile widths, the tensor cores accumulating: bf16 / fp16 and FP8 fast accumulation (GPU) --

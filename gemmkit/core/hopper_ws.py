@@ -41,9 +41,8 @@ WIDTHS = ((64, 0), (64, 16), (64, 32), (128, 0), (128, 16), (128, 32), (128, 64)
 PART_COST = 64  # per-tile work of a K block that does not scale with its width (the 128-row A tile), in columns
 DIRECT_MIN_K = 1024
 MIN_SLICE_K_BLOCKS = 4
-FP8_ANY_WIDTH_M = 512
 REDUCE_BLOCK = (32, 128)
-FITTED_GAIN = {False: 0.85, True: 0.96}  # (FP8): ws_direct_ok's threshold
+FITTED_GAIN = 0.85  # bf16 / fp16: ws_direct_ok's threshold
 GROUP_M = 8
 PER_CALL = ("a_desc", "b0_desc", "b1_desc", "xs_desc", "c", "c0_desc", "c1_desc", "bias", "a_scale",
             "b_scale")  # the kernel's leading parameters
@@ -127,12 +126,15 @@ def ws_parts(M: int, N: int, num_sms: int, fp8: bool) -> tuple[int, int]:
 
 def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
     """The problem sizes for which the kernel without promotion measured faster than the tl kernel
-    (scripts/ws_probe.py --any-size, tuning/fitted/ws_any_*_heldout_h100.txt): M >= WS_MIN_M,
-    K >= DIRECT_MIN_K and a fitted width (ws_parts) whose waves take at most FITTED_GAIN of the
-    time of the best power-of-two width's. Where a power of two fits as well, the tl kernel's
-    tuned tiles ran as fast or faster (bf16: 0.85x to 1.01x; FP8: 0.92x to 1.34x). FP8 below
-    FP8_ANY_WIDTH_M rows (two 128-row tiles) at any width, in K slices where the tiles are few:
-    0.96x to 1.74x the tl kernel at M = 256 (tuning/fitted/ws_split_heldout_h100.txt; at M = 128
+    (scripts/ws_probe.py --any-size, tuning/fitted/ws_any_*_h100.txt): M >= WS_MIN_M,
+    K >= DIRECT_MIN_K and, for bf16, a fitted width (ws_parts) whose waves take at most
+    FITTED_GAIN of the time of the best power-of-two width's: where a power of two fits as well,
+    the tl kernel's tuned tiles ran as fast or faster (0.83x to 1.01x; at M = 512 and 2048 on the
+    held-out layers the kernel everywhere and the tl kernel everywhere both measured 0.923x
+    cuBLAS, ws_any_a16w16_heldout_512_2048_h100.txt). FP8 at any width: 0.92x to 1.67x the tl
+    kernel at M = 512 (ws_any_a8w8_heldout_h100.txt), 0.94x to 1.43x at M = 1024 to 8192 on the
+    model and held-out layers (geomean 1.03 and 1.04: ws_any_a8w8_*_large_h100.txt), 0.96x to
+    1.74x at M = 256, in K slices where the tiles are few (ws_split_heldout_h100.txt; at M = 128
     0.86x to 1.60x, geomean 0.99: not taken). bf16 from 128 rows up to WS_MIN_M where the tl
     kernel's one-wave 64 x 128 tiles (config.derive_config one_wave) make more than a wave: at
     M = 128 1.02x to 1.32x the tl kernel (N >= 9216); with fewer tiles 0.61x to 0.98x."""
@@ -140,10 +142,10 @@ def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
         return -(-M // HALF) * -(-N // BLOCK) > num_sms
     if M < WS_MIN_M or K < DIRECT_MIN_K:
         return False
-    if fp8 and M < FP8_ANY_WIDTH_M:
+    if fp8:
         return True
     fitted = _wave_cost(M, N, ws_parts(M, N, num_sms, fp8), num_sms)
-    return fitted <= FITTED_GAIN[fp8] * min(_wave_cost(M, N, p, num_sms) for p in _widths(fp8) if p[1] in (0, p[0]))
+    return fitted <= FITTED_GAIN * min(_wave_cost(M, N, p, num_sms) for p in _widths(fp8) if p[1] in (0, p[0]))
 
 
 def ws_splits(M: int, N: int, K: int, num_sms: int, block_n: int, block_k: int) -> int:
