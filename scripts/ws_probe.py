@@ -10,7 +10,7 @@ and the baseline; inputs rotated over 3 sets.
 Prints times, the ratios to the baseline and each result's error against the float reference.
 
     python3 scripts/ws_probe.py [--m M ...] [--op OP ...] [--heldout] [--block-n 128|256] [--parts N0 N1]
-                                [--no-c-tma] [--any-size]
+                                [--no-c-tma] [--any-size] [--shapes N K ...] [--max-stages S]
 """
 
 import argparse
@@ -61,7 +61,10 @@ def main():
     ap.add_argument("--no-c-tma", action="store_true", help="pointer stores of the output (hopper_ws.C_TMA off)")
     ap.add_argument("--any-size", action="store_true", help="the kernel at every size (hopper_ws.ws_shape_ok off)")
     ap.add_argument("--shapes", type=int, nargs="+", help="N K pairs instead of the model layers")
+    ap.add_argument("--max-stages", type=int, help="the pipeline's stage cap (hopper_ws.MAX_STAGES)")
     args = ap.parse_args()
+    if args.max_stages:
+        hopper_ws.MAX_STAGES = args.max_stages
     if args.any_size:
         hopper_ws.ws_shape_ok = lambda M, N, K, num_sms, kblock: True
         hopper_ws.ws_direct_ok = lambda *args: True

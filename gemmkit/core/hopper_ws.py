@@ -35,7 +35,8 @@ BLOCK = 128  # tile rows (two warp groups of 64), FP8 K block (= the scale group
 HALF = 64
 ROW_BYTES = 128  # one K block of a tile row: BLOCK_K = 64 bf16 / fp16, 128 FP8
 SMEM_BYTES = 232448  # sm_90's shared memory per block (opt-in maximum)
-MAX_STAGES = 5
+MAX_STAGES = 8  # (5 measured 3% slower for FP8 at M = 512 and 2048: tuning/fitted/ws_stages_h100.txt)
+NARROW_BF16_MIN_M = 256
 # column parts (N0, N1) of the widths fitted tiles take: each a power of two with its own product
 WIDTHS = ((64, 0), (64, 16), (64, 32), (128, 0), (128, 16), (128, 32), (128, 64), (128, 128))
 PART_COST = 64  # per-tile work of a K block that does not scale with its width (the 128-row A tile), in columns
@@ -108,11 +109,13 @@ def _wave_cost(M: int, N: int, parts: tuple[int, int], num_sms: int) -> int:
     return -(-(-(-M // BLOCK) * -(-N // width)) // num_sms) * (width + PART_COST)
 
 
-def _widths(fp8: bool) -> tuple:
-    """The tile widths the kernel without promotion takes: bf16 / fp16 tiles narrower than 128
-    measured no faster than the tl kernel's (0.77x to 1.25x, geomean 0.96, at M = 256 and 512:
-    tuning/fitted/ws_any_a16w16_heldout_h100.txt), FP8 ones faster (1.10x to 1.21x at M = 512)."""
-    return WIDTHS if fp8 else tuple(p for p in WIDTHS if p[0] >= BLOCK)
+def _widths(fp8: bool, M: int) -> tuple:
+    """The tile widths the kernel without promotion takes: all for FP8; bf16 / fp16 tiles
+    narrower than 128 from NARROW_BF16_MIN_M rows (with STAGES capped at 5 they measured no
+    faster than the tl kernel's, 0.77x to 1.25x, geomean 0.96 at M = 256 and 512:
+    tuning/fitted/ws_any_a16w16_heldout_h100.txt; with up to 8 stages 96-wide tiles ran 1.05x
+    to 1.15x it on the narrow held-out layers at M = 512: tuning/fitted/ws_stages_h100.txt)."""
+    return WIDTHS if fp8 or M >= NARROW_BF16_MIN_M else tuple(p for p in WIDTHS if p[0] >= BLOCK)
 
 
 def ws_parts(M: int, N: int, num_sms: int, fp8: bool) -> tuple[int, int]:
@@ -121,7 +124,7 @@ def ws_parts(M: int, N: int, num_sms: int, fp8: bool) -> tuple[int, int]:
     kernels do (tiles 144 to 320 wide on the held-out layers at M = 512 to 2048:
     tuning/fitted/cublas_kernels_*_h100.txt), a width that fills one wave beats a power of two
     that leaves a ragged second: at M = 512, N = 5120, 128 tiles of 160 against 160 of 128."""
-    return min(_widths(fp8), key=lambda p: (_wave_cost(M, N, p, num_sms), -(p[0] + p[1])))
+    return min(_widths(fp8, M), key=lambda p: (_wave_cost(M, N, p, num_sms), -(p[0] + p[1])))
 
 
 def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
@@ -145,7 +148,7 @@ def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
     if fp8:
         return True
     fitted = _wave_cost(M, N, ws_parts(M, N, num_sms, fp8), num_sms)
-    return fitted <= FITTED_GAIN * min(_wave_cost(M, N, p, num_sms) for p in _widths(fp8) if p[1] in (0, p[0]))
+    return fitted <= FITTED_GAIN * min(_wave_cost(M, N, p, num_sms) for p in _widths(fp8, M) if p[1] in (0, p[0]))
 
 
 def ws_splits(M: int, N: int, K: int, num_sms: int, block_n: int, block_k: int) -> int:
