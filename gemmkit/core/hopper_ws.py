@@ -35,6 +35,8 @@ BLOCK = 128  # tile rows (two warp groups of 64), FP8 K block (= the scale group
 HALF = 64
 ROW_BYTES = 128  # one K block of a tile row: BLOCK_K = 64 bf16 / fp16, 128 FP8
 SMEM_BYTES = 232448  # sm_90's shared memory per block (opt-in maximum)
+SMEM_RESERVE = 1024  # the barriers and the buffers' alignment (6 stages of 128 x 128 beside the
+# output buffers needed 312 bytes more than SMEM_BYTES: gemmkit.tools.codegen's checks)
 MAX_STAGES = 8  # (5 measured 3% slower for FP8 at M = 512 and 2048: tuning/fitted/ws_stages_h100.txt)
 NARROW_BF16_MIN_M = 256
 # column parts (N0, N1) of the widths fitted tiles take: each a power of two with its own product
@@ -301,7 +303,7 @@ def ws_stages(width: int, out_bytes: int, out_width: int | None = None) -> int:
     stores), at most MAX_STAGES."""
     stage = (BLOCK + width) * ROW_BYTES + BLOCK * 4  # A, B and a tile's x scales
     out = BLOCK * (width if out_width is None else out_width) * out_bytes
-    return min(MAX_STAGES, (SMEM_BYTES - out) // stage)
+    return min(MAX_STAGES, (SMEM_BYTES - SMEM_RESERVE - out) // stage)
 
 
 class WSPlan:
