@@ -4,7 +4,9 @@ For each held-out layer (models.json heldout-* entries) at each M, times gemm_a1
 CUDA-graph replay, in the same interleaved replays as F.linear, with the config of each rule:
   table    what select_config picks today (the shipped table's generic bucket for M);
   nearest  M's bucket of the tuned shape nearest in (log N, log K) (core.config.nearest_shape_entry);
-  derived  derive_config (the device's limits and the shape).
+  derived  derive_config (the device's limits and the shape);
+  waves    the nearest shape's entry with its SPLIT_K refitted to this shape's tiles (core.config.fit_waves
+           with WAVE_FIT_LOSS 0 here: refitted wherever this shape's tiles fill their waves less).
 Identical configs are timed once. Prints one line per problem and the geomean ratio (F.linear time
 / gemmkit time) of each rule, and of the best rule per problem.
 Usage: python3 scripts/fallback_probe.py OUT_FILE [model ...] [--m M ...]
@@ -20,12 +22,16 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import gemmkit  # noqa: E402
-from gemmkit.core.config import GemmConfig, derive_config, fit_to_smem, nearest_shape_entry, select_config  # noqa: E402
+from gemmkit.core.config import (GemmConfig, derive_config, fit_to_smem, fit_waves, nearest_shape_entry,  # noqa: E402
+                                 select_config)
 from gemmkit.core.device import device_info  # noqa: E402
 from gemmkit.core.formats import dense  # noqa: E402
 from gemmkit.tools.registry import load_models, model_shapes  # noqa: E402
 from gemmkit.tools.timing import rotation_count, time_graphs_us  # noqa: E402
 
+import gemmkit.core.config as config_mod  # noqa: E402
+
+config_mod.WAVE_FIT_LOSS = 0.0
 args = sys.argv[1:]
 out = open(args.pop(0), "w") if args else sys.stdout
 ms = [1, 8, 32, 128, 512, 2048, 8192]
@@ -36,7 +42,7 @@ if "--m" in args:
 models = args or [n for n, m in load_models().items() if m.get("heldout")]
 dev = device_info()
 BF16 = dense(torch.bfloat16)
-RULES = ("table", "nearest", "derived")
+RULES = ("table", "nearest", "derived", "waves")
 torch.manual_seed(0)
 ratios = {r: [] for r in RULES + ("best",)}
 print(f"{dev.name}, torch {torch.__version__}; models {' '.join(models)}; M {ms}", file=out, flush=True)
@@ -49,6 +55,7 @@ for label, N, K in model_shapes(models):
         cfgs = {"table": select_config("a16w16", M, N, K, dev, BF16, BF16, 2),
                 "nearest": fit_to_smem(GemmConfig.from_dict(near), dev, BF16, BF16, 2) if near else None,
                 "derived": derive_config(M, N, K, dev, BF16, BF16, 2)}
+        cfgs["waves"] = fit_waves(cfgs["nearest"], M, N, K, near_nk, dev, BF16, BF16, 2) if near else None
         distinct = list(dict.fromkeys(c for c in cfgs.values() if c is not None))
         ref = F.linear(*sets[0]).float()
         ok = []
@@ -71,7 +78,9 @@ for label, N, K in model_shapes(models):
             line.append(f"{r} {base / t:.2f}")
         ratios["best"].append(base / min(by_cfg.values()))
         print(f"{label} M={M} N={N} K={K}: F.linear {base:.1f} us; " + ", ".join(line)
-              + f"; nearest {near_nk}", file=out, flush=True)
+              + f"; nearest {near_nk}"
+              + (f"; waves SPLIT_K {cfgs['nearest'].SPLIT_K} -> {cfgs['waves'].SPLIT_K}" if near else ""),
+              file=out, flush=True)
         del sets
         torch.cuda.empty_cache()
 for r, v in ratios.items():

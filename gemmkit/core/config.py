@@ -331,6 +331,42 @@ def lookup_entry(device_name: str, op: str, M: int, N: int, K: int) -> tuple[dic
     return None, DERIVED
 
 
+WAVE_FIT_MAX_SPLIT = 8
+WAVE_FIT_LOSS = 0.25
+
+
+def fit_waves(cfg: GemmConfig, M: int, N: int, K: int, near: tuple, dev: DeviceInfo, a: OperandFormat,
+              b: OperandFormat, out_bytes: int) -> GemmConfig:
+    """A borrowed entry's SPLIT_K refitted to this shape's tiles. The entry was tuned for the
+    nearest shape `near` (N', K'), whose programs filled their waves of program slots (as many
+    programs per SM as shared memory holds) to some fraction; where this shape's fill theirs
+    WAVE_FIT_LOSS less (at M = 32, 64 x 32 tiles tuned for N' = 2112 make 66 programs, half the
+    SMs; for N = 1280, 40, under a third), the split (up to WAVE_FIT_MAX_SPLIT, slices of at least
+    4 K tiles) with the least wave time ceil(programs / slots) / split, the smallest within 5% of
+    it. Non-persistent configs only."""
+    if cfg.PERSISTENT or cfg.STREAM_K:
+        return cfg
+    per_sm = max(1, (dev.smem_per_block + 1024) // (cfg.smem_bytes(a, b, out_bytes) + 1024))
+    slots = per_sm * dev.num_sms
+    k_tiles = -(-K // cfg.BLOCK_K)
+
+    def tiles(n):
+        return -(-M // cfg.BLOCK_M) * -(-n // cfg.BLOCK_N)
+
+    def waves(n, sk):
+        return -(-tiles(n) * sk // slots)
+
+    def fill(n, sk):
+        return tiles(n) * sk / (waves(n, sk) * slots)
+
+    if fill(N, cfg.SPLIT_K) >= fill(near[0], cfg.SPLIT_K) - WAVE_FIT_LOSS:
+        return cfg
+    splits = [sk for sk in range(cfg.SPLIT_K, WAVE_FIT_MAX_SPLIT + 1) if sk == cfg.SPLIT_K or k_tiles >= 4 * sk]
+    least = min(waves(N, sk) / sk for sk in splits)
+    split = next(sk for sk in splits if waves(N, sk) / sk <= 1.05 * least)
+    return cfg if split == cfg.SPLIT_K else dataclasses.replace(cfg, SPLIT_K=split)
+
+
 def nearest_shape_entry(device_name: str, op: str, M: int, N: int, K: int) -> tuple[dict | None, tuple | None]:
     """(entry, (N', K')): M's bucket of the tuned shape nearest to (N, K) (|log2 N/N'| + |log2 K/K'|,
     ties to the larger shape) among the merged tables' shape entries that have a bucket for M;
