@@ -5,8 +5,8 @@ CUDA-graph replay, in the same interleaved replays as F.linear, with the config 
   table    what select_config picks today (the shipped table's generic bucket for M);
   nearest  M's bucket of the tuned shape nearest in (log N, log K) (core.config.nearest_shape_entry);
   derived  derive_config (the device's limits and the shape);
-  waves    the nearest shape's entry with its SPLIT_K refitted to this shape's tiles (core.config.fit_waves
-           with WAVE_FIT_LOSS 0 here: refitted wherever this shape's tiles fill their waves less).
+  waves    the nearest shape's entry with its SPLIT_K refitted (core.config.fit_waves; the first
+           measurement, tuning/fitted/fallback_waves_h100.txt, was of a broader refit since replaced).
 Identical configs are timed once. Prints one line per problem and the geomean ratio (F.linear time
 / gemmkit time) of each rule, and of the best rule per problem.
 Usage: python3 scripts/fallback_probe.py OUT_FILE [model ...] [--m M ...]
@@ -29,9 +29,6 @@ from gemmkit.core.formats import dense  # noqa: E402
 from gemmkit.tools.registry import load_models, model_shapes  # noqa: E402
 from gemmkit.tools.timing import rotation_count, time_graphs_us  # noqa: E402
 
-import gemmkit.core.config as config_mod  # noqa: E402
-
-config_mod.WAVE_FIT_LOSS = 0.0
 args = sys.argv[1:]
 out = open(args.pop(0), "w") if args else sys.stdout
 ms = [1, 8, 32, 128, 512, 2048, 8192]
@@ -55,7 +52,7 @@ for label, N, K in model_shapes(models):
         cfgs = {"table": select_config("a16w16", M, N, K, dev, BF16, BF16, 2),
                 "nearest": fit_to_smem(GemmConfig.from_dict(near), dev, BF16, BF16, 2) if near else None,
                 "derived": derive_config(M, N, K, dev, BF16, BF16, 2)}
-        cfgs["waves"] = fit_waves(cfgs["nearest"], M, N, K, near_nk, dev, BF16, BF16, 2) if near else None
+        cfgs["waves"] = fit_waves(cfgs["nearest"], M, N, K, dev) if near else None
         distinct = list(dict.fromkeys(c for c in cfgs.values() if c is not None))
         ref = F.linear(*sets[0]).float()
         ok = []

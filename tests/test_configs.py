@@ -414,3 +414,15 @@ def test_nearest_shape_entry(tables):
     assert cfgmod.nearest_shape_entry(H100.name, "a16w16", 8, 7000, 9000) == (entry(32), (8192, 8192))
     assert cfgmod.nearest_shape_entry(H100.name, "a16w16", 100, 4096, 4096) == (entry(64), (8192, 8192))
     assert cfgmod.nearest_shape_entry(H100.name, "a8w8_fp8", 8, 4096, 4096) == (None, (None, None))
+
+
+@pytest.mark.parametrize("N,K,split", [(1280, 8192, 3), (3072, 8192, 1), (1280, 256, 1), (2560, 8192, 1)])
+def test_borrowed_entry_split_refitted_to_few_tiles(N, K, split):
+    """A nearest-shape entry whose tiles would fill under half of the SMs gets split-K up to a wave
+    (64 x 32 tiles at M = 32: N = 1280, 40 tiles -> 3 slices); 96 or 80 tiles, or a K of under 4 K
+    tiles a slice, keep the entry's split."""
+    from gemmkit.core.config import GemmConfig, fit_waves
+    from gemmkit.core.device import known_device
+
+    cfg = GemmConfig.from_dict(dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=6))
+    assert fit_waves(cfg, 32, N, K, known_device("NVIDIA_H100_80GB_HBM3")).SPLIT_K == split

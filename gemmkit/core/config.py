@@ -293,6 +293,7 @@ DERIVED = "derived from the device"
 # Since the derived rule takes 64-row tiles up to M = 128, it beats the nearest entry there too (all
 # eight held-out models, one run: A16W16 0.880 against 0.849, FP8 1.006 against 1.001), hence 64.
 NEAREST_SHAPE_MAX_M = 64
+NEAREST = "nearest shape"  # (in lookup_entry's sources: an entry borrowed from another shape)
 ONE_WAVE_TABLES = ("a16w16",)  # derive_config's one_wave rule: measured on these
 
 
@@ -325,45 +326,25 @@ def lookup_entry(device_name: str, op: str, M: int, N: int, K: int) -> tuple[dic
         if entry is not None:
             near = f"{n2},{k2}"
             key = _bucket_key(merged["shapes"][near], M)
-            return entry, f"{layer(user.get('shapes', {}).get(near), key)} nearest shape {near}"
+            return entry, f"{layer(user.get('shapes', {}).get(near), key)} {NEAREST} {near}"
     if bucket is not None and not merged.get("shapes"):
         return merged["buckets"][bucket], f"{shipped} generic bucket"
     return None, DERIVED
 
 
-WAVE_FIT_MAX_SPLIT = 8
-WAVE_FIT_LOSS = 0.25
-
-
-def fit_waves(cfg: GemmConfig, M: int, N: int, K: int, near: tuple, dev: DeviceInfo, a: OperandFormat,
-              b: OperandFormat, out_bytes: int) -> GemmConfig:
-    """A borrowed entry's SPLIT_K refitted to this shape's tiles. The entry was tuned for the
-    nearest shape `near` (N', K'), whose programs filled their waves of program slots (as many
-    programs per SM as shared memory holds) to some fraction; where this shape's fill theirs
-    WAVE_FIT_LOSS less (at M = 32, 64 x 32 tiles tuned for N' = 2112 make 66 programs, half the
-    SMs; for N = 1280, 40, under a third), the split (up to WAVE_FIT_MAX_SPLIT, slices of at least
-    4 K tiles) with the least wave time ceil(programs / slots) / split, the smallest within 5% of
-    it. Non-persistent configs only."""
-    if cfg.PERSISTENT or cfg.STREAM_K:
+def fit_waves(cfg: GemmConfig, M: int, N: int, K: int, dev: DeviceInfo) -> GemmConfig:
+    """A borrowed (nearest-shape) entry's SPLIT_K raised where this shape's programs would fill
+    less than half of the SMs: up to num_sms // tiles slices of at least 4 K tiles, as
+    derive_config splits. At M = 32 and 64 on Llama-3-70B / TP8's qkv (N = 1280), 64 x 32 tiles
+    tuned for N = 2112 make 40 programs: 0.70x and 0.79x cuBLAS, split in 3: 0.99x and 1.05x.
+    Refitting every shape whose tiles fill their waves of program slots less than the nearest
+    shape's did (splits up to 8) lost elsewhere: geomean 0.918 against 0.985 over 112 held-out
+    problems at M <= 64 (scripts/fallback_probe.py, tuning/fitted/fallback_waves_h100.txt).
+    Non-persistent configs only."""
+    tiles = -(-M // cfg.BLOCK_M) * -(-N // cfg.BLOCK_N)
+    if cfg.PERSISTENT or cfg.STREAM_K or 2 * tiles * cfg.SPLIT_K >= dev.num_sms:
         return cfg
-    per_sm = max(1, (dev.smem_per_block + 1024) // (cfg.smem_bytes(a, b, out_bytes) + 1024))
-    slots = per_sm * dev.num_sms
-    k_tiles = -(-K // cfg.BLOCK_K)
-
-    def tiles(n):
-        return -(-M // cfg.BLOCK_M) * -(-n // cfg.BLOCK_N)
-
-    def waves(n, sk):
-        return -(-tiles(n) * sk // slots)
-
-    def fill(n, sk):
-        return tiles(n) * sk / (waves(n, sk) * slots)
-
-    if fill(N, cfg.SPLIT_K) >= fill(near[0], cfg.SPLIT_K) - WAVE_FIT_LOSS:
-        return cfg
-    splits = [sk for sk in range(cfg.SPLIT_K, WAVE_FIT_MAX_SPLIT + 1) if sk == cfg.SPLIT_K or k_tiles >= 4 * sk]
-    least = min(waves(N, sk) / sk for sk in splits)
-    split = next(sk for sk in splits if waves(N, sk) / sk <= 1.05 * least)
+    split = max(cfg.SPLIT_K, min(dev.num_sms // tiles, -(-K // cfg.BLOCK_K) // 4, 16))
     return cfg if split == cfg.SPLIT_K else dataclasses.replace(cfg, SPLIT_K=split)
 
 
@@ -541,9 +522,10 @@ def promotes(a: OperandFormat, b: OperandFormat, table: str | None = None) -> bo
 def _select(op: str, bucket: str, below_tma: bool, N: int, K: int, dev: DeviceInfo, a: OperandFormat,
             b: OperandFormat, out_bytes: int) -> GemmConfig:
     M = _lookup_m(bucket, below_tma)  # a bucket straddling TMA_MIN_M derives for an M below it
-    cfg, _ = lookup_entry(dev.name, op, M, N, K)
+    cfg, source = lookup_entry(dev.name, op, M, N, K)
     if cfg is not None:
-        return fit_to_smem(GemmConfig.from_dict(cfg), dev, a, b, out_bytes)
+        cfg = fit_to_smem(GemmConfig.from_dict(cfg), dev, a, b, out_bytes)
+        return fit_waves(cfg, M, N, K, dev) if NEAREST in source else cfg
     return derive_config(M, N, K, dev, a, b, out_bytes, promote=op in PROMOTING_TABLES,
                          one_wave=op in ONE_WAVE_TABLES)
 
