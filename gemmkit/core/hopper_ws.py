@@ -225,18 +225,15 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def ws_plan(dev: DeviceInfo, x2, w, y2, M: int, N: int, K: int, *, scales: str, x_scale, w_scale, bias, activation,
-            config, out_dtype, out_shape, flatten_x: bool, promote: bool = True, a_quant: bool = False):
+            config, out_dtype, out_shape, flatten_x: bool, promote: bool = True):
     """A WSPlan for this problem if it qualifies (module docstring), else None. activation: as
     validate.check_activation returns it ("none"). scales: "kblock" (x_scale (M, G), w_scale
     (ceil(N / 128), G): the 2-D views run() will get), "rowcol" (x_scale one or M values,
     w_scale one or N values, contiguous), both FP8, or "none" (bf16 / fp16, promote=False).
     promote: FP8 products promoted to fp32 per K block (always with "kblock"), else the tensor
-    cores accumulate. a_quant ("kblock", x_scale None): x in bf16 / fp16, quantized per token and
-    128-wide K block to w's type inside the kernel (the dynamic form)."""
+    cores accumulate."""
     promote = promote or scales == "kblock"
-    if a_quant:
-        dtypes_ok = scales == "kblock" and x2.dtype in (torch.bfloat16, torch.float16) and w.dtype in _FP8
-    elif scales == "none":
+    if scales == "none":
         dtypes_ok = not promote and x2.dtype in (torch.bfloat16, torch.float16)
     else:
         dtypes_ok = x2.dtype in _FP8
@@ -247,7 +244,7 @@ def ws_plan(dev: DeviceInfo, x2, w, y2, M: int, N: int, K: int, *, scales: str, 
             or (M * N >= 2**31 and not _tma_output(y2, N, out_dtype))):  # pointer stores: 32-bit offsets
         return None
     return WSPlan(x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, dev.num_sms,
-                  promote, a_quant=a_quant)
+                  promote)
 
 
 def ws_gated_plan(dev: DeviceInfo, x2, gate, up, y2, M: int, N: int, K: int, *, x_scale, w_scale, up_scale,
@@ -317,7 +314,7 @@ class WSPlan:
     and w2 the up weight (run(..., w2=up)), in tiles of ws_gated_width columns of each."""
 
     def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms,
-                 promote=True, gated=None, a_quant=False):
+                 promote=True, gated=None):
         from triton.experimental.gluon import language as gl
 
         from .launcher import CachedLaunch
@@ -329,9 +326,8 @@ class WSPlan:
         self.device_index = x2.device.index or 0
         self.kblock = scales == "kblock"
         self.promote = promote = promote or self.kblock
-        self.a_quant = a_quant
-        block_k = ROW_BYTES // x2.element_size()  # (a_quant: 64 columns of x, boxes of w and x alike)
-        op_dtype, b_dtype = _gl_dtype(x2.dtype), _gl_dtype(w.dtype)
+        block_k = ROW_BYTES // x2.element_size()
+        op_dtype = _gl_dtype(x2.dtype)
         self.a_desc = _Descriptors((M, K), (x2.stride(0), 1), (HALF, block_k),
                                    gl.NVMMASharedLayout.get_default_for([HALF, block_k], op_dtype))
         self.gated = gated is not None
@@ -348,16 +344,13 @@ class WSPlan:
 
         def b_desc(rows):
             return _Descriptors((N, K), (w.stride(0), 1), (rows, block_k),
-                                gl.NVMMASharedLayout.get_default_for([rows, block_k], b_dtype))
+                                gl.NVMMASharedLayout.get_default_for([rows, block_k], op_dtype))
 
         self.b0_desc = b_desc(n0)
         self.b1_desc = b_desc(n1) if n1 else self.b0_desc  # (gated: over the up weight, a descriptor of its own)
         xs_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
         xs_group_stride = 0
-        if self.kblock and a_quant:
-            self.xs_tma = False
-            scale_strides = (0, 0, *w_scale.stride())
-        elif self.kblock:
+        if self.kblock:
             G = x_scale.shape[1]
             s0, s1 = x_scale.stride()
             self.xs_tma = (s0 == 1 and (s1 % 4 == 0 or G == 1) and x_scale.data_ptr() % 16 == 0 and (s1 >= M or G == 1))
@@ -382,7 +375,7 @@ class WSPlan:
         if scales != "rowcol" or w_scale.numel() == 1:
             up_offset = 0
         self.y_strides = (N, 1) if y2 is None else y2.stride()
-        self.splits = 1 if self.gated else ws_splits(M, N, K, num_sms, self.block_n, 2 * block_k if a_quant else block_k)
+        self.splits = 1 if self.gated else ws_splits(M, N, K, num_sms, self.block_n, block_k)
         if self.splits > 1:  # K slices summed apart: into an fp32 workspace, slice s at rows s * split_rows
             self.split_rows = -(-M // BLOCK) * BLOCK
             n_pad = -(-N // 4) * 4  # 16-byte rows
@@ -409,20 +402,14 @@ class WSPlan:
         self.c1_desc = c_desc(n1) if n1 and not self.gated else self.c0_desc
         kernel = gluon_kernel().gemm_ws_kernel
         s_am, s_ak, s_bn, s_bk = scale_strides
-        if a_quant:  # a stage: 128 x 128 16-bit x and n0 x 128 FP8 w; beside the two warp groups' quantized x
-            stage = 2 * BLOCK * ROW_BYTES + n0 * ROW_BYTES
-            free = SMEM_BYTES - SMEM_RESERVE - BLOCK * ROW_BYTES - BLOCK * n0 * (c_dtype.itemsize if self.c_tma else 0)
-            self.stages = min(MAX_STAGES, free // stage)
-        else:
-            self.stages = ws_stages(n0 + n1, c_dtype.itemsize if self.c_tma else 0, self.block_n)
+        self.stages = ws_stages(n0 + n1, c_dtype.itemsize if self.c_tma else 0, self.block_n)
         self.tail = kernel_tail(kernel, PER_CALL, dict(
             M=M, N=N, K=K, splits=self.splits, split_rows=self.split_rows, xs_group_stride=xs_group_stride,
             stride_cm=c_strides[0], stride_cn=c_strides[1],
             stride_asm=s_am, stride_ask=s_ak, stride_bsn=s_bn, stride_bsk=s_bk, up_scale_offset=up_offset,
             GROUP_M=GROUP_M, STAGES=self.stages, SCALES={"kblock": 0, "rowcol": 1, "none": 2}[scales],
             XS_TMA=self.xs_tma, PROMOTE=promote, TWO=n1 > 0, HAS_BIAS=bias is not None and self.splits == 1,
-            C_TMA=self.c_tma, GATED=self.gated, ACTIVATION=gated[0] if self.gated else "none", A_QUANT=a_quant,
-            QUANT="e5m2" if w.dtype == torch.float8_e5m2 else "e4m3"))
+            C_TMA=self.c_tma, GATED=self.gated, ACTIVATION=gated[0] if self.gated else "none"))
         units = -(-M // BLOCK) * -(-N // self.block_n) * self.splits
         self.launch = CachedLaunch(kernel, (min(units, num_sms),), 4, 1,
                                    self.device_index)  # persistent: at most one program per SM

@@ -37,13 +37,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from .epilogue import activation
-from .quant import quantize_values, scales_from_absmax
 
 # Triton 3.6 names the TMA copies async_copy_global_to_shared / _shared_to_global; later versions
 # async_load / async_store
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
-_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier  # (the 3.6 name)
 
 SCALES_KBLOCK = gl.constexpr(0)
 SCALES_ROWCOL = gl.constexpr(1)
@@ -76,21 +74,14 @@ def _unit(unit, tiles, splits, k_tiles):
 @gluon.jit
 def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M, N,
               k_tiles, splits, xs_group_stride, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-              XS_TMA: gl.constexpr, TWO: gl.constexpr, GATED: gl.constexpr, A_QUANT: gl.constexpr):
+              XS_TMA: gl.constexpr, TWO: gl.constexpr, GATED: gl.constexpr):
     """One warp: for each of the program's tiles, TMA loads of each K block's two A halves, B
     column part(s) and (XS_TMA) the tile's activation scales into the next stage, once both
     consumers have released it; it runs ahead into the next tile while the consumers finish the last one."""
     HALF: gl.constexpr = a_desc.block_type.shape[0]
-    KS: gl.constexpr = a_desc.block_type.shape[1]
-    if A_QUANT:  # a K block (the 128-wide scale group) in two boxes of KS = 64 16-bit columns
-        BLOCK_K: gl.constexpr = 2 * KS
-    else:
-        BLOCK_K: gl.constexpr = KS
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     N0: gl.constexpr = b0_desc.block_type.shape[0]
-    if A_QUANT:
-        BLOCK_N: gl.constexpr = N0
-        b_bytes: gl.constexpr = 2 * b0_desc.block_type.nbytes
-    elif GATED:  # the gate and up tiles of the same N0 columns
+    if GATED:  # the gate and up tiles of the same N0 columns
         BLOCK_N: gl.constexpr = N0
         b_bytes: gl.constexpr = 2 * b0_desc.block_type.nbytes
     elif TWO:
@@ -101,8 +92,6 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
         b_bytes: gl.constexpr = b0_desc.block_type.nbytes
     if XS_TMA:
         nbytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_bytes + xs_desc.block_type.nbytes
-    elif A_QUANT:
-        nbytes: gl.constexpr = 4 * a_desc.block_type.nbytes + b_bytes
     else:
         nbytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_bytes
     it = 0
@@ -116,20 +105,13 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
             mbarrier.expect(ready.index(s), nbytes)
             if XS_TMA:  # x_scale column-major: group ki's scales of rows off_m.. are contiguous
                 _tma_load(xs_desc, [ki * xs_group_stride + off_m], ready.index(s), xs_bufs.index(s))
-            if A_QUANT:
-                for j in gl.static_range(2):
-                    k = ki * BLOCK_K + j * KS
-                    _tma_load(a_desc, [off_m, k], ready.index(s), a0_bufs.index(2 * s + j))
-                    _tma_load(a_desc, [off_m + HALF, k], ready.index(s), a1_bufs.index(2 * s + j))
-                    _tma_load(b0_desc, [off_n, k], ready.index(s), b0_bufs.index(2 * s + j))
-            else:
-                _tma_load(a_desc, [off_m, ki * BLOCK_K], ready.index(s), a0_bufs.index(s))
-                _tma_load(a_desc, [off_m + HALF, ki * BLOCK_K], ready.index(s), a1_bufs.index(s))
-                _tma_load(b0_desc, [off_n, ki * BLOCK_K], ready.index(s), b0_bufs.index(s))
-                if GATED:
-                    _tma_load(b1_desc, [off_n, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
-                elif TWO:
-                    _tma_load(b1_desc, [off_n + N0, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
+            _tma_load(a_desc, [off_m, ki * BLOCK_K], ready.index(s), a0_bufs.index(s))
+            _tma_load(a_desc, [off_m + HALF, ki * BLOCK_K], ready.index(s), a1_bufs.index(s))
+            _tma_load(b0_desc, [off_n, ki * BLOCK_K], ready.index(s), b0_bufs.index(s))
+            if GATED:
+                _tma_load(b1_desc, [off_n, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
+            elif TWO:
+                _tma_load(b1_desc, [off_n + N0, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
             it += 1
 
 
@@ -178,32 +160,12 @@ def _gate_tile(gate, up, sa, b_scale, n0, N, stride_bsn, up_scale_offset, SUB: g
 
 
 @gluon.jit
-def _quantize_a(lo_buf, hi_buf, aq_bufs, rows_l: gl.constexpr, QUANT: gl.constexpr):
-    """A_QUANT: a warp group's 16-bit A rows of one K block (two 64-column buffers) quantized per
-    row to QUANT (as quantize_fp8_blockwise does: the same shared scale and conversion pieces)
-    into aq_bufs' two FP8 buffers, ready for the group's product; returns the rows' scales."""
-    ROWS: gl.constexpr = lo_buf.shape[0]
-    blk: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    lo = lo_buf.load(blk).to(gl.float32)
-    hi = hi_buf.load(blk).to(gl.float32)
-    amax = gl.maximum(gl.max(gl.abs(lo), axis=1), gl.max(gl.abs(hi), axis=1))
-    scale, inv = scales_from_absmax(amax, QUANT)
-    aq_bufs.index(0).store(quantize_values(lo, inv[:, None], QUANT))
-    aq_bufs.index(1).store(quantize_values(hi, inv[:, None], QUANT))
-    fence_async_shared()
-    _barrier()  # every warp's part of the tile stored before the group's product reads it
-    gl.static_assert(ROWS == 64, "one warp group's rows")
-    return gl.convert_layout(scale, rows_l)
-
-
-@gluon.jit
-def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, aq_bufs, ready, empty, c, c0_desc, c1_desc, c0_smem, c1_smem, bias,
-              a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask,
-              stride_bsn, stride_bsk, up_scale_offset, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-              HALF: gl.constexpr, N0: gl.constexpr, N1: gl.constexpr, K_INSTR: gl.constexpr, ROLE: gl.constexpr,
-              SCALES: gl.constexpr, XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr,
-              C_TMA: gl.constexpr, GATED: gl.constexpr, ACTIVATION: gl.constexpr, A_QUANT: gl.constexpr,
-              QUANT: gl.constexpr):
+def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, c0_smem, c1_smem, bias, a_scale,
+              b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
+              stride_bsk, up_scale_offset, GROUP_M: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr,
+              N0: gl.constexpr, N1: gl.constexpr, K_INSTR: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr,
+              XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr,
+              GATED: gl.constexpr, ACTIVATION: gl.constexpr):
     """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles, in
     column parts of N0 and (N1 > 0) N1 columns, each its own product and accumulator.
     PROMOTE: per K block and part, issue the product, wait for it, promote it (times the block's
@@ -242,22 +204,7 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, aq_bufs, ready, empty, c, c0_de
         row_ok = rm < M
         acc0 = gl.zeros((HALF, N0), dtype=gl.float32, layout=mma0)
         acc1 = gl.zeros((HALF, W1), dtype=gl.float32, layout=mma1)
-        if A_QUANT:  # block scales, x quantized here: each K block's two 64-column halves, one product each
-            sb_row = b_scale + (off_n // N0) * stride_bsn
-            for ki in range(k0, k1):
-                s = it % STAGES
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                sa_q = _quantize_a(a_bufs.index(2 * s), a_bufs.index(2 * s + 1), aq_bufs, rows_l, QUANT)
-                zero = gl.zeros((HALF, N0), dtype=gl.float32, layout=mma0)
-                p = warpgroup_mma(aq_bufs.index(0), b0_bufs.index(2 * s).permute((1, 0)), zero, use_acc=False,
-                                  is_async=True)
-                p = warpgroup_mma(aq_bufs.index(1), b0_bufs.index(2 * s + 1).permute((1, 0)), p, is_async=True)
-                sb = gl.load(sb_row + ki * stride_bsk)
-                p = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
-                mbarrier.arrive(empty.index(s), count=1)
-                acc0 += p * (sa_q * sb)[:, None]
-                it += 1
-        elif PROMOTE:
+        if PROMOTE:
             if SCALES == SCALES_KBLOCK:
                 sb_row = b_scale + (off_n // N0) * stride_bsn
                 has1 = off_n + N0 < N  # (TWO: the tile's second weight scale group exists)
@@ -355,8 +302,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                    splits, split_rows, xs_group_stride, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
                    up_scale_offset, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr,
                    XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, TWO: gl.constexpr, HAS_BIAS: gl.constexpr,
-                   C_TMA: gl.constexpr, GATED: gl.constexpr = False, ACTIVATION: gl.constexpr = "none",
-                   A_QUANT: gl.constexpr = False, QUANT: gl.constexpr = "e4m3"):
+                   C_TMA: gl.constexpr, GATED: gl.constexpr = False, ACTIVATION: gl.constexpr = "none"):
     """c (M, N) = x (a_desc: (M, K), boxes of HALF x BLOCK_K) @ w (b0_desc / b1_desc: (N, K), boxes
     of N0 / N1 x BLOCK_K) in (2 * HALF) x (N0 + N1) tiles (N1 = 0 unless TWO), persistent: program
     p takes work units p, p + programs, ... (4 warps launched: the first consumer; a second
@@ -367,43 +313,25 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     pointer stores through c.
     GATED (fused feed-forward, no promotion, one slice): b0_desc is the gate weight (N, K) and
     b1_desc the up weight (N, K, same box); c (M, N) = ACTIVATION(x @ gate^T) * (x @ up^T) in
-    2 * HALF x N0 tiles, no bias (SCALES_ROWCOL: the up weight's scales at b_scale + up_scale_offset).
-    A_QUANT (block scales, dynamic): a_desc is a 16-bit x (boxes of HALF x 64) quantized here per
-    token and 128-wide K block to QUANT ("e4m3" / "e5m2", w's type; b0_desc: boxes of N0 x 64),
-    the scales of x computed instead of loaded (a_scale, xs_desc unused)."""
+    2 * HALF x N0 tiles, no bias (SCALES_ROWCOL: the up weight's scales at b_scale + up_scale_offset)."""
     HALF: gl.constexpr = a_desc.block_type.shape[0]
-    KS: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     N0: gl.constexpr = b0_desc.block_type.shape[0]
     if TWO:
         N1: gl.constexpr = b1_desc.block_type.shape[0]
     else:
         N1: gl.constexpr = 0
-    K_INSTR: gl.constexpr = 256 // b0_desc.dtype.primitive_bitwidth  # one wgmma's K: 32 bytes
-    gl.static_assert(not A_QUANT or (SCALES == SCALES_KBLOCK and not TWO and not XS_TMA and KS == 64),
-                     "in-kernel quantization: block scales, 128-column tiles, 16-bit x in 64-column boxes")
-    if A_QUANT:  # (per stage two 64-column boxes of each operand: a K block of 128)
-        BLOCK_K: gl.constexpr = 2 * KS
-        BOXES: gl.constexpr = 2 * STAGES
-    else:
-        BLOCK_K: gl.constexpr = KS
-        BOXES: gl.constexpr = STAGES
+    K_INSTR: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth  # one wgmma's K: 32 bytes
     gl.static_assert(PROMOTE or SCALES != SCALES_KBLOCK, "block scales apply as each block is promoted")
     gl.static_assert(SCALES != SCALES_KBLOCK or (N0 == 128 and (not TWO or N1 == 128)),
                      "block-scaled column parts of one weight scale group")
     gl.static_assert(not GATED or (TWO and N1 == N0 and not PROMOTE and not HAS_BIAS and SCALES != SCALES_KBLOCK),
                      "gated: equal gate and up parts, the tensor cores' accumulation, no bias")
-    a0_bufs = gl.allocate_shared_memory(a_desc.dtype, [BOXES, HALF, KS], a_desc.layout)
-    a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [BOXES, HALF, KS], a_desc.layout)
-    b0_bufs = gl.allocate_shared_memory(b0_desc.dtype, [BOXES, N0, KS], b0_desc.layout)
-    if A_QUANT:  # per warp group, its rows of a K block quantized (two 64-column halves)
-        aq_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2)
-        aqA = gl.allocate_shared_memory(b0_desc.dtype, [2, HALF, KS], aq_layout)
-        aqB = gl.allocate_shared_memory(b0_desc.dtype, [2, HALF, KS], aq_layout)
-    else:  # (unused)
-        aqA = b0_bufs
-        aqB = b0_bufs
+    a0_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
+    a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
+    b0_bufs = gl.allocate_shared_memory(b0_desc.dtype, [STAGES, N0, BLOCK_K], b0_desc.layout)
     if TWO:
-        b1_bufs = gl.allocate_shared_memory(b1_desc.dtype, [STAGES, N1, KS], b1_desc.layout)
+        b1_bufs = gl.allocate_shared_memory(b1_desc.dtype, [STAGES, N1, BLOCK_K], b1_desc.layout)
     else:  # (unused)
         b1_bufs = b0_bufs
     xs_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * HALF], xs_desc.layout)
@@ -428,18 +356,16 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
         mbarrier.init(empty.index(i), count=2)
     k_tiles = gl.cdiv(K, BLOCK_K)
     gl.warp_specialize([
-        (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, aqA, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias,
-                     a_scale,
+        (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias, a_scale,
                      b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
                      stride_bsk, up_scale_offset,
                      GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                     ACTIVATION, A_QUANT, QUANT)),
-        (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, aqB, ready, empty, c, c0_desc, c1_desc, cB0, cB1, bias,
-                     a_scale,
+                     ACTIVATION)),
+        (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cB0, cB1, bias, a_scale,
                      b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
                      stride_bsk, up_scale_offset,
                      GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                     ACTIVATION, A_QUANT, QUANT)),
+                     ACTIVATION)),
         (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M,
-                     N, k_tiles, splits, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO, GATED, A_QUANT)),
+                     N, k_tiles, splits, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO, GATED)),
     ], [4, 1], [232, 40])

@@ -25,10 +25,6 @@ FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 # static GEMM (TMA for x at large M). The lead sets the threshold from `gemmkit bench
 # a8w8_blockscale_dynamic` / `a8w8_blockscale_dynamic_fused` on the GPU.
 FUSED_QUANT_MAX_M = 64
-# sm_90, where the warp-specialized kernel takes the static problem: x quantized inside it (each
-# warp group quantizes its rows of every K block before its product) instead of by
-# quantize_fp8_blockwise first (scripts/ws_quant_probe.py)
-WS_QUANT = True
 _plans = PlanCache()
 
 
@@ -121,12 +117,6 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
         return _Plan(DensePlan(x2, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev, flatten_x=x.ndim != 2,
                                inputs=dict(bias=bias, a_scale=xs2, b_scale=ws2), **common),
                      lead if x_scale.ndim != 2 else None)
-    if dynamic_path == "auto" and WS_QUANT:
-        ws = ws_plan(dev, x2, w, y2, M, N, K, scales="kblock", x_scale=None, w_scale=ws2, bias=bias,
-                     activation=activation, config=config, out_dtype=out_dtype, out_shape=(*lead, N),
-                     flatten_x=x.ndim != 2, a_quant=True)
-        if ws is not None:  # sm_90: x quantized inside the warp-specialized kernel (core/hopper_ws.py)
-            return _Plan(ws, None)
     fused = gemm = None
     if dynamic_path == "fused" or (dynamic_path == "auto" and M <= FUSED_QUANT_MAX_M):
         a_fmt = quantized_in_kernel(x.dtype, w.dtype, "group", GROUP)

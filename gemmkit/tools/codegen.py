@@ -222,14 +222,12 @@ def compile_bare(M: int, N: int, K: int, cfg: GemmConfig, dtype=torch.float8_e4m
 
 
 def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = True, dtype=torch.float8_e4m3fn,
-               xs_tma: bool = True, out_dtype=torch.bfloat16, num_sms: int = H100.num_sms, gated: bool = False,
-               a_quant: bool = False) -> Binary:
+               xs_tma: bool = True, out_dtype=torch.bfloat16, num_sms: int = H100.num_sms, gated: bool = False) -> Binary:
     """Compile the warp-specialized Gluon kernel (kernels/gemm_ws.py) for sm_90 with the arguments
     core/hopper_ws.WSPlan passes for this problem: scales "kblock" (x scales by TMA or by register
     loads), "rowcol" or "none" (bf16 / fp16), FP8 promoted or not, the plan's tile width, TMA stores
     for 16-bit outputs (pointer stores for fp32). gated: the fused feed-forward's gated tiles
-    (silu(x @ gate^T) * (x @ up^T), N the intermediate size; per-channel scales for "rowcol").
-    a_quant: block scales with a bf16 x quantized in the kernel (the dynamic form)."""
+    (silu(x @ gate^T) * (x @ up^T), N the intermediate size; per-channel scales for "rowcol")."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
@@ -241,11 +239,7 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
     kernel = hw.gluon_kernel().gemm_ws_kernel
     G = -(-K // hw.BLOCK)
     x, w, c = torch.empty(M, K, dtype=dtype), torch.empty(N, K, dtype=dtype), torch.empty(M, N, dtype=out_dtype)
-    if a_quant:
-        x = torch.empty(M, K, dtype=torch.bfloat16)
-    if scales == "kblock" and a_quant:
-        xs, ws = None, torch.empty(-(-N // hw.BLOCK), G)
-    elif scales == "kblock":
+    if scales == "kblock":
         xs = torch.empty(G, M).t() if xs_tma else torch.empty(M, G)
         ws = torch.empty(-(-N // hw.BLOCK), G)
     elif scales == "rowcol":
@@ -256,7 +250,7 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
     if gated:
         bias = None
     plan = hw.WSPlan(x, w, None, M, N, K, scales, xs, ws, bias, out_dtype, (M, N), False, num_sms, promote,
-                     gated=("silu", (N, 1)) if gated else None, a_quant=a_quant)
+                     gated=("silu", (N, 1)) if gated else None)
     if plan.splits > 1:  # the kernel writes K slices' fp32 partials into the workspace
         c = torch.empty(plan.ws_shape, dtype=torch.float32)
     args = (*plan.arguments(x, w, c, bias, xs, ws, w if gated else None), *plan.tail)
@@ -523,10 +517,6 @@ WS_CHECKS = {  # (M, N, K, compile_ws keywords, tensor-core instruction)
         256, 2048, 8192, dict(scales="none", promote=False, dtype=torch.bfloat16), "HGMMA"),
     "gluon fp16, 128x144 tiles (128 + 16), fp32 output by pointers": (
         512, 4608, 4096, dict(scales="none", promote=False, dtype=torch.float16, out_dtype=torch.float32), "HGMMA"),
-    "gluon fp8 blockscale, bf16 x quantized in the kernel, TMA stores": (
-        4096, 2112, 7168, dict(scales="kblock", a_quant=True), "QGMMA"),
-    "gluon fp8 blockscale, bf16 x quantized in the kernel, 3 K slices (34 tiles)": (
-        256, 2112, 7168, dict(scales="kblock", a_quant=True), "QGMMA"),
     "gluon bf16 gated (feed-forward), 128 x (128 + 128) tiles, TMA stores": (
         256, 14336, 4096, dict(scales="none", promote=False, dtype=torch.bfloat16, gated=True), "HGMMA"),
     "gluon fp8 gated, per-channel scales, 128 x (128 + 128) tiles, TMA stores": (
