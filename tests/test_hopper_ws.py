@@ -98,7 +98,8 @@ def test_not_taken_off_hopper(built):
     (256, 8192, 4096, True, True, (128, 0)), (256, 8192, 4096, False, False, (128, 0)),
     (128, 5120, 4096, False, False, (128, 0)), (512, 5120, 512, True, False, (128, 32)),  # M, K too small
     (128, 9216, 3072, False, True, (128, 0)), (128, 25600, 5120, False, True, (128, 128)),  # bf16 at M = 128:
-    (128, 8192, 4096, False, False, (128, 0)), (128, 9216, 3072, True, False, (64, 16))])  # past a wave of 64x128
+    (128, 8192, 4096, False, False, (128, 0)), (128, 9216, 3072, True, True, (64, 16)),  # past a wave of 64x128
+    (128, 8192, 3696, True, False, (64, 0))])
 def test_fitted_width_rule(M, N, K, fp8, ok, parts):
     assert hopper_ws.ws_direct_ok(M, N, K, 132, fp8) is ok
     assert hopper_ws.ws_parts(M, N, 132, fp8) == parts

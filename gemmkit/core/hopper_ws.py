@@ -139,11 +139,12 @@ def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
     cuBLAS, ws_any_a16w16_heldout_512_2048_h100.txt). FP8 at any width: 0.92x to 1.67x the tl
     kernel at M = 512 (ws_any_a8w8_heldout_h100.txt), 0.94x to 1.43x at M = 1024 to 8192 on the
     model and held-out layers (geomean 1.03 and 1.04: ws_any_a8w8_*_large_h100.txt), 0.96x to
-    1.74x at M = 256, in K slices where the tiles are few (ws_split_heldout_h100.txt; at M = 128
-    0.86x to 1.60x, geomean 0.99: not taken). bf16 from 128 rows up to WS_MIN_M where the tl
-    kernel's one-wave 64 x 128 tiles (config.derive_config one_wave) make more than a wave: at
-    M = 128 1.02x to 1.32x the tl kernel (N >= 9216); with fewer tiles 0.61x to 0.98x."""
-    if not fp8 and BLOCK <= M < WS_MIN_M and K >= DIRECT_MIN_K:
+    1.74x at M = 256, in K slices where the tiles are few (ws_split_heldout_h100.txt). From 128
+    rows up to WS_MIN_M, both types, where the tl kernel's 64 x 128 tiles (bf16: derive_config's
+    one_wave rule) make more than a wave: at M = 128 1.02x to 1.32x the tl kernel for bf16 (N >=
+    9216; with fewer tiles 0.61x to 0.98x), 1.00x to 1.60x for FP8 (7 layers, geomean 1.14; with
+    fewer tiles 0.86x to 1.00x, geomean 0.94, on 21: ws_split_heldout_h100.txt)."""
+    if BLOCK <= M < WS_MIN_M and K >= DIRECT_MIN_K:
         return -(-M // HALF) * -(-N // BLOCK) > num_sms
     if M < WS_MIN_M or K < DIRECT_MIN_K:
         return False
