@@ -426,3 +426,16 @@ def test_borrowed_entry_split_refitted_to_few_tiles(N, K, split):
 
     cfg = GemmConfig.from_dict(dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=6))
     assert fit_waves(cfg, 32, N, K, known_device("NVIDIA_H100_80GB_HBM3")).SPLIT_K == split
+
+
+def test_borrowed_entry_keeps_its_split_where_x_is_quantized_in_the_kernel():
+    """Where the GEMM quantizes x itself, a K slice quantizes its own range: the split is part of
+    the result, so a borrowed entry of the dynamic table keeps its own (a bf16 table's is refitted)."""
+    from gemmkit.core.config import GemmConfig, fit_waves, nearest_shape_entry
+    from gemmkit.core.formats import Scale, quantized_in_kernel
+
+    a = quantized_in_kernel(torch.bfloat16, torch.float8_e4m3fn, "row")
+    b = dense(torch.float8_e4m3fn, Scale.ROW)
+    entry, _ = nearest_shape_entry(H100.name, "a8w8_fp8_dynamic", 64, 1000, 2048)
+    assert fit_waves(GemmConfig.from_dict(entry), 64, 1000, 2048, H100).SPLIT_K != entry["SPLIT_K"]
+    assert select_config("a8w8_fp8_dynamic", 64, 1000, 2048, H100, a, b, 2).SPLIT_K == entry["SPLIT_K"]

@@ -525,7 +525,8 @@ def _select(op: str, bucket: str, below_tma: bool, N: int, K: int, dev: DeviceIn
     cfg, source = lookup_entry(dev.name, op, M, N, K)
     if cfg is not None:
         cfg = fit_to_smem(GemmConfig.from_dict(cfg), dev, a, b, out_bytes)
-        return fit_waves(cfg, M, N, K, dev) if NEAREST in source else cfg
+        # (not where x is quantized in the kernel: each K slice would quantize its own range)
+        return fit_waves(cfg, M, N, K, dev) if NEAREST in source and not a.quantize else cfg
     return derive_config(M, N, K, dev, a, b, out_bytes, promote=op in PROMOTING_TABLES,
                          one_wave=op in ONE_WAVE_TABLES)
 
