@@ -10,7 +10,7 @@ and the baseline; inputs rotated over 3 sets.
 Prints times, the ratios to the baseline and each result's error against the float reference.
 
     python3 scripts/ws_probe.py [--m M ...] [--op OP ...] [--heldout] [--block-n 128|256] [--parts N0 N1]
-                                [--no-c-tma] [--any-size] [--shapes N K ...] [--max-stages S]
+                                [--no-c-tma] [--any-size] [--shapes N K ...] [--max-stages S] [--no-share-c]
 """
 
 import argparse
@@ -62,7 +62,10 @@ def main():
     ap.add_argument("--any-size", action="store_true", help="the kernel at every size (hopper_ws.ws_shape_ok off)")
     ap.add_argument("--shapes", type=int, nargs="+", help="N K pairs instead of the model layers")
     ap.add_argument("--max-stages", type=int, help="the pipeline's stage cap (hopper_ws.MAX_STAGES)")
+    ap.add_argument("--no-share-c", action="store_true", help="an output buffer per column part (hopper_ws.SHARE_C off)")
     args = ap.parse_args()
+    if args.no_share_c:
+        hopper_ws.SHARE_C = False
     if args.max_stages:
         hopper_ws.MAX_STAGES = args.max_stages
     if args.any_size:

@@ -50,6 +50,7 @@ GROUP_M = 8
 PER_CALL = ("a_desc", "b0_desc", "b1_desc", "xs_desc", "c", "c0_desc", "c1_desc", "bias", "a_scale",
             "b_scale")  # the kernel's leading parameters
 C_TMA = True  # 16-bit outputs stored by TMA from shared memory (off: pointer stores; scripts/ws_probe.py --no-c-tma)
+SHARE_C = True  # 128 x (128 + 128) tiles: one output buffer per warp group for both parts, a stage more
 
 
 @functools.lru_cache(maxsize=1)
@@ -403,14 +404,15 @@ class WSPlan:
         self.c1_desc = c_desc(n1) if n1 and not self.gated else self.c0_desc
         kernel = gluon_kernel().gemm_ws_kernel
         s_am, s_ak, s_bn, s_bk = scale_strides
-        self.stages = ws_stages(n0 + n1, c_dtype.itemsize if self.c_tma else 0, self.block_n)
+        self.share_c = SHARE_C and n1 == n0 and self.c_tma and not self.gated
+        self.stages = ws_stages(n0 + n1, c_dtype.itemsize if self.c_tma else 0, n0 if self.share_c else self.block_n)
         self.tail = kernel_tail(kernel, PER_CALL, dict(
             M=M, N=N, K=K, splits=self.splits, split_rows=self.split_rows, xs_group_stride=xs_group_stride,
             stride_cm=c_strides[0], stride_cn=c_strides[1],
             stride_asm=s_am, stride_ask=s_ak, stride_bsn=s_bn, stride_bsk=s_bk, up_scale_offset=up_offset,
             GROUP_M=GROUP_M, STAGES=self.stages, SCALES={"kblock": 0, "rowcol": 1, "none": 2}[scales],
             XS_TMA=self.xs_tma, PROMOTE=promote, TWO=n1 > 0, HAS_BIAS=bias is not None and self.splits == 1,
-            C_TMA=self.c_tma, GATED=self.gated, ACTIVATION=gated[0] if self.gated else "none"))
+            C_TMA=self.c_tma, GATED=self.gated, ACTIVATION=gated[0] if self.gated else "none", SHARE_C=self.share_c))
         units = -(-M // BLOCK) * -(-N // self.block_n) * self.splits
         self.launch = CachedLaunch(kernel, (min(units, num_sms),), 4, 1,
                                    self.device_index)  # persistent: at most one program per SM

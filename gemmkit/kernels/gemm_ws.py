@@ -165,7 +165,7 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
               stride_bsk, up_scale_offset, GROUP_M: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr,
               N0: gl.constexpr, N1: gl.constexpr, K_INSTR: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr,
               XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr,
-              GATED: gl.constexpr, ACTIVATION: gl.constexpr):
+              GATED: gl.constexpr, ACTIVATION: gl.constexpr, SHARE_C: gl.constexpr):
     """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles, in
     column parts of N0 and (N1 > 0) N1 columns, each its own product and accumulator.
     PROMOTE: per K block and part, issue the product, wait for it, promote it (times the block's
@@ -187,10 +187,12 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
     mma1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                    instr_shape=[16, W1, K_INSTR])
     rows1_l: gl.constexpr = gl.SliceLayout(1, mma1)
-    if TWO and not GATED:  # the stores a part's buffer may leave in flight when it is written again
+    if TWO and not GATED and not SHARE_C:  # the stores a part's buffer may leave in flight when it is written again
         PEND0: gl.constexpr = 1
+        PEND1: gl.constexpr = 1
     else:
         PEND0: gl.constexpr = 0
+        PEND1: gl.constexpr = 0
     if GATED:
         BLOCK_N: gl.constexpr = N0
     else:
@@ -292,7 +294,7 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
         if TWO and not GATED:
             rm1 = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows1_l)
             _finish(acc1, c, c1_desc, c1_smem, bias, b_scale, gl.convert_layout(sa, rows1_l), row0, rm1, rm1 < M,
-                    off_n + N0, N, stride_cm, stride_cn, stride_bsn, W1, K_INSTR, SCALES, HAS_BIAS, C_TMA, 1)
+                    off_n + N0, N, stride_cm, stride_cn, stride_bsn, W1, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND1)
     if C_TMA:
         tma.store_wait(0)  # the last stores read the c buffers: finished before the program ends
 
@@ -302,7 +304,8 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                    splits, split_rows, xs_group_stride, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
                    up_scale_offset, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr,
                    XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, TWO: gl.constexpr, HAS_BIAS: gl.constexpr,
-                   C_TMA: gl.constexpr, GATED: gl.constexpr = False, ACTIVATION: gl.constexpr = "none"):
+                   C_TMA: gl.constexpr, GATED: gl.constexpr = False, ACTIVATION: gl.constexpr = "none",
+                   SHARE_C: gl.constexpr = False):
     """c (M, N) = x (a_desc: (M, K), boxes of HALF x BLOCK_K) @ w (b0_desc / b1_desc: (N, K), boxes
     of N0 / N1 x BLOCK_K) in (2 * HALF) x (N0 + N1) tiles (N1 = 0 unless TWO), persistent: program
     p takes work units p, p + programs, ... (4 warps launched: the first consumer; a second
@@ -310,7 +313,8 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     one of `splits` K slices; splits > 1: slice s of the tile goes to rows s * split_rows + .. of
     c, an fp32 workspace (split_rows >= M) that kernels/reduce.py sum_k_slices adds up (no bias
     here). C_TMA: c0_desc / c1_desc (boxes of HALF x N0 / N1 over c) store the output, else
-    pointer stores through c.
+    pointer stores through c. SHARE_C (TWO, N1 == N0, C_TMA): one output buffer per warp group for
+    both parts, the second part waiting for the first's store (shared memory for a stage more).
     GATED (fused feed-forward, no promotion, one slice): b0_desc is the gate weight (N, K) and
     b1_desc the up weight (N, K, same box); c (M, N) = ACTIVATION(x @ gate^T) * (x @ up^T) in
     2 * HALF x N0 tiles, no bias (SCALES_ROWCOL: the up weight's scales at b_scale + up_scale_offset)."""
@@ -327,6 +331,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                      "block-scaled column parts of one weight scale group")
     gl.static_assert(not GATED or (TWO and N1 == N0 and not PROMOTE and not HAS_BIAS and SCALES != SCALES_KBLOCK),
                      "gated: equal gate and up parts, the tensor cores' accumulation, no bias")
+    gl.static_assert(not SHARE_C or (TWO and N1 == N0 and C_TMA), "a shared output buffer: two equal parts")
     a0_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
     a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
     b0_bufs = gl.allocate_shared_memory(b0_desc.dtype, [STAGES, N0, BLOCK_K], b0_desc.layout)
@@ -338,7 +343,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     if C_TMA:  # per warp group, a buffer per column part
         cA0 = gl.allocate_shared_memory(c0_desc.dtype, [HALF, N0], c0_desc.layout)
         cB0 = gl.allocate_shared_memory(c0_desc.dtype, [HALF, N0], c0_desc.layout)
-        if TWO and not GATED:
+        if TWO and not GATED and not SHARE_C:
             cA1 = gl.allocate_shared_memory(c1_desc.dtype, [HALF, N1], c1_desc.layout)
             cB1 = gl.allocate_shared_memory(c1_desc.dtype, [HALF, N1], c1_desc.layout)
         else:  # (unused)
@@ -360,12 +365,12 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                      b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
                      stride_bsk, up_scale_offset,
                      GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                     ACTIVATION)),
+                     ACTIVATION, SHARE_C)),
         (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cB0, cB1, bias, a_scale,
                      b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
                      stride_bsk, up_scale_offset,
                      GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                     ACTIVATION)),
+                     ACTIVATION, SHARE_C)),
         (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M,
                      N, k_tiles, splits, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO, GATED)),
     ], [4, 1], [232, 40])
