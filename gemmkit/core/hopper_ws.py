@@ -39,6 +39,7 @@ SMEM_RESERVE = 1024  # the barriers and the buffers' alignment (6 stages of 128 
 # output buffers needed 312 bytes more than SMEM_BYTES: gemmkit.tools.codegen's checks)
 MAX_STAGES = 8  # (5 measured 3% slower for FP8 at M = 512 and 2048: tuning/fitted/ws_stages_h100.txt)
 NARROW_BF16_MIN_M = 256
+BF16_ANY_WIDTH_M = 1024
 # column parts (N0, N1) of the widths fitted tiles take: each a power of two with its own product
 WIDTHS = ((64, 0), (64, 16), (64, 32), (128, 0), (128, 16), (128, 32), (128, 64), (128, 128))
 PART_COST = 64  # per-tile work of a K block that does not scale with its width (the 128-row A tile), in columns
@@ -144,12 +145,16 @@ def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
     rows up to WS_MIN_M, both types, where the tl kernel's 64 x 128 tiles (bf16: derive_config's
     one_wave rule) make more than a wave: at M = 128 1.02x to 1.32x the tl kernel for bf16 (N >=
     9216; with fewer tiles 0.61x to 0.98x), 1.00x to 1.60x for FP8 (7 layers, geomean 1.14; with
-    fewer tiles 0.86x to 1.00x, geomean 0.94, on 21: ws_split_heldout_h100.txt)."""
+    fewer tiles 0.86x to 1.00x, geomean 0.94, on 21: ws_split_heldout_h100.txt). bf16 at any
+    width from BF16_ANY_WIDTH_M rows, with SHARE_C's fourth stage for 256-wide tiles: on the
+    held-out layers at M = 1024 / 2048 / 8192 1.06x / 1.02x / 1.02x the tl kernel (256-wide tiles
+    0.91x to 1.17x; ws_any_a16w16_heldout_share_c_h100.txt), on the model layers at M = 4096 0.99x
+    to 1.26x (1.05x; ws_share_c_h100.txt, where without SHARE_C 256-wide tiles ran 0.95x to 1.01x)."""
     if BLOCK <= M < WS_MIN_M and K >= DIRECT_MIN_K:
         return -(-M // HALF) * -(-N // BLOCK) > num_sms
     if M < WS_MIN_M or K < DIRECT_MIN_K:
         return False
-    if fp8:
+    if fp8 or M >= BF16_ANY_WIDTH_M:
         return True
     fitted = _wave_cost(M, N, ws_parts(M, N, num_sms, fp8), num_sms)
     return fitted <= FITTED_GAIN * min(_wave_cost(M, N, p, num_sms) for p in _widths(fp8, M) if p[1] in (0, p[0]))
