@@ -148,8 +148,8 @@ def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
     fewer tiles 0.86x to 1.00x, geomean 0.94, on 21: ws_split_heldout_h100.txt). bf16 at any
     width from BF16_ANY_WIDTH_M rows, with SHARE_C's fourth stage for 256-wide tiles: on the
     held-out layers at M = 1024 / 2048 / 8192 1.06x / 1.02x / 1.02x the tl kernel (256-wide tiles
-    0.91x to 1.17x; ws_any_a16w16_heldout_share_c_h100.txt), on the model layers at M = 4096 0.99x
-    to 1.26x (1.05x; ws_share_c_h100.txt, where without SHARE_C 256-wide tiles ran 0.95x to 1.01x)."""
+    0.91x to 1.11x; ws_any_a16w16_heldout_share_c_h100.txt), on the model layers at M = 4096 0.99x
+    to 1.26x (1.05x; ws_share_c_h100.txt, where without SHARE_C 256-wide tiles ran 0.95x to 1.03x)."""
     if BLOCK <= M < WS_MIN_M and K >= DIRECT_MIN_K:
         return -(-M // HALF) * -(-N // BLOCK) > num_sms
     if M < WS_MIN_M or K < DIRECT_MIN_K:
