@@ -185,6 +185,10 @@ def test_plan_binds_the_kernel_signature(scales, dtype, layout, out_dtype, parts
     plan = hopper_ws.WSPlan(x, w, None, M, N, K, scales, xs, ws, None, out_dtype, (M, N), False, 132, promote)
     assert (plan.parts, plan.xs_tma, plan.c_tma, plan.promote) == (parts, xs_tma, c_tma, promote)
     assert len(hopper_ws.PER_CALL) + len(plan.tail) == len(hopper_ws.gluon_kernel().gemm_ws_kernel.arg_names)
+    # 256-wide tiles stored by TMA share one output buffer per warp group: 4 stages of 128 x 256 fit, not 3
+    assert plan.share_c == (parts == (128, 128) and c_tma)
+    if plan.share_c:
+        assert plan.stages == 4
     assert plan.b0_desc.args[2] == [parts[0], 128 // dtype.itemsize]
 
 
