@@ -155,6 +155,10 @@ def test_configs_show_for_a_named_device(tables, capsys):
     # its fp32 output tile does not fit beside four stages: split epilogue, three stages
     assert ("M=4096 N=4096 K=4096: 128x256x64 GROUP_M=8 SPLIT_K=1 warps=8 stages=3 TMA EPILOGUE_SUBTILE  "
             "[shipped table shape entry, fitted to the shared memory]") in out
+    # an sm_90 profile: where the warp-specialized Gluon kernel takes the call instead, and its tiles
+    assert out.count("Gluon kernel runs it instead") == 1
+    assert "[shipped table shape entry, fitted to the shared memory]\n    on sm_90 the warp-specialized Gluon kernel " \
+           "runs it instead: 128 x 256 tiles (128 + 128) (core/hopper_ws.py" in out
     user.unlink()
     cfgmod.clear_caches()
     cli.main(argv)

@@ -2,7 +2,8 @@
 
 For each op's config table and each problem (M, N, K): the config select_config picks on this
 device (or on a known GPU's profile, --device-name), and its source: your user table's or the
-shipped table's shape entry or generic bucket, or derived from the device. Needs no GPU.
+shipped table's shape entry or generic bucket, or derived from the device; on sm_90, where the
+warp-specialized Gluon kernel takes the problem instead, its tiles. Needs no GPU.
 """
 
 from __future__ import annotations
@@ -38,6 +39,39 @@ def device_line(dev: DeviceInfo, named: bool) -> str:
     return f"device: {dev.name} ({specs})"
 
 
+def gluon_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | None:
+    """What the warp-specialized Gluon kernel (sm_90, core/hopper_ws.py) takes of this problem for
+    the op of `table` (called with the library's own config, no activation, TMA-addressable
+    operands), or None where it does not (another device, sizes its rules leave to the tl kernel)."""
+    from ..core import hopper_ws as hw
+
+    if dev.interpreter or tuple(dev.capability) != (9, 0):
+        return None
+    sms = dev.num_sms
+    if table in ("a16w16", "a8w8_fp8"):
+        fp8 = table == "a8w8_fp8"
+        if not hw.ws_direct_ok(M, N, K, sms, fp8):
+            return None
+        parts, block_k = hw.ws_parts(M, N, sms, fp8), 128 if fp8 else 64
+    elif table in ("a8w8_fp8_exact", "a8w8_blockscale"):
+        kblock = table == "a8w8_blockscale"
+        if not hw.ws_shape_ok(M, N, K, sms, kblock):
+            return None
+        wide = hw.ws_block_n(M, N, sms, kblock) == 2 * hw.BLOCK
+        parts, block_k = ((hw.BLOCK, hw.BLOCK) if wide else (hw.BLOCK, 0)), 128
+    elif table == "ff_gated_a16w16":
+        if not hw.ws_gated_ok(M, N, K, sms):
+            return None
+        w = hw.ws_gated_width(M, N, sms)
+        return f"gated tiles of 128 rows x ({w} gate + {w} up) columns"
+    else:
+        return None
+    width = parts[0] + parts[1]
+    splits = hw.ws_splits(M, N, K, sms, width, block_k)
+    shape = f"128 x {width} tiles" + (f" ({parts[0]} + {parts[1]})" if parts[1] else "")
+    return shape + (f", {splits} K slices" if splits > 1 else "")
+
+
 def show_lines(ops, shapes, dev: DeviceInfo, dtype: str | None, out_dtype: str) -> list[str]:
     out_bytes = DTYPES[out_dtype].itemsize
     lines = []
@@ -58,6 +92,11 @@ def show_lines(ops, shapes, dev: DeviceInfo, dtype: str | None, out_dtype: str) 
                 if dataclasses.replace(given, STREAM_K=cfg.STREAM_K) != cfg:
                     notes.append("fitted to the shared memory")
             lines.append(f"  M={M} N={N} K={K}: {describe(cfg)}  [{', '.join([source] + notes)}]")
+            route = gluon_route(op.table, M, N, K, dev)
+            if route is not None:
+                lines.append(f"    on sm_90 the warp-specialized Gluon kernel runs it instead: {route} "
+                             "(core/hopper_ws.py; the config above: other GPUs, explicit configs, and calls "
+                             "that kernel does not take)")
     return lines
 
 
