@@ -27,6 +27,8 @@ SCALES_ROWCOL: per-token (or per-tensor) x and per-channel (or per-tensor) w sca
 in the epilogue. SCALES_NONE: no scales (bf16 / fp16).
 The tile with an optional bias, cast to c's dtype, stored by TMA from shared memory (C_TMA) or
 through pointers.
+GATED (the fused feed-forward's gated GEMM): the two column parts are the gate and up products
+of the same columns, and the tile stored is act(gate) * up (kernels/epilogue.py's activation).
 
 Only for CUDA sm_90 with Gluon (core/hopper_ws.py decides); everything else runs the tl kernel.
 """
