@@ -189,12 +189,9 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
     mma1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                    instr_shape=[16, W1, K_INSTR])
     rows1_l: gl.constexpr = gl.SliceLayout(1, mma1)
-    if TWO and not GATED and not SHARE_C:  # the stores a part's buffer may leave in flight when it is written again
-        PEND0: gl.constexpr = 1
-        PEND1: gl.constexpr = 1
-    else:
-        PEND0: gl.constexpr = 0
-        PEND1: gl.constexpr = 0
+    # the stores a part's output buffer may leave in flight when it is written again: the other part's,
+    # where each part has a buffer of its own
+    PEND: gl.constexpr = 1 if TWO and not GATED and not SHARE_C else 0
     if GATED:
         BLOCK_N: gl.constexpr = N0
     else:
@@ -289,14 +286,14 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
             out = _gate_tile(acc0, acc1, sa, b_scale, off_n, N, stride_bsn, up_scale_offset, N0, K_INSTR, SCALES,
                              ACTIVATION)
             _finish(out, c, c0_desc, c0_smem, bias, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
-                    stride_bsn, N0, K_INSTR, SCALES_NONE, False, C_TMA, PEND0)
+                    stride_bsn, N0, K_INSTR, SCALES_NONE, False, C_TMA, PEND)
         else:
             _finish(acc0, c, c0_desc, c0_smem, bias, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
-                    stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND0)
+                    stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND)
         if TWO and not GATED:
             rm1 = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows1_l)
             _finish(acc1, c, c1_desc, c1_smem, bias, b_scale, gl.convert_layout(sa, rows1_l), row0, rm1, rm1 < M,
-                    off_n + N0, N, stride_cm, stride_cn, stride_bsn, W1, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND1)
+                    off_n + N0, N, stride_cm, stride_cn, stride_bsn, W1, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND)
     if C_TMA:
         tma.store_wait(0)  # the last stores read the c buffers: finished before the program ends
 
