@@ -221,7 +221,7 @@ def test_split_k_counters_left_zero():
         x, w = randn(M, 96, dtype=FP16), randn(N, 96, dtype=FP16)
         out = gemmkit.gemm_a16w16(x, w, config=PATHS["ptr_splitk"])
         assert_close(out, reference(x, w))
-        assert plan_mod._counters and all(int(c.abs().sum()) == 0 for c in plan_mod._counters.values())
+        assert plan_mod._zeroed and all(int(c.abs().sum()) == 0 for c in plan_mod._zeroed.values())
 
 
 @pytest.mark.parametrize("block,split_k", [((32, 32, 16), 11), ((64, 64, 16), 5), ((16, 32, 16), 16)])
@@ -270,7 +270,7 @@ def test_stream_k_schedules(path, M, N, K):
     assert plan.stream_k == (split > 1)
     if plan.stream_k:
         assert plan.ws_shape[0] == ragged * split and plan.launch.grid[0] == min(sms, max(tiles - ragged, ragged * split))
-    assert all(int(c.abs().sum()) == 0 for c in plan_mod._counters.values())
+    assert all(int(c.abs().sum()) == 0 for c in plan_mod._zeroed.values())
 
 
 def test_nan_propagates_through_relu():

@@ -160,7 +160,7 @@ def overlapping_input(y, y_extent: int, inputs) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # split-K / stream-K arrival counters
 
-_counters: dict = {}
+_zeroed: dict = {}
 
 
 def split_k_counters(device: torch.device, device_index: int, n: int) -> torch.Tensor:
@@ -169,15 +169,21 @@ def split_k_counters(device: torch.device, device_index: int, n: int) -> torch.T
     Eagerly: one buffer per (device, stream), reused; launches on one stream run in order, and
     launches on different streams get different buffers. Under graph capture: a fresh zeroed
     buffer per call (its zeroing is captured with the GEMM), so graphs share nothing."""
+    return zeroed_buffer(device, device_index, n, torch.int32)
+
+
+def zeroed_buffer(device: torch.device, device_index: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """n zeros of dtype that the launch using them leaves zero (split_k_counters' contract: one
+    buffer per device, stream and dtype, or a fresh one under graph capture)."""
     if device.type != "cuda":
-        key = (device.type, 0)
+        key = (device.type, 0, dtype)
     elif capturing():
-        return torch.zeros(n, dtype=torch.int32, device=device)
+        return torch.zeros(n, dtype=dtype, device=device)
     else:
-        key = (device_index, torch._C._cuda_getCurrentRawStream(device_index))
-    buf = _counters.get(key)
+        key = (device_index, torch._C._cuda_getCurrentRawStream(device_index), dtype)
+    buf = _zeroed.get(key)
     if buf is None or buf.numel() < n:
-        buf = _counters[key] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        buf = _zeroed[key] = torch.zeros(max(n, 4096), dtype=dtype, device=device)
     return buf
 
 

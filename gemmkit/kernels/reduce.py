@@ -1,6 +1,6 @@
 """Tiles computed in pieces inside one launch (split-K, stream-K): partials meet through a
 workspace and a per-tile counter. (sum_k_slices, at the end: the same sum in a second launch, for
-the Gluon kernel's K slices.)
+the Gluon kernel's K slices; finish_sums: the epilogue of sums made by atomics, kernels/gemm_w4_decode.py.)
 
 Each piece of a tile stores its partial product in a block of its own in the workspace (blocks are
 whole (BLOCK_M, BLOCK_N) tiles, row-major, no masks), then bumps the tile's counter; the piece that
@@ -70,3 +70,22 @@ def sum_k_slices(ws, y, bias, M, N, splits, split_rows, stride_wm, stride_ym, st
                       BLOCK_M, BLOCK_N, SCALE_NONE, SCALE_NONE, "none")
     store_tile(y, out.to(y.dtype.element_ty), off_m, off_n, M, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N, False,
                True)
+
+
+@triton.jit
+def finish_sums(sums, y, bias, M, N, stride_ym, stride_yn, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """y (M, N) = ACTIVATION(sums + bias) cast to y's dtype, for sums (M, N) fp32 (contiguous) that
+    a kernel's K slices added up by atomics; sums is put back to zero for the next launch."""
+    off_m = tl.program_id(0) * BLOCK_M
+    off_n = tl.program_id(1) * BLOCK_N
+    acc = load_k_tile(sums, off_m, off_n, M, N, N, 1, BLOCK_M, BLOCK_N, False, True, False, True)
+    out = finish_tile(acc, off_m, off_n, M, N, bias if HAS_BIAS else None, None, None, None, None, 0, 0, 0, 0,
+                      BLOCK_M, BLOCK_N, SCALE_NONE, SCALE_NONE, ACTIVATION)
+    store_tile(y, out.to(y.dtype.element_ty), off_m, off_n, M, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N, False,
+               True)
+    # every thread's load is done (its value stored above) before any thread overwrites: the
+    # zeros' layout need not be the load's
+    tl.debug_barrier()
+    store_tile(sums, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), off_m, off_n, M, N, N, 1, BLOCK_M, BLOCK_N,
+               False, True)

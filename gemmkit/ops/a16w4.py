@@ -14,6 +14,7 @@ from ..core.dense import DensePlan
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense, packed4
+from ..core.hopper_w4 import W4DecodePlan, w4_decode_ok
 from ..core.plan import PlanCache, plan_key
 from ..core.tracing import is_compiling as _is_compiling, library as _library
 from .packed_prefill import DEQUANT_MIN_M, DequantThenGemm
@@ -36,9 +37,10 @@ def gemm_a16w4(x, w_q, w_scale, w_zero=None, *, group_size=128, bias=None, activ
     any layout. w_zero: uint8 (N, K // group_size) zero points, or None: symmetric, zero point 8;
     exact up to 127 with bf16 x, 255 with fp16 x (4-bit formats use 0..16: GPTQ's reach 16). bias: (N,) bf16/fp16/fp32. activation: None, "relu",
     "gelu_tanh", "silu". out_dtype: bf16/fp16/fp32 (default y's, else x's). y: optional output.
-    config: None (tuned table "a16w4", else derived; from M = DEQUANT_MIN_M rows the weight is
-    dequantized in one pass and the A16W16 GEMM runs on it: ops/packed_prefill.py), a dict or a
-    GemmConfig (always the fused kernel). No autograd.
+    config: None (on sm_90 at decode sizes the Hopper decode kernel, core/hopper_w4.py; else the
+    tuned table "a16w4", else derived; from M = DEQUANT_MIN_M rows the weight is dequantized in one
+    pass and the A16W16 GEMM runs on it: ops/packed_prefill.py), a dict or a GemmConfig (always
+    the fused tl kernel). No autograd.
     """
     if _is_compiling():  # torch.compile records torch.ops.gemmkit.gemm_a16w4 (gemmkit.library)
         return _library().traced_gemm_a16w4(x, w_q, w_scale, w_zero, group_size, bias, activation, out_dtype, y,
@@ -121,6 +123,9 @@ def _make_plan(x, w_q, w_scale, w_zero, group_size, bias, y, activation, out_dty
         return DequantThenGemm(w_q, w_scale, w_zero, g if g != K else next_pow2(K), True, x.dtype, activation,
                                out_dtype)
     dev = device_info(device)
+    if w4_decode_ok(dev, x2, w_q, M, N, K, g, config):
+        return W4DecodePlan(dev, x2, w_q, w_zero, y2, M, N, K, g, bias, activation, out_dtype, (*lead, N),
+                            x.ndim != 2)
     a_fmt = dense(x.dtype)
     b_fmt = packed4(x.dtype, Scale.GROUP, g if g != K else next_pow2(K))
     cfg = resolve_config(OP, config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)

@@ -265,6 +265,39 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
     return _inspect(compiled.asm["cubin"], compiled.metadata.shared, with_stack=True)
 
 
+def compile_w4_decode(M: int, N: int, K: int, dtype=torch.bfloat16, group: int = 128, zero: bool = True,
+                      bias: bool = False, activation: str = "none", dev: DeviceInfo = H100) -> Binary:
+    """Compile the Hopper INT4 decode kernel (kernels/gemm_w4_decode.py) for sm_90 with the
+    arguments core/hopper_w4.W4DecodePlan passes for this problem (INT4 weight, `group`-wide
+    scale groups, zero points or not)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    from ..core import hopper_w4 as hw
+
+    x, w_q = torch.empty(M, K, dtype=dtype), torch.empty(N, K // 2, dtype=torch.uint8)
+    ws = torch.empty(N, K // group, dtype=dtype)
+    wz = torch.empty(N, K // group, dtype=torch.uint8) if zero else None
+    b = torch.empty(N, dtype=dtype) if bias else None
+    y = torch.empty(M, N, dtype=dtype)
+    plan = hw.W4DecodePlan(dev, x, w_q, wz, None, M, N, K, group, b, activation, dtype, (M, N), False)
+    kernel = hw.decode_kernel()
+    sums = torch.empty(M * N, dtype=torch.float32) if plan.slices > 1 else None
+    args = (plan.w_desc(w_q.view(torch.int32)), x, ws, wz, y, b, sums, *plan._tail(ws, wz))
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    bound, specialization, opts = create_function_from_signature(kernel.signature, kernel.params, backend)(
+        *args, num_warps=4)
+    opts, signature, constexprs, attrs = JITFunction._pack_args(kernel, backend, dict(num_warps=4), bound,
+                                                               specialization, opts)
+    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target,
+                              options=opts.__dict__)
+    return _inspect(compiled.asm["cubin"], compiled.metadata.shared, with_stack=True)
+
+
 def _compile(kernel, args, cfg: GemmConfig) -> Binary:
     """Compile a JIT kernel for sm_90 with the specialization a launch with `args` would get."""
     import triton

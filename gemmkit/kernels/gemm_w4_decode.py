@@ -1,0 +1,235 @@
+"""Hopper (sm_90) INT4 weight-only GEMM for decode sizes (Gluon): y (M <= 16, N) = x @ dequant(w)^T.
+
+The product is computed transposed, y^T = W x^T, so that the weight is wgmma's left operand and
+can come from registers: TMA brings each 128-deep K step's packed weight tile (64 rows x 64 bytes)
+into shared memory, STAGES deep; each thread reads whole 32-bit words of it (two 128-bit loads),
+decodes them in place (PRMT / SHR / LOP3: 0x4300 | q is the bf16
+128 + q, 0x6400 | q the fp16 1024 + q) and hands the values to the tensor cores with no layout
+conversion, while x^T, the right operand, is read by the tensor cores from shared memory.
+
+Why the K order is permuted. wgmma's register operand gives a thread the columns {2q, 2q+1,
+2q+8, 2q+9} (+16j) of its rows (q = lane % 4); a word holds 8 consecutive columns of one row
+(gemmkit's INT4 layout: element 2j in the low nibble of byte j), so a word-loading thread holds
+its columns in another order. Instead of moving values between threads, the product runs over a
+permuted K: within each 128-wide block, position k' of the operands holds column
+true_k(k') (below), for the weight by construction of the register tile (a join / permute /
+reshape that is a pure relabelling) and for x because it is staged into shared memory in that
+order. A sum over K does not depend on the order.
+
+Each 128-deep K step's product is taken with the weight as 128 + q (or 1024 + q) and fp32
+accumulation; the zero point and group scale are applied to it in fp32 with the step's x sums:
+sum_k x (q - z) s = s (sum_k x (128 + q) - (128 + z) sum_k x), one scale group per step (groups
+of 128 or a multiple of it, or one per channel).
+
+Work split: program p takes K slice p % SLICES (KS steps; x of the slice staged once) and the
+64-row weight tiles p // SLICES, + P / SLICES, ... as one stream of (tile, step) iterations,
+STAGES - 1 steps' weights in flight. With SLICES > 1 each finished tile's fp32 sum is added to a
+zeroed (M, N) workspace by atomics, and a second launch (kernels/reduce.py finish_sums) runs the
+epilogue (bias, activation, cast) and puts the workspace back to zero for the next launch. (A
+per-tile arrival counter instead, the last program running the epilogue as kernels/reduce.py's
+split-K does, measured 0.6-0.9x this on the H100: the GPU-scope release on every tile's counter
+stalls each program once per tile.)
+
+scripts/w4_decode_sweep.py measured the work split against the tl kernel on the H100 (tuning/w4_gluon/).
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+
+from .epilogue import activation
+
+# Triton 3.6 names the CTA barrier thread_barrier and the TMA load async_copy_global_to_shared,
+# later versions barrier and async_load
+_cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
+_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+
+BLOCK_N = gl.constexpr(64)  # weight rows per tile: one warp group's wgmma rows
+BLOCK_K = gl.constexpr(128)  # K per step: 16 packed words per row
+
+
+def _decode_ptx(magic: int) -> str:
+    """Two words ($8: word 2c, $9: word 2c + 1 of a row) to eight registers $0..$7: register i
+    holds element i of each word (low half: $8's) as the 16-bit float MAGIC | q. Per byte j: PRMT
+    puts byte j of both words in bytes 0 and 2, LOP3 takes the low nibbles (element 2j), SHR and
+    LOP3 the high ones (element 2j + 1)."""
+    lines = ["{", ".reg .b32 t, u;"]
+    for j in range(4):
+        sel = j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12)
+        lines += [f"prmt.b32 t, $8, $9, 0x{sel:04X};",
+                  f"lop3.b32 ${2 * j}, t, 0x000F000F, 0x{magic:04X}{magic:04X}, 0xEA;",
+                  "shr.u32 u, t, 4;",
+                  f"lop3.b32 ${2 * j + 1}, u, 0x000F000F, 0x{magic:04X}{magic:04X}, 0xEA;"]
+    return "\n".join(lines + ["}"])
+
+
+_DECODE_BF16 = gl.constexpr(_decode_ptx(0x4300))
+_DECODE_FP16 = gl.constexpr(_decode_ptx(0x6400))
+
+# one step's words (64 rows x 16 words): thread (warp w, lane 4g + q) holds rows 16w + g and
+# 16w + g + 8, words 4q .. 4q + 3 of each (two 128-bit loads)
+_WORDS = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[BLOCK_N, 16]))
+
+
+# the register tile's relabelling: (row, c3, c2, c1, c0, i0, i1, i2) -> (row, i2, i1, i0, c1, c3, c2, c0)
+PERM = (0, 7, 6, 5, 3, 1, 2, 4)  # (written out in _decode: Triton 3.6's permute takes no constexpr)
+
+
+def host_true_k(kp: int) -> int:
+    """true_k on the host (tests)."""
+    c0, c2, c3, c1 = kp & 1, (kp >> 1) & 1, (kp >> 2) & 1, (kp >> 3) & 1
+    return 8 * (c0 + 2 * c1 + 4 * c2 + 8 * c3) + (kp >> 4)
+
+
+@gluon.jit
+def true_k(kp):
+    """The column (within a 128-wide K block) at permuted position kp: kp's bits are, from the
+    lowest, c0, c2, c3, c1 (word w = c0 + 2 c1 + 4 c2 + 8 c3) and the element i of the word
+    (3 bits), so column 8 w + i."""
+    c0 = kp & 1
+    c2 = (kp >> 1) & 1
+    c3 = (kp >> 2) & 1
+    c1 = (kp >> 3) & 1
+    return 8 * (c0 + 2 * c1 + 4 * c2 + 8 * c3) + (kp >> 4)
+
+
+@gluon.jit
+def _issue(w_desc, wbuf, bars, jn, first_tile, tile_stride, kstep0, KS: gl.constexpr, STAGES: gl.constexpr):
+    """TMA load of iteration jn's words (64 rows x 16 words; rows past N read zero) into its stage."""
+    tn, stn = _tile_step(jn, first_tile, tile_stride, KS)
+    slot = jn % STAGES
+    mbarrier.expect(bars.index(slot), BLOCK_N * 64)
+    _tma_load(w_desc, [tn * BLOCK_N, (kstep0 + stn) * 16], bars.index(slot), wbuf.index(slot))
+
+
+@gluon.jit
+def _group(ws, wz, off_n, g, N, stride_sn, stride_sk, stride_zn, stride_zk, ROWS: gl.constexpr,
+           HAS_ZERO: gl.constexpr, BASE: gl.constexpr):
+    """(scale, BASE + zero point) fp32 of the tile's rows in scale group g (zero point 8 without wz)."""
+    rn = off_n + gl.arange(0, BLOCK_N, layout=ROWS)
+    s = gl.load(ws + rn * stride_sn + g * stride_sk, mask=rn < N, other=0.0).to(gl.float32)
+    if HAS_ZERO:
+        z = gl.load(wz + rn * stride_zn + g * stride_zk, mask=rn < N, other=0).to(gl.float32) + BASE
+    else:
+        z = gl.full([BLOCK_N], BASE + 8.0, gl.float32, ROWS)
+    return s, z
+
+
+@gluon.jit
+def _decode(words, A_LAYOUT: gl.constexpr, FP16: gl.constexpr):
+    """The (64, 128) register tile MAGIC | q of one step's words in the permuted K order, in the
+    layout of wgmma's left operand (the reshapes and the permute only relabel registers)."""
+    if FP16:
+        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+            _DECODE_FP16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words], dtype=(gl.float16,) * 8, is_pure=True, pack=2)
+    else:
+        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+            _DECODE_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
+    t = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)), gl.join(gl.join(o4, o5), gl.join(o6, o7)))
+    # (row, word, i0, i1, i2) -> (row, c3, c2, c1, c0, i0, i1, i2) -> PERM
+    t = gl.permute(gl.reshape(t, [BLOCK_N, 2, 2, 2, 2, 2, 2, 2]), [0, 7, 6, 5, 3, 1, 2, 4])
+    return gl.convert_layout(gl.reshape(t, [BLOCK_N, BLOCK_K]), A_LAYOUT)
+
+
+@gluon.jit
+def _tile_step(j, first_tile, tile_stride, KS: gl.constexpr):
+    return first_tile + (j // KS) * tile_stride, j % KS
+
+
+@gluon.jit
+def _finish(acc, y, bias, off_n, rm, M, N, stride_ym, stride_yn, ROWS: gl.constexpr, HAS_BIAS: gl.constexpr,
+            ACTIVATION: gl.constexpr):
+    """Store the (64, BM) transposed tile: + bias, activation, cast to y's dtype."""
+    rn = off_n + gl.arange(0, BLOCK_N, layout=ROWS)
+    if HAS_BIAS:
+        acc += gl.load(bias + rn, mask=rn < N, other=0.0).to(gl.float32)[:, None]
+    acc = activation(acc, ACTIVATION)
+    gl.store(y + rm[None, :] * stride_ym + rn[:, None] * stride_yn, acc.to(y.dtype.element_ty),
+             mask=(rm < M)[None, :] & (rn < N)[:, None])
+
+
+@gluon.jit
+def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_xm, stride_sn, stride_sk, stride_zn,
+                     stride_zk, stride_ym, stride_yn, group_shift,
+                     BM: gl.constexpr, KS: gl.constexpr, STAGES: gl.constexpr, FP16: gl.constexpr,
+                     HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, SLICED: gl.constexpr):
+    """y (M, N) = ACTIVATION(x @ ((q - z) s)^T + bias) for x (M <= BM, K) bf16 (fp16: FP16), unit
+    stride along K; w_desc: a TMA descriptor of the packed weight (gemmkit's INT4 layout, uint8
+    (N, K // 2)) viewed as int32 (N, K // 8), block (64, 16); ws (N, G) scales, wz (N, G) uint8
+    zero points (HAS_ZERO), K step k in group k >> group_shift; K a multiple of 128 and of
+    KS * SLICES steps. SLICED (SLICES > 1): the tiles' fp32 sums are added to sums (M, N), zeros,
+    and reduce.finish_sums stores y; else y is stored here. Programs: a multiple of SLICES."""
+    pid = gl.program_id(0)
+    sl = pid % SLICES
+    first_tile = pid // SLICES
+    tile_stride = gl.num_programs(0) // SLICES
+    total = gl.cdiv(gl.maximum(gl.cdiv(N, BLOCK_N) - first_tile, 0), tile_stride) * KS
+    kstep0 = sl * KS
+    if FP16:
+        BASE: gl.constexpr = 1024.0
+        DT: gl.constexpr = gl.float16
+    else:
+        BASE: gl.constexpr = 128.0
+        DT: gl.constexpr = gl.bfloat16
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+    ROWS: gl.constexpr = gl.SliceLayout(1, acc_l)
+    COLS: gl.constexpr = gl.SliceLayout(0, acc_l)
+    wbuf = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], w_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    xs = gl.allocate_shared_memory(DT, [KS, BM, BLOCK_K],
+                                   gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+    xsum = gl.allocate_shared_memory(gl.float32, [KS, BM], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    fence_async_shared()
+    # the first STAGES - 1 steps' weights and two steps' scales are in flight while x is staged
+    for i in gl.static_range(STAGES - 1):
+        if i < total:
+            _issue(w_desc, wbuf, bars, i, first_tile, tile_stride, kstep0, KS, STAGES)
+    t, st = _tile_step(0, first_tile, tile_stride, KS)
+    s0, z0 = _group(ws, wz, t * BLOCK_N, (kstep0 + st) >> group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
+                    ROWS, HAS_ZERO, BASE)
+    t, st = _tile_step(1, first_tile, tile_stride, KS)
+    s1, z1 = _group(ws, wz, t * BLOCK_N, (kstep0 + st) >> group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
+                    ROWS, HAS_ZERO, BASE)
+    x_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    rmx = gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))
+    tk = true_k(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_l)))
+    for q in gl.static_range(KS):
+        xp = gl.load(x + rmx[:, None] * stride_xm + ((kstep0 + q) * BLOCK_K + tk)[None, :], mask=(rmx < M)[:, None],
+                     other=0.0)
+        xs.index(q).store(xp)
+        xsum.index(q).store(gl.sum(xp.to(gl.float32), axis=1))
+    fence_async_shared()
+    rm = gl.arange(0, BM, layout=COLS)
+    acc = gl.zeros([BLOCK_N, BM], gl.float32, acc_l)
+    for j in range(total):
+        # every thread has read iteration j - 1's stage (and, at j = 0, stored x): refill it
+        _cta_barrier()
+        if j + STAGES - 1 < total:
+            _issue(w_desc, wbuf, bars, j + STAGES - 1, first_tile, tile_stride, kstep0, KS, STAGES)
+        t2, st2 = _tile_step(gl.minimum(j + 2, total - 1), first_tile, tile_stride, KS)
+        s2, z2 = _group(ws, wz, t2 * BLOCK_N, (kstep0 + st2) >> group_shift, N, stride_sn, stride_sk, stride_zn,
+                        stride_zk, ROWS, HAS_ZERO, BASE)
+        t, st = _tile_step(j, first_tile, tile_stride, KS)
+        slot = j % STAGES
+        mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
+        words = wbuf.index(slot).load(_WORDS)
+        part = warpgroup_mma(_decode(words, a_l, FP16), xs.index(st).permute((1, 0)),
+                             gl.zeros([BLOCK_N, BM], gl.float32, acc_l), use_acc=False)
+        acc += s0[:, None] * (part - z0[:, None] * xsum.index(st).load(COLS)[None, :])
+        if st == KS - 1:
+            if SLICED:
+                rn = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROWS)
+                gl.atomic_add(sums + rm[None, :] * N + rn[:, None], acc, mask=(rm < M)[None, :] & (rn < N)[:, None],
+                              sem="relaxed")
+            else:
+                _finish(acc, y, bias, t * BLOCK_N, rm, M, N, stride_ym, stride_yn, ROWS, HAS_BIAS, ACTIVATION)
+            acc = gl.zeros([BLOCK_N, BM], gl.float32, acc_l)
+        s0 = s1
+        z0 = z1
+        s1 = s2
+        z1 = z2

@@ -1,0 +1,72 @@
+"""Probe (device tool): the Hopper INT4 decode kernel's work split (core/hopper_w4.py KS_TARGET,
+STAGES, PROGRAMS_PER_SM) against the tl kernel's pick and F.linear on the dequantized bf16 weight,
+INT4 g128 asymmetric as `gemmkit bench a16w4` builds it; CUDA-graph replay over ROTATE copies of
+the weights (so that no layer is timed hot in the 50 MB L2). The decode kernel's size rule is
+widened for the probe (every M <= 16).
+
+Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--m 1 4 16]
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from gemmkit.core import hopper_w4  # noqa: E402
+from gemmkit.ops import a16w4  # noqa: E402
+from gemmkit.tools import registry, tune  # noqa: E402
+from gemmkit.tools.timing import time_graphs_us  # noqa: E402
+
+args = [a for a in sys.argv[1:] if not a.startswith("--")]
+out = open(args[0], "w") if args and not args[0].isdigit() else sys.stdout
+M_LIST = [int(a) for a in sys.argv[sys.argv.index("--m") + 1:]] if "--m" in sys.argv else [1, 4, 16]
+SHAPES = [(28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672), (6144, 4096)]
+VARIANTS = [(ks, st, ps) for ks in (2, 4, 8) for st in (4, 8) for ps in (3, 4, 6)]
+ROTATE = 3
+hopper_w4.DECODE_MAX_M, hopper_w4.LONG_K = 16, 1 << 30
+real_ok = hopper_w4.w4_decode_ok
+
+
+def calls_for(inps, variant):
+    """One call per weight copy with the module constants of `variant` (None: the tl kernel)."""
+    if variant is None:
+        a16w4.w4_decode_ok = lambda *a: False
+    else:
+        a16w4.w4_decode_ok = real_ok
+        hopper_w4.KS_TARGET, hopper_w4.STAGES, hopper_w4.PROGRAMS_PER_SM = variant
+    calls = []
+    for inp in inps:  # plans built now, with this variant's constants, and held
+        plan = a16w4._make_plan(inp["x"], inp["wq"], inp["ws"], inp["wz"], 128, None, None, None, None, None)
+        calls.append(lambda inp=inp, plan=plan: plan.run(inp["x"], inp["wq"], None, None, None, inp["ws"], None, None,
+                                                          None, None, None, inp["wz"]))
+    return calls
+
+
+print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, INT4 g128 asymmetric, {ROTATE} weight copies",
+      file=out, flush=True)
+for N, K in SHAPES:
+    for M in M_LIST:
+        torch.manual_seed(0)
+        inps = [registry._a16w4_inputs(M, N, K, "bf16", "cuda") for _ in range(ROTATE)]
+        ref = inps[0]["x"].float() @ inps[0]["w16"].float().T
+        wbytes = N * K / 2 + N * (K // 128) * (inps[0]["ws"].element_size() + 1)
+        named = {"F.linear bf16": [lambda inp=inp: F.linear(inp["x"], inp["w16"]) for inp in inps]}
+        for variant in [None] + VARIANTS:
+            name = "tl kernel (own pick)" if variant is None else "decode KS~%d stages %d %d/SM" % variant
+            calls = calls_for(inps, variant)
+            err = tune.rel_error(calls[0](), ref)
+            if err > 1e-2:
+                print(f"  {name}: wrong result (rel err {err:.2e})", file=out, flush=True)
+                continue
+            named[name] = calls
+        names = list(named)
+        times = time_graphs_us(*[named[n] for n in names], rep_ms=10, retries=3)
+        print(f"M={M} N={N} K={K}:", file=out)
+        for n, t in sorted(zip(names, times), key=lambda p: p[1]):
+            print(f"  {t:9.1f} us  {times[0] / t:5.2f}x F.linear  {wbytes / t / 1e3:6.0f} GB/s  {n}", file=out,
+                  flush=True)
+        del inps, ref, named
+        torch.cuda.empty_cache()

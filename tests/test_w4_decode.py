@@ -1,0 +1,245 @@
+"""The Hopper INT4 decode kernel (sm_90; kernels/gemm_w4_decode.py, core/hopper_w4.py): which
+gemm_a16w4 calls take it and, on a Hopper GPU, its results against float64 references of the
+dequantized weights. The CPU tests check the dispatch rules and the K relabelling the kernel's
+register tile and its staging of x must agree on (emulated with torch)."""
+
+import inspect
+
+import pytest
+import torch
+
+import gemmkit
+from gemmkit import quant
+from gemmkit.core import config as config_mod
+from gemmkit.core import hopper_w4, hopper_ws
+from gemmkit.core.device import device_info
+from gemmkit.core import plan as plan_mod
+from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0) and hopper_ws.gluon_kernel() is not None
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on sm_90 GPUs only")
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """The W4DecodePlans built while the test runs (plan caches cleared first). The size rule is
+    widened to every M <= 16, N and K the kernel can take, so that its results are checked
+    beyond the sizes it is routed (test_size_rule checks the rule itself)."""
+    monkeypatch.setattr(hopper_w4, "DECODE_MAX_M", 16)
+    monkeypatch.setattr(hopper_w4, "LONG_K", 1 << 30)
+    plans = []
+    real = hopper_w4.W4DecodePlan.__init__
+
+    def spy(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        plans.append(self)
+
+    monkeypatch.setattr(hopper_w4.W4DecodePlan, "__init__", spy)
+    config_mod.clear_caches()
+    yield plans
+    config_mod.clear_caches()
+
+
+def int4_weight(N, K, group_size, symmetric=False, dtype=BF16):
+    """(packed q, scales, zero points, float64 dequantization): quantize_int4's groups (32, 64, 128,
+    per channel), other groups from random codes, scales and zero points."""
+    if group_size in (32, 64, 128, None):
+        w = randn(N, K, dtype=FP32, scale=K**-0.5).to(dtype)
+        q, s, z = quant.quantize_int4(w, group_size, symmetric)
+        return q, s, z, quant.dequantize_int4(q, s, z, group_size, torch.float64)
+    codes = torch.randint(0, 16, (N, K), dtype=torch.uint8, device=DEVICE)
+    q = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    s = (torch.rand(N, K // group_size, device=DEVICE) * 0.02 + 0.005).to(dtype)
+    z = torch.randint(0, 16, (N, K // group_size), dtype=torch.uint8, device=DEVICE)
+    zz = torch.full_like(z, 8) if symmetric else z
+    wd = (codes.double() - zz.double().repeat_interleave(group_size, 1)) * s.double().repeat_interleave(group_size, 1)
+    return q, s, z, wd
+
+
+# the K relabelling (CPU) ---------------------------------------------------------------------------
+
+@pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")
+def test_register_tile_relabelling_matches_x_order():
+    """The decode's outputs (register i of a word pair = element i of each word), stacked as the
+    kernel's joins stack them and relabelled by its reshape / PERM / reshape, hold at position k'
+    the weight column true_k(k') that x is staged at: emulated on random bytes of 64 rows."""
+    from gemmkit.kernels import gemm_w4_decode as k
+
+    g = torch.Generator().manual_seed(0)
+    packed = torch.randint(0, 256, (64, 64), dtype=torch.uint8, generator=g)  # one 128-deep step
+    nibbles = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(64, 128)  # element e of the row
+    words = packed.view(64, 16, 4)  # word w: bytes 4w..4w+3 (elements 8w..8w+7)
+    outs = [(words[..., i // 2] >> (4 * (i % 2))) & 15 for i in range(8)]  # register i: element i of each word
+
+    def join(a, b):
+        return torch.stack([a, b], dim=-1)
+
+    t = join(join(join(outs[0], outs[1]), join(outs[2], outs[3])), join(join(outs[4], outs[5]), join(outs[6], outs[7])))
+    t = t.reshape(64, 2, 2, 2, 2, 2, 2, 2).permute(*k.PERM).reshape(64, 128)
+    order = [k.host_true_k(kp) for kp in range(128)]
+    assert sorted(order) == list(range(128))
+    assert torch.equal(t, nibbles[:, order])
+    assert str(list(k.PERM)) in inspect.getsource(k)  # the kernel's permute is PERM
+
+
+def test_decode_ptx_reads_both_words():
+    from gemmkit.kernels.gemm_w4_decode import _decode_ptx
+
+    ptx = _decode_ptx(0x4300)
+    assert ptx.count("prmt.b32") == 4 and ptx.count("lop3.b32") == 8 and "0x43004300" in ptx
+    assert all(f"${i}," in ptx for i in range(8)) and "$8, $9" in ptx
+
+
+# the dispatch rule (CPU) ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("group,K,shift", [(128, 4096, 0), (256, 4096, 1), (1024, 4096, 3), (4096, 4096, 30),
+                                           (3584, 3584, 30), (64, 4096, None), (384, 4608, None)])
+def test_group_shift(group, K, shift):
+    assert hopper_w4.group_shift(group, K) == shift
+
+
+@pytest.mark.parametrize("target,steps,ks", [(4, 32, 4), (4, 112, 4), (4, 38, 2), (4, 6, 3), (4, 5, 5), (4, 7, 7),
+                                             (4, 1, 1), (4, 30, 5), (2, 32, 2), (2, 9, 3), (2, 7, 1)])
+def test_slice_steps(monkeypatch, target, steps, ks):
+    """KS: the divisor of the step count nearest the target, the larger on a tie."""
+    monkeypatch.setattr(hopper_w4, "KS_TARGET", target)
+    assert hopper_w4.slice_steps(steps) == ks and steps % ks == 0
+
+
+@pytest.mark.parametrize("M,N,K,ok", [(1, 57344, 8192, True), (2, 8192, 28672, True), (4, 6144, 4096, True),
+                                      (3, 8192, 16384, True), (3, 8192, 28672, False), (5, 4096, 4096, False),
+                                      (16, 57344, 8192, False), (1, 100, 256, True), (1, 8192, 8000, False)])
+def test_size_rule(monkeypatch, M, N, K, ok):
+    """The sizes gemm_a16w4 routes to the kernel (up to 4 rows, from 3 rows K <= 16384; K a
+    multiple of 128), with the device checks passing."""
+    monkeypatch.setattr(hopper_w4, "ws_enabled", lambda dev, device: True)
+    x, w_q = torch.empty(M, K, dtype=BF16), torch.empty(N, K // 2, dtype=torch.uint8)
+    assert hopper_w4.w4_decode_ok(None, x, w_q, M, N, K, 128 if K % 128 == 0 else K, None) == ok
+
+
+def test_not_taken_off_hopper(built):
+    """On the CPU (the interpreter) or another GPU the tl kernel serves every call."""
+    if HOPPER:
+        pytest.skip("on sm_90 the decode kernel takes these calls")
+    x = randn(2, 256, dtype=BF16)
+    q, s, z, wd = int4_weight(64, 256, 128)
+    assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=128), reference(x, wd))
+    assert not built
+    assert not hopper_w4.w4_decode_ok(device_info(x.device), x, q, 2, 64, 256, 128, None)
+
+
+# results on the H100 (GPU) -------------------------------------------------------------------------
+
+@needs_hopper
+@pytest.mark.parametrize("M", [1, 2, 7, 8, 9, 16])
+@pytest.mark.parametrize("N,K", [(64, 128), (100, 384), (4096, 4096), (1000, 4864), (6144, 1152)])
+def test_shapes(built, M, N, K):
+    x = randn(M, K, dtype=BF16)
+    q, s, z, wd = int4_weight(N, K, 128)
+    y = poisoned((M, N), BF16)
+    out = gemmkit.gemm_a16w4(x, q, s, z, group_size=128, y=y)
+    assert out is y and len(built) == 1
+    assert_close(out, reference(x, wd))
+
+
+@needs_hopper
+@pytest.mark.parametrize("group_size", [128, 256, None])
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_groups_and_dtypes(built, group_size, symmetric, dtype):
+    M, N, K = 5, 333, 2048
+    x = randn(M, K, dtype=dtype)
+    q, s, z, wd = int4_weight(N, K, group_size, symmetric, dtype)
+    out = gemmkit.gemm_a16w4(x, q, s, None if symmetric else z, group_size=group_size)
+    assert len(built) == 1 and out.dtype == dtype
+    assert_close(out, reference(x, wd))
+
+
+@needs_hopper
+@pytest.mark.parametrize("activation", ["relu", "silu", "gelu_tanh"])
+@pytest.mark.parametrize("out_dtype", [BF16, FP32])
+def test_bias_activation_out_dtype_3d(built, activation, out_dtype):
+    x = randn(2, 3, 1024, dtype=BF16)
+    q, s, z, wd = int4_weight(640, 1024, 128)
+    bias = randn(640, dtype=FP32)
+    out = gemmkit.gemm_a16w4(x, q, s.float(), z, group_size=128, bias=bias, activation=activation,
+                             out_dtype=out_dtype)
+    assert len(built) == 1 and out.shape == (2, 3, 640) and out.dtype == out_dtype
+    act = {"relu": torch.relu, "silu": torch.nn.functional.silu,
+           "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[activation]
+    assert_close(out, act(reference(x.reshape(6, 1024), wd, bias)).reshape(2, 3, 640))
+
+
+@needs_hopper
+def test_strided_x_y_and_scales(built):
+    """x rows strided, y a column slice of a wider buffer, scales and zero points transposed views."""
+    M, N, K = 12, 520, 1536
+    big = randn(M, 2 * K, dtype=BF16)
+    x = big[:, K:]
+    q, s, z, wd = int4_weight(N, K, 128)
+    s_t, z_t = s.t().contiguous().t(), z.t().contiguous().t()
+    buf = poisoned((M, N + 24), BF16)
+    y = buf[:, 8:8 + N]
+    out = gemmkit.gemm_a16w4(x, q, s_t, z_t, group_size=128, y=y)
+    assert out is y and len(built) == 1
+    assert_close(out, reference(x, wd))
+    assert torch.isnan(buf[:, :8]).all() and torch.isnan(buf[:, 8 + N:]).all()  # nothing else written
+
+
+@needs_hopper
+def test_zero_buffers_left_zero_and_repeat_calls(built):
+    """The K slices' sums and arrival counters are reused by the next launch: left zero."""
+    x = randn(16, 4096, dtype=BF16)
+    q, s, z, wd = int4_weight(4096, 4096, 128)
+    for _ in range(3):
+        assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=128), reference(x, wd))
+    assert built[0].slices > 1
+    torch.cuda.synchronize()
+    assert all(int(b.abs().sum()) == 0 for b in plan_mod._zeroed.values())
+
+
+@needs_hopper
+def test_not_taken(built):
+    """Groups of 64, K not a multiple of 128, M > 16, x not K-contiguous, an explicit config: the tl
+    kernel (even with the widened size rule)."""
+    q, s, z, wd = int4_weight(256, 1024, 64)
+    x = randn(4, 1024, dtype=BF16)
+    assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=64), reference(x, wd))
+    q2, s2, z2, wd2 = int4_weight(256, 1088, None)  # one group per channel, K not a multiple of 128
+    x2 = randn(4, 1088, dtype=BF16)
+    assert_close(gemmkit.gemm_a16w4(x2, q2, s2, z2, group_size=None), reference(x2, wd2))
+    q3, s3, z3, wd3 = int4_weight(256, 1024, 128)
+    x17 = randn(17, 1024, dtype=BF16)
+    assert_close(gemmkit.gemm_a16w4(x17, q3, s3, z3, group_size=128), reference(x17, wd3))
+    xt = randn(1024, 4, dtype=BF16).t()
+    assert_close(gemmkit.gemm_a16w4(xt, q3, s3, z3, group_size=128), reference(xt, wd3))
+    assert_close(gemmkit.gemm_a16w4(x, q3, s3, z3, group_size=128, config=dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128)),
+                 reference(x, wd3))
+    assert not built
+
+
+@needs_hopper
+def test_cuda_graph_replays_new_inputs(built):
+    x = randn(4, 2048, dtype=BF16)
+    q, s, z, wd = int4_weight(1536, 2048, 128)
+    out = gemmkit.gemm_a16w4(x, q, s, z, group_size=128)  # plan built and compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gemmkit.gemm_a16w4(x, q, s, z, group_size=128)
+    x2 = randn(4, 2048, dtype=BF16)
+    x.copy_(x2)
+    for _ in range(2):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert len(built) == 1
+    assert_close(out, reference(x2, wd))
+
+
+@needs_hopper
+def test_disabled_by_env(built, monkeypatch):
+    monkeypatch.setenv(hopper_ws.GLUON_ENV, "0")
+    x = randn(4, 1024, dtype=BF16)
+    q, s, z, wd = int4_weight(512, 1024, 128)
+    assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=128), reference(x, wd))
+    assert not built
