@@ -3,7 +3,8 @@
 split-K, in-kernel quantization. Each must compile with no local memory (spills), at most 255
 registers, and the expected tensor-core instructions (warpgroup MMA for large tiles); the
 persistent TMA configs' K loop must cost what a bare tutorial-09 kernel's does. The Gluon kernel
-(kernels/gemm_ws.py) is compiled the same way, in the variants core/hopper_ws.py launches."""
+(kernels/gemm_ws.py) is compiled the same way, in the variants core/hopper_ws.py launches, and
+the INT4 decode kernel (kernels/gemm_w4_decode.py) in those of core/hopper_w4.py."""
 
 import os
 import subprocess
@@ -18,4 +19,5 @@ def test_gpu_paths_compile_for_sm90():
                          timeout=900)
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
-    assert len([ln for ln in lines if ln.startswith("ok ")]) == len(codegen.CHECKS) + len(codegen.WS_CHECKS), run.stdout
+    assert len([ln for ln in lines if ln.startswith("ok ")]) == (len(codegen.CHECKS) + len(codegen.WS_CHECKS)
+                                                                  + len(codegen.W4_CHECKS)), run.stdout

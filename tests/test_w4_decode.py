@@ -24,9 +24,9 @@ needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on s
 @pytest.fixture
 def built(monkeypatch):
     """The W4DecodePlans built while the test runs (plan caches cleared first). The size rule is
-    widened to every M <= 16, N and K the kernel can take, so that its results are checked
+    widened to every M <= 64, N and K the kernel can take, so that its results are checked
     beyond the sizes it is routed (test_size_rule checks the rule itself)."""
-    monkeypatch.setattr(hopper_w4, "DECODE_MAX_M", 16)
+    monkeypatch.setattr(hopper_w4, "DECODE_MAX_M", 64)
     monkeypatch.setattr(hopper_w4, "LONG_K", 1 << 30)
     plans = []
     real = hopper_w4.W4DecodePlan.__init__
@@ -62,8 +62,9 @@ def int4_weight(N, K, group_size, symmetric=False, dtype=BF16):
 @pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")
 def test_register_tile_relabelling_matches_x_order():
     """The decode's outputs (register i of a word pair = element i of each word), stacked as the
-    kernel's joins stack them and relabelled by its reshape / PERM / reshape, hold at position k'
-    the weight column true_k(k') that x is staged at: emulated on random bytes of 64 rows."""
+    kernel's joins stack them into two half tiles (elements 0-3, 4-7) and relabelled by its
+    reshape / HALF_PERM / reshape, hold at position k' the weight column true_k(k') that x is
+    staged at: emulated on random bytes of 64 rows."""
     from gemmkit.kernels import gemm_w4_decode as k
 
     g = torch.Generator().manual_seed(0)
@@ -75,12 +76,12 @@ def test_register_tile_relabelling_matches_x_order():
     def join(a, b):
         return torch.stack([a, b], dim=-1)
 
-    t = join(join(join(outs[0], outs[1]), join(outs[2], outs[3])), join(join(outs[4], outs[5]), join(outs[6], outs[7])))
-    t = t.reshape(64, 2, 2, 2, 2, 2, 2, 2).permute(*k.PERM).reshape(64, 128)
+    halves = [join(join(outs[h], outs[h + 1]), join(outs[h + 2], outs[h + 3])) for h in (0, 4)]
+    t = torch.cat([h.reshape(64, 2, 2, 2, 2, 2, 2).permute(*k.HALF_PERM).reshape(64, 64) for h in halves], dim=1)
     order = [k.host_true_k(kp) for kp in range(128)]
     assert sorted(order) == list(range(128))
     assert torch.equal(t, nibbles[:, order])
-    assert str(list(k.PERM)) in inspect.getsource(k)  # the kernel's permute is PERM
+    assert str(list(k.HALF_PERM)) in inspect.getsource(k)  # the kernel's permute is HALF_PERM
 
 
 def test_decode_ptx_reads_both_words():
@@ -132,7 +133,7 @@ def test_not_taken_off_hopper(built):
 # results on the H100 (GPU) -------------------------------------------------------------------------
 
 @needs_hopper
-@pytest.mark.parametrize("M", [1, 2, 7, 8, 9, 16])
+@pytest.mark.parametrize("M", [1, 2, 4, 5, 9, 16, 17, 40, 64])
 @pytest.mark.parametrize("N,K", [(64, 128), (100, 384), (4096, 4096), (1000, 4864), (6144, 1152)])
 def test_shapes(built, M, N, K):
     x = randn(M, K, dtype=BF16)
@@ -201,7 +202,7 @@ def test_zero_buffers_left_zero_and_repeat_calls(built):
 
 @needs_hopper
 def test_not_taken(built):
-    """Groups of 64, K not a multiple of 128, M > 16, x not K-contiguous, an explicit config: the tl
+    """Groups of 64, K not a multiple of 128, M > 64, x not K-contiguous, an explicit config: the tl
     kernel (even with the widened size rule)."""
     q, s, z, wd = int4_weight(256, 1024, 64)
     x = randn(4, 1024, dtype=BF16)
@@ -210,8 +211,8 @@ def test_not_taken(built):
     x2 = randn(4, 1088, dtype=BF16)
     assert_close(gemmkit.gemm_a16w4(x2, q2, s2, z2, group_size=None), reference(x2, wd2))
     q3, s3, z3, wd3 = int4_weight(256, 1024, 128)
-    x17 = randn(17, 1024, dtype=BF16)
-    assert_close(gemmkit.gemm_a16w4(x17, q3, s3, z3, group_size=128), reference(x17, wd3))
+    x65 = randn(65, 1024, dtype=BF16)
+    assert_close(gemmkit.gemm_a16w4(x65, q3, s3, z3, group_size=128), reference(x65, wd3))
     xt = randn(1024, 4, dtype=BF16).t()
     assert_close(gemmkit.gemm_a16w4(xt, q3, s3, z3, group_size=128), reference(xt, wd3))
     assert_close(gemmkit.gemm_a16w4(x, q3, s3, z3, group_size=128, config=dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128)),

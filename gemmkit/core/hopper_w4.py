@@ -101,9 +101,10 @@ class W4DecodePlan:
 
         self.w_desc = _Descriptors((N, K // 8), (w_q.stride(0) // 4, 1), (BLOCK_N, 16),
                                    gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+        bm = max(16, 1 << (M - 1).bit_length())  # wgmma's N: the rows of x (up to 64)
         self.values = dict(M=M, N=N, K=K, SLICES=self.slices, stride_xm=x2.stride(0), STAGES=STAGES,
                            stride_ym=self.y_strides[0], stride_yn=self.y_strides[1], group_shift=group_shift(group, K),
-                           BM=16, KS=ks, FP16=x2.dtype == torch.float16, HAS_ZERO=self.has_zero,
+                           BM=bm, KS=ks, FP16=x2.dtype == torch.float16, HAS_ZERO=self.has_zero,
                            HAS_BIAS=bias is not None, ACTIVATION=activation, SLICED=self.slices > 1)
         if self.slices > 1:
             self.finish = CachedLaunch(finish_kernel(), (-(-M // FINISH_BLOCK[0]), -(-N // FINISH_BLOCK[1])), 4, 1,

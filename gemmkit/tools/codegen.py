@@ -570,6 +570,25 @@ def check_ws(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
                    f"UTMASTG {stores}")
 
 
+W4_CHECKS = {  # (M, N, K, compile_w4_decode keywords)
+    "gluon int4 decode, one row, K slices summed by atomics": (1, 4096, 4096, dict()),
+    "gluon int4 decode, fp16, per-channel scales, symmetric, bias + silu, one slice": (
+        4, 1000, 256, dict(dtype=torch.float16, group=256, zero=False, bias=True, activation="silu")),
+    "gluon int4 decode, 64 rows (the widest x tile), groups of 256": (64, 8192, 8192, dict(group=256)),
+}
+
+
+def check_w4(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
+    """Compile one of W4_CHECKS: (passed, binary, one-line report): no local memory, the
+    registers and shared memory fit, HGMMA from registers, TMA loads of the weight."""
+    M, N, K, kw = W4_CHECKS[name]
+    b = compile_w4_decode(M, N, K, **kw)
+    ok = (b.local_bytes == 0 and b.count("HGMMA") > 0 and b.count("UTMALDG") > 0
+          and b.shared_bytes <= dev.smem_per_block and b.registers <= 255)
+    return ok, b, (f"{'ok ' if ok else 'BAD'} {name}: {b.registers} registers, {b.local_bytes} B local, "
+                   f"{b.shared_bytes} B shared, HGMMA {b.count('HGMMA')}, UTMALDG {b.count('UTMALDG')}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m gemmkit.tools.codegen", description=__doc__.split("\n\n")[0])
     p.add_argument("--warp-specialize", action="store_true",
@@ -597,6 +616,10 @@ def main(argv=None) -> int:
         return 1
     for name in WS_CHECKS:
         ok, _, report = check_ws(name)
+        failed += not ok
+        print(report, flush=True)
+    for name in W4_CHECKS:
+        ok, _, report = check_w4(name)
         failed += not ok
         print(report, flush=True)
     return 1 if failed else 0
