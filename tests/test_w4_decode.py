@@ -62,9 +62,8 @@ def int4_weight(N, K, group_size, symmetric=False, dtype=BF16):
 @pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")
 def test_register_tile_relabelling_matches_x_order():
     """The decode's outputs (register i of a word pair = element i of each word), stacked as the
-    kernel's joins stack them into two half tiles (elements 0-3, 4-7) and relabelled by its
-    reshape / HALF_PERM / reshape, hold at position k' the weight column true_k(k') that x is
-    staged at: emulated on random bytes of 64 rows."""
+    kernel's joins stack them and relabelled by its reshape / PERM / reshape, hold at position k'
+    the weight column true_k(k') that x is staged at: emulated on random bytes of 64 rows."""
     from gemmkit.kernels import gemm_w4_decode as k
 
     g = torch.Generator().manual_seed(0)
@@ -76,12 +75,12 @@ def test_register_tile_relabelling_matches_x_order():
     def join(a, b):
         return torch.stack([a, b], dim=-1)
 
-    halves = [join(join(outs[h], outs[h + 1]), join(outs[h + 2], outs[h + 3])) for h in (0, 4)]
-    t = torch.cat([h.reshape(64, 2, 2, 2, 2, 2, 2).permute(*k.HALF_PERM).reshape(64, 64) for h in halves], dim=1)
+    t = join(join(join(outs[0], outs[1]), join(outs[2], outs[3])), join(join(outs[4], outs[5]), join(outs[6], outs[7])))
+    t = t.reshape(64, 2, 2, 2, 2, 2, 2, 2).permute(*k.PERM).reshape(64, 128)
     order = [k.host_true_k(kp) for kp in range(128)]
     assert sorted(order) == list(range(128))
     assert torch.equal(t, nibbles[:, order])
-    assert str(list(k.HALF_PERM)) in inspect.getsource(k)  # the kernel's permute is HALF_PERM
+    assert str(list(k.PERM)) in inspect.getsource(k)  # the kernel's permute is PERM
 
 
 def test_decode_ptx_reads_both_words():

@@ -38,7 +38,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 
 from .epilogue import activation
-from .packed import true_k
 
 # Triton 3.6 names the CTA barrier thread_barrier and the TMA load async_copy_global_to_shared,
 # later versions barrier and async_load
@@ -74,14 +73,25 @@ _WORDS = gl.constexpr(gl.DistributedLinearLayout(
     warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[BLOCK_N, 16]))
 
 
-# the relabelling of each half tile (elements i = 4 i2 + 2 i1 + i0 of the words, i2 the half):
-# (row, c3, c2, c1, c0, i0, i1) -> (row, i1, i0, c1, c3, c2, c0)
-HALF_PERM = (0, 6, 5, 3, 1, 2, 4)  # (written out in _half: Triton 3.6's permute takes no constexpr)
+# the register tile's relabelling: (row, c3, c2, c1, c0, i0, i1, i2) -> (row, i2, i1, i0, c1, c3, c2, c0)
+PERM = (0, 7, 6, 5, 3, 1, 2, 4)  # (written out in _decode: Triton 3.6's permute takes no constexpr)
 
 
 def host_true_k(kp: int) -> int:
-    """kernels/packed.py true_k on the host (tests)."""
+    """true_k on the host (tests)."""
     c0, c2, c3, c1 = kp & 1, (kp >> 1) & 1, (kp >> 2) & 1, (kp >> 3) & 1
+    return 8 * (c0 + 2 * c1 + 4 * c2 + 8 * c3) + (kp >> 4)
+
+
+@gluon.jit
+def true_k(kp):
+    """The column (within a 128-wide K block) at permuted position kp: kp's bits are, from the
+    lowest, c0, c2, c3, c1 (word w = c0 + 2 c1 + 4 c2 + 8 c3) and the element i of the word
+    (3 bits), so column 8 w + i."""
+    c0 = kp & 1
+    c2 = (kp >> 1) & 1
+    c3 = (kp >> 2) & 1
+    c1 = (kp >> 3) & 1
     return 8 * (c0 + 2 * c1 + 4 * c2 + 8 * c3) + (kp >> 4)
 
 
@@ -108,24 +118,19 @@ def _group(ws, wz, off_n, g, N, stride_sn, stride_sk, stride_zn, stride_zk, ROWS
 
 
 @gluon.jit
-def _half(oa, ob, oc, od, A_LAYOUT: gl.constexpr):
-    t = gl.join(gl.join(oa, ob), gl.join(oc, od))  # (row, word, i0, i1)
-    t = gl.permute(gl.reshape(t, [BLOCK_N, 2, 2, 2, 2, 2, 2]), [0, 6, 5, 3, 1, 2, 4])
-    return gl.convert_layout(gl.reshape(t, [BLOCK_N, BLOCK_K // 2]), A_LAYOUT)
-
-
-@gluon.jit
 def _decode(words, A_LAYOUT: gl.constexpr, FP16: gl.constexpr):
-    """The two (64, 64) halves of the register tile MAGIC | q of one step's words (positions
-    k' < 64 and k' >= 64 of the permuted K order), in the layout of wgmma's left operand (the
-    joins, reshapes and the permute only relabel registers)."""
+    """The (64, 128) register tile MAGIC | q of one step's words in the permuted K order, in the
+    layout of wgmma's left operand (the reshapes and the permute only relabel registers)."""
     if FP16:
         o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
             _DECODE_FP16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words], dtype=(gl.float16,) * 8, is_pure=True, pack=2)
     else:
         o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
             _DECODE_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
-    return _half(o0, o1, o2, o3, A_LAYOUT), _half(o4, o5, o6, o7, A_LAYOUT)
+    t = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)), gl.join(gl.join(o4, o5), gl.join(o6, o7)))
+    # (row, word, i0, i1, i2) -> (row, c3, c2, c1, c0, i0, i1, i2) -> PERM
+    t = gl.permute(gl.reshape(t, [BLOCK_N, 2, 2, 2, 2, 2, 2, 2]), [0, 7, 6, 5, 3, 1, 2, 4])
+    return gl.convert_layout(gl.reshape(t, [BLOCK_N, BLOCK_K]), A_LAYOUT)
 
 
 @gluon.jit
@@ -176,8 +181,7 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
-    # x: two (BM, 64) halves per step, the tensor cores' right operands
-    xs = gl.allocate_shared_memory(DT, [2 * KS, BM, BLOCK_K // 2],
+    xs = gl.allocate_shared_memory(DT, [KS, BM, BLOCK_K],
                                    gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
     xsum = gl.allocate_shared_memory(gl.float32, [KS, BM], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     fence_async_shared()
@@ -191,20 +195,16 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
     t, st = _tile_step(1, first_tile, tile_stride, KS)
     s1, z1 = _group(ws, wz, t * BLOCK_N, (kstep0 + st) >> group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
                     ROWS, HAS_ZERO, BASE)
-    rm = gl.arange(0, BM, layout=COLS)
-    x_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    x_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
     rmx = gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))
-    kp = gl.arange(0, BLOCK_K // 2, layout=gl.SliceLayout(0, x_l))
-    tk0 = true_k(kp)
-    tk1 = true_k(kp + BLOCK_K // 2)
+    tk = true_k(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_l)))
     for q in gl.static_range(KS):
-        row = x + rmx[:, None] * stride_xm + (kstep0 + q) * BLOCK_K
-        x0 = gl.load(row + tk0[None, :], mask=(rmx < M)[:, None], other=0.0)
-        x1 = gl.load(row + tk1[None, :], mask=(rmx < M)[:, None], other=0.0)
-        xs.index(2 * q).store(x0)
-        xs.index(2 * q + 1).store(x1)
-        xsum.index(q).store(gl.sum(x0.to(gl.float32), axis=1) + gl.sum(x1.to(gl.float32), axis=1))
+        xp = gl.load(x + rmx[:, None] * stride_xm + ((kstep0 + q) * BLOCK_K + tk)[None, :], mask=(rmx < M)[:, None],
+                     other=0.0)
+        xs.index(q).store(xp)
+        xsum.index(q).store(gl.sum(xp.to(gl.float32), axis=1))
     fence_async_shared()
+    rm = gl.arange(0, BM, layout=COLS)
     acc = gl.zeros([BLOCK_N, BM], gl.float32, acc_l)
     for j in range(total):
         # every thread has read iteration j - 1's stage (and, at j = 0, stored x): refill it
@@ -218,10 +218,8 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
         words = wbuf.index(slot).load(_WORDS)
-        a0, a1 = _decode(words, a_l, FP16)
-        part = warpgroup_mma(a0, xs.index(2 * st).permute((1, 0)), gl.zeros([BLOCK_N, BM], gl.float32, acc_l),
-                             use_acc=False)
-        part = warpgroup_mma(a1, xs.index(2 * st + 1).permute((1, 0)), part)
+        part = warpgroup_mma(_decode(words, a_l, FP16), xs.index(st).permute((1, 0)),
+                             gl.zeros([BLOCK_N, BM], gl.float32, acc_l), use_acc=False)
         acc += s0[:, None] * (part - z0[:, None] * xsum.index(st).load(COLS)[None, :])
         if st == KS - 1:
             if SLICED:

@@ -207,17 +207,3 @@ def dequantize_kernel(b, b_scale, b_zero, out, N, K, stride_bn, stride_bsn, stri
     rn, rk = tile_indices(off_n, off_k, BLOCK_N, SUB, INDEX_64)
     tl.store(out + rn[:, None] * stride_on + rk[None, :], tl.reshape(tl.join(lo, hi), (BLOCK_N, SUB)),
              mask=(rn[:, None] < N) & (rk[None, :] < K))
-
-
-@triton.jit
-def true_k(kp):
-    """The column (within a 128-wide K block) at position kp of the K order in which
-    kernels/gemm_w4_decode.py multiplies (its register tile's order): kp's bits are, from the
-    lowest, c0, c2, c3, c1 (packed word w = c0 + 2 c1 + 4 c2 + 8 c3 of the block) and the
-    element i of the word (3 bits), so column 8 w + i."""
-    c0 = kp & 1
-    c2 = (kp >> 1) & 1
-    c3 = (kp >> 2) & 1
-    c1 = (kp >> 3) & 1
-    return 8 * (c0 + 2 * c1 + 4 * c2 + 8 * c3) + (kp >> 4)
-
