@@ -1,4 +1,4 @@
-"""Probe (device tool): the Hopper INT4 decode kernel's work split (core/hopper_w4.py KS_TARGET,
+"""Probe (device tool): the Hopper INT4 (--fp4: MXFP4) decode kernel's work split (core/hopper_w4.py KS_TARGET,
 STAGES, PROGRAMS_PER_SM; --xtma: also x permuted by its own pass and loaded by TMA, X_TMA_MIN_M,
 against x staged by the kernel) against the tl kernel's pick and F.linear on the dequantized bf16 weight,
 INT4 g128 asymmetric as `gemmkit bench a16w4` builds it; CUDA-graph replay over ROTATE copies of
@@ -17,7 +17,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from gemmkit.core import hopper_w4  # noqa: E402
-from gemmkit.ops import a16w4  # noqa: E402
+from gemmkit.ops import a16w4, fp4  # noqa: E402
 from gemmkit.tools import registry, tune  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 
@@ -26,6 +26,7 @@ out = open(args[0], "w") if args and not args[0].isdigit() else sys.stdout
 M_LIST = [int(a) for a in sys.argv[sys.argv.index("--m") + 1:]] if "--m" in sys.argv else [1, 4, 16]
 SHAPES = [(28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672), (6144, 4096)]
 XTMA = "--xtma" in sys.argv
+FP4 = "--fp4" in sys.argv
 VARIANTS = ([(ks, 4, ps, xt) for ks in (2, 4, 8) for ps in (2, 3, 4, 6) for xt in (1, 65)] if XTMA else
             [(ks, st, ps, 65) for ks in (2, 4, 8) for st in (4, 8) for ps in (3, 4, 6)])
 ROTATE = 3
@@ -35,27 +36,34 @@ real_ok = hopper_w4.w4_decode_ok
 
 def calls_for(inps, variant):
     """One call per weight copy with the module constants of `variant` (None: the tl kernel)."""
+    op = fp4 if FP4 else a16w4
     if variant is None:
-        a16w4.w4_decode_ok = lambda *a: False
+        op.w4_decode_ok = lambda *a, **k: False
     else:
-        a16w4.w4_decode_ok = real_ok
+        op.w4_decode_ok = real_ok
         hopper_w4.KS_TARGET, hopper_w4.STAGES, hopper_w4.PROGRAMS_PER_SM, hopper_w4.X_TMA_MIN_M = variant
     calls = []
     for inp in inps:  # plans built now, with this variant's constants, and held
-        plan = a16w4._make_plan(inp["x"], inp["wq"], inp["ws"], inp["wz"], 128, None, None, None, None, None)
-        calls.append(lambda inp=inp, plan=plan: plan.run(inp["x"], inp["wq"], None, None, None, inp["ws"], None, None,
-                                                          None, None, None, inp["wz"]))
+        if FP4:
+            plan = fp4._make_plan(inp["x"], None, inp["wq"], inp["ws"], None, None, None, None, None)
+            calls.append(lambda inp=inp, plan=plan: plan.run(inp["x"], inp["wq"], None, None, None, inp["ws"]))
+        else:
+            plan = a16w4._make_plan(inp["x"], inp["wq"], inp["ws"], inp["wz"], 128, None, None, None, None, None)
+            calls.append(lambda inp=inp, plan=plan: plan.run(inp["x"], inp["wq"], None, None, None, inp["ws"], None,
+                                                              None, None, None, None, inp["wz"]))
     return calls
 
 
-print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, INT4 g128 asymmetric, {ROTATE} weight copies",
+print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {'MXFP4' if FP4 else 'INT4 g128 asymmetric'}, "
+      f"{ROTATE} weight copies",
       file=out, flush=True)
 for N, K in SHAPES:
     for M in M_LIST:
         torch.manual_seed(0)
-        inps = [registry._a16w4_inputs(M, N, K, "bf16", "cuda") for _ in range(ROTATE)]
+        make = registry._a16wfp4_inputs if FP4 else registry._a16w4_inputs
+        inps = [make(M, N, K, "bf16", "cuda") for _ in range(ROTATE)]
         ref = inps[0]["x"].float() @ inps[0]["w16"].float().T
-        wbytes = N * K / 2 + N * (K // 128) * (inps[0]["ws"].element_size() + 1)
+        wbytes = N * K / 2 + (N * K / 32 if FP4 else N * (K // 128) * (inps[0]["ws"].element_size() + 1))
         named = {"F.linear bf16": [lambda inp=inp: F.linear(inp["x"], inp["w16"]) for inp in inps]}
         for variant in [None] + VARIANTS:
             if variant is not None and XTMA and variant[3] == 65 and M > 16:

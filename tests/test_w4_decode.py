@@ -220,6 +220,35 @@ def test_not_taken(built):
 
 
 @needs_hopper
+@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (2, 333, 1152), (4, 1000, 256), (16, 64, 128), (64, 2048, 512)])
+def test_mxfp4(built, M, N, K):
+    """gemm_a16wfp4 (MXFP4 weight, bf16 x): e2m1 codes decoded with their e8m0 scales."""
+    x = randn(M, K, dtype=BF16)
+    wq, ws = quant.quantize_mxfp4(randn(N, K, dtype=FP32, scale=K**-0.5))
+    y = poisoned((M, N), BF16)
+    out = gemmkit.gemm_a16wfp4(x, wq, ws, y=y)
+    assert out is y and len(built) == 1
+    assert_close(out, reference(x, quant.dequantize_mxfp4(wq, ws, torch.float64)))
+
+
+@needs_hopper
+def test_mxfp4_extreme_scales_and_fp16_x(built):
+    """Scales at the ends of the e8m0 range (2^-127 .. 2^100 here) stay exact; fp16 x: the tl kernel."""
+    M, N, K = 2, 256, 512
+    x = randn(M, K, dtype=BF16)
+    wq, ws = quant.quantize_mxfp4(randn(N, K, dtype=FP32, scale=K**-0.5))
+    ws = ws.clone()
+    ws[:, 0] = 0
+    ws[:, 1] = 227
+    ref = reference(x, quant.dequantize_mxfp4(wq, ws, torch.float64))
+    assert_close(gemmkit.gemm_a16wfp4(x, wq, ws), ref)
+    assert len(built) == 1
+    xh = x.half()
+    gemmkit.gemm_a16wfp4(xh, wq, ws[:, :].clone().fill_(127))
+    assert len(built) == 1
+
+
+@needs_hopper
 def test_cuda_graph_replays_new_inputs(built):
     x = randn(4, 2048, dtype=BF16)
     q, s, z, wd = int4_weight(1536, 2048, 128)

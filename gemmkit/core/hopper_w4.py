@@ -1,8 +1,9 @@
 """Where gemm_a16w4 runs the Hopper INT4 decode kernel (kernels/gemm_w4_decode.py), and its launch.
 
 The kernel takes decode-sized calls on sm_90 (CUDA, Gluon, GEMMKIT_GLUON not 0): M <= DECODE_MAX_M
-rows of bf16 / fp16 x (from 3 rows only K <= LONG_K), K a multiple of 128, scale groups of 128 or
-a multiple (or one per channel), no explicit config. Everything else runs the tl kernel
+rows of bf16 / fp16 x (from 3 rows only K <= LONG_K), K a multiple of 128, INT4 scale groups of 128
+or a multiple (or one per channel), or MXFP4 weights with bf16 x (gemm_a16wfp4), no explicit
+config. Everything else runs the tl kernel
 (core/config._derive_packed). scripts/w4_decode_sweep.py (tuning/w4_gluon/w4_decode_sweep_h100.txt,
 7 layers, weights rotated through 3 copies): at M = 1 this kernel ran 1.05x to 1.18x the tl kernel
 on every layer, at M = 4 0.96x to 1.12x (the 0.96 at K = 28672), at M = 16 0.87x to 1.09x (it
@@ -63,22 +64,24 @@ def slice_steps(steps: int) -> int:
     return min((d for d in range(1, steps + 1) if steps % d == 0), key=lambda d: (abs(d - KS_TARGET), -d))
 
 
-def w4_decode_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, config) -> bool:
-    """Whether gemm_a16w4 takes this call to the decode kernel (module docstring): also K-contiguous
-    x and 16-byte aligned weight rows (TMA)."""
+def w4_decode_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, config, mxfp4: bool = False) -> bool:
+    """Whether gemm_a16w4 (gemm_a16wfp4: mxfp4, bf16 x only) takes this call to the decode kernel
+    (module docstring): also K-contiguous x and 16-byte aligned weight rows (TMA)."""
+    dtypes = (torch.bfloat16,) if mxfp4 else (torch.bfloat16, torch.float16)
     return (config is None and 1 <= M <= DECODE_MAX_M and (M <= 2 or K <= LONG_K) and N > 0 and K > 0
             and K % BLOCK_K == 0
-            and x2.dtype in (torch.bfloat16, torch.float16) and group_shift(group, K) is not None
+            and x2.dtype in dtypes and (mxfp4 or group_shift(group, K) is not None)
             and (x2.stride(1) == 1 or K == 1) and w_q.stride(0) % 16 == 0 and w_q.data_ptr() % 16 == 0
             and ws_enabled(dev, x2.device))
 
 
 class W4DecodePlan:
-    """y = activation(x @ dequant(w_q)^T + bias) through w4_decode_kernel, for fixed tensor facts.
-    Called like the ops' other plans: run(x, w_q, bias, y, x_scale (unused), w_scale, ..., w_zero)."""
+    """y = activation(x @ dequant(w_q)^T + bias) through w4_decode_kernel, for fixed tensor facts
+    (mxfp4: w_q MXFP4 codes, w_scale e8m0). Called like the ops' other plans: run(x, w_q, bias, y,
+    x_scale (unused), w_scale, ..., w_zero)."""
 
     def __init__(self, dev: DeviceInfo, x2, w_q, w_zero, y2, M, N, K, group, bias, activation, out_dtype, out_shape,
-                 flatten_x):
+                 flatten_x, mxfp4: bool = False):
         from .launcher import CachedLaunch
 
         self.M, self.N, self.K = M, N, K
@@ -103,9 +106,10 @@ class W4DecodePlan:
                                    gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
         bm = max(16, 1 << (M - 1).bit_length())  # wgmma's N: the rows of x (up to 64)
         self.values = dict(M=M, N=N, K=K, SLICES=self.slices, stride_xm=x2.stride(0), STAGES=STAGES,
-                           stride_ym=self.y_strides[0], stride_yn=self.y_strides[1], group_shift=group_shift(group, K),
+                           stride_ym=self.y_strides[0], stride_yn=self.y_strides[1], group_shift=0 if mxfp4 else group_shift(group, K),
                            BM=bm, KS=ks, FP16=x2.dtype == torch.float16, HAS_ZERO=self.has_zero,
-                           HAS_BIAS=bias is not None, ACTIVATION=activation, SLICED=self.slices > 1)
+                           HAS_BIAS=bias is not None, ACTIVATION=activation, SLICED=self.slices > 1,
+                           MXFP4=mxfp4)
         if self.slices > 1:
             self.finish = CachedLaunch(finish_kernel(), (-(-M // FINISH_BLOCK[0]), -(-N // FINISH_BLOCK[1])), 4, 1,
                                        self.device_index)

@@ -63,8 +63,25 @@ def _decode_ptx(magic: int) -> str:
     return "\n".join(lines + ["}"])
 
 
+def _e2m1_ptx() -> str:
+    """As _decode_ptx for MXFP4 codes (bit 3 the sign, bits 0-2 the magnitude): register i holds
+    element i of each word as the bf16 of its bits, the magnitude at bits 6-8 and the sign at
+    bit 15 (e2m1(c) * 2^-126; kernels/packed.py _e2m1_bits): per nibble SHL, SHL, AND, LOP3."""
+    lines = ["{", ".reg .b32 t, u, a, b;"]
+    code = ("shl.b32 a, {src}, 6;", "shl.b32 b, {src}, 12;", "and.b32 b, b, 0x80008000;",
+            "lop3.b32 ${out}, a, 0x01C001C0, b, 0xEA;")
+    for j in range(4):
+        sel = j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12)
+        lines.append(f"prmt.b32 t, $8, $9, 0x{sel:04X};")
+        lines += [c.format(src="t", out=2 * j) for c in code]
+        lines.append("shr.u32 u, t, 4;")
+        lines += [c.format(src="u", out=2 * j + 1) for c in code]
+    return "\n".join(lines + ["}"])
+
+
 _DECODE_BF16 = gl.constexpr(_decode_ptx(0x4300))
 _DECODE_FP16 = gl.constexpr(_decode_ptx(0x6400))
+_DECODE_E2M1 = gl.constexpr(_e2m1_ptx())
 
 # one step's words (64 rows x 16 words): thread (warp w, lane 4g + q) holds rows 16w + g and
 # 16w + g + 8, words 4q .. 4q + 3 of each (two 128-bit loads)
@@ -118,6 +135,42 @@ def _group(ws, wz, off_n, g, N, stride_sn, stride_sk, stride_zn, stride_zk, ROWS
 
 
 @gluon.jit
+def _mx_scales(ws, off_n, kstep, N, stride_sn, stride_sk):
+    """(64, 16) bf16 2^(e - 127) of each word's e8m0 scale (32 values: four words of a row) in
+    the words' layout; e = 0: 2^-127, e = 255: NaN (kernels/packed.py e8m0_float)."""
+    rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _WORDS))
+    g = kstep * 4 + gl.arange(0, 16, layout=gl.SliceLayout(0, _WORDS)) // 4
+    e = gl.load(ws + rn[:, None] * stride_sn + g[None, :] * stride_sk, mask=(rn < N)[:, None], other=127)
+    e = e.to(gl.int32)
+    bits = gl.where(e == 0, 0x40, gl.where(e == 255, 0x7FC0, e << 7))
+    return bits.to(gl.int16).to(gl.bfloat16, bitcast=True)
+
+
+@gluon.jit
+def _scaled(o, sc):
+    return o * 8.507059173023462e37 * sc  # 2^126 (the bits' value is e2m1 * 2^-126), then 2^(e - 127): exact
+
+
+@gluon.jit
+def _decode_mx(words, sc, A_LAYOUT: gl.constexpr):
+    """The (64, 128) register tile e2m1(q) * 2^(e - 127) in bf16 of one step's MXFP4 words with
+    their scales sc (_mx_scales), as _decode."""
+    o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+        _DECODE_E2M1, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
+    return _relabel(_scaled(o0, sc), _scaled(o1, sc), _scaled(o2, sc), _scaled(o3, sc), _scaled(o4, sc),
+                    _scaled(o5, sc), _scaled(o6, sc), _scaled(o7, sc), A_LAYOUT)
+
+
+@gluon.jit
+def _relabel(o0, o1, o2, o3, o4, o5, o6, o7, A_LAYOUT: gl.constexpr):
+    """The (64, 128) tile of the eight registers' values in the permuted K order, in A_LAYOUT."""
+    t = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)), gl.join(gl.join(o4, o5), gl.join(o6, o7)))
+    # (row, word, i0, i1, i2) -> (row, c3, c2, c1, c0, i0, i1, i2) -> PERM
+    t = gl.permute(gl.reshape(t, [BLOCK_N, 2, 2, 2, 2, 2, 2, 2]), [0, 7, 6, 5, 3, 1, 2, 4])
+    return gl.convert_layout(gl.reshape(t, [BLOCK_N, BLOCK_K]), A_LAYOUT)
+
+
+@gluon.jit
 def _decode(words, A_LAYOUT: gl.constexpr, FP16: gl.constexpr):
     """The (64, 128) register tile MAGIC | q of one step's words in the permuted K order, in the
     layout of wgmma's left operand (the reshapes and the permute only relabel registers)."""
@@ -127,10 +180,7 @@ def _decode(words, A_LAYOUT: gl.constexpr, FP16: gl.constexpr):
     else:
         o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
             _DECODE_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
-    t = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)), gl.join(gl.join(o4, o5), gl.join(o6, o7)))
-    # (row, word, i0, i1, i2) -> (row, c3, c2, c1, c0, i0, i1, i2) -> PERM
-    t = gl.permute(gl.reshape(t, [BLOCK_N, 2, 2, 2, 2, 2, 2, 2]), [0, 7, 6, 5, 3, 1, 2, 4])
-    return gl.convert_layout(gl.reshape(t, [BLOCK_N, BLOCK_K]), A_LAYOUT)
+    return _relabel(o0, o1, o2, o3, o4, o5, o6, o7, A_LAYOUT)
 
 
 @gluon.jit
@@ -154,13 +204,17 @@ def _finish(acc, y, bias, off_n, rm, M, N, stride_ym, stride_yn, ROWS: gl.conste
 def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_xm, stride_sn, stride_sk, stride_zn,
                      stride_zk, stride_ym, stride_yn, group_shift,
                      BM: gl.constexpr, KS: gl.constexpr, STAGES: gl.constexpr, FP16: gl.constexpr,
-                     HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, SLICED: gl.constexpr):
+                     HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, SLICED: gl.constexpr,
+                     MXFP4: gl.constexpr):
     """y (M, N) = ACTIVATION(x @ ((q - z) s)^T + bias) for x (M <= BM, K) bf16 (fp16: FP16), unit
     stride along K; w_desc: a TMA descriptor of the packed weight (gemmkit's INT4 layout, uint8
     (N, K // 2)) viewed as int32 (N, K // 8), block (64, 16); ws (N, G) scales, wz (N, G) uint8
     zero points (HAS_ZERO), K step k in group k >> group_shift; K a multiple of 128 and of
     KS * SLICES steps. SLICED (SLICES > 1): the tiles' fp32 sums are added to sums (M, N), zeros,
-    and reduce.finish_sums stores y; else y is stored here. Programs: a multiple of SLICES."""
+    and reduce.finish_sums stores y; else y is stored here. Programs: a multiple of SLICES.
+    MXFP4 (bf16 x): the weight's codes are e2m1 and ws (N, K // 32) its uint8 e8m0 scales, applied
+    to the decoded values before the product (a thread's values of a row and step share one
+    32-wide scale block: its words 4q .. 4q + 3); wz, group_shift unused."""
     pid = gl.program_id(0)
     sl = pid % SLICES
     first_tile = pid // SLICES
@@ -190,11 +244,19 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
         if i < total:
             _issue(w_desc, wbuf, bars, i, first_tile, tile_stride, kstep0, KS, STAGES)
     t, st = _tile_step(0, first_tile, tile_stride, KS)
-    s0, z0 = _group(ws, wz, t * BLOCK_N, (kstep0 + st) >> group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
-                    ROWS, HAS_ZERO, BASE)
+    if MXFP4:
+        s0 = _mx_scales(ws, t * BLOCK_N, kstep0 + st, N, stride_sn, stride_sk)
+        z0 = s0
+    else:
+        s0, z0 = _group(ws, wz, t * BLOCK_N, (kstep0 + st) >> group_shift, N, stride_sn, stride_sk, stride_zn,
+                        stride_zk, ROWS, HAS_ZERO, BASE)
     t, st = _tile_step(1, first_tile, tile_stride, KS)
-    s1, z1 = _group(ws, wz, t * BLOCK_N, (kstep0 + st) >> group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
-                    ROWS, HAS_ZERO, BASE)
+    if MXFP4:
+        s1 = _mx_scales(ws, t * BLOCK_N, kstep0 + st, N, stride_sn, stride_sk)
+        z1 = s1
+    else:
+        s1, z1 = _group(ws, wz, t * BLOCK_N, (kstep0 + st) >> group_shift, N, stride_sn, stride_sk, stride_zn,
+                        stride_zk, ROWS, HAS_ZERO, BASE)
     x_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
     rmx = gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))
     tk = true_k(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_l)))
@@ -202,7 +264,8 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
         xp = gl.load(x + rmx[:, None] * stride_xm + ((kstep0 + q) * BLOCK_K + tk)[None, :], mask=(rmx < M)[:, None],
                      other=0.0)
         xs.index(q).store(xp)
-        xsum.index(q).store(gl.sum(xp.to(gl.float32), axis=1))
+        if not MXFP4:
+            xsum.index(q).store(gl.sum(xp.to(gl.float32), axis=1))
     fence_async_shared()
     rm = gl.arange(0, BM, layout=COLS)
     acc = gl.zeros([BLOCK_N, BM], gl.float32, acc_l)
@@ -212,15 +275,22 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
         if j + STAGES - 1 < total:
             _issue(w_desc, wbuf, bars, j + STAGES - 1, first_tile, tile_stride, kstep0, KS, STAGES)
         t2, st2 = _tile_step(gl.minimum(j + 2, total - 1), first_tile, tile_stride, KS)
-        s2, z2 = _group(ws, wz, t2 * BLOCK_N, (kstep0 + st2) >> group_shift, N, stride_sn, stride_sk, stride_zn,
-                        stride_zk, ROWS, HAS_ZERO, BASE)
+        if MXFP4:
+            s2 = _mx_scales(ws, t2 * BLOCK_N, kstep0 + st2, N, stride_sn, stride_sk)
+            z2 = s2
+        else:
+            s2, z2 = _group(ws, wz, t2 * BLOCK_N, (kstep0 + st2) >> group_shift, N, stride_sn, stride_sk, stride_zn,
+                            stride_zk, ROWS, HAS_ZERO, BASE)
         t, st = _tile_step(j, first_tile, tile_stride, KS)
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
         words = wbuf.index(slot).load(_WORDS)
-        part = warpgroup_mma(_decode(words, a_l, FP16), xs.index(st).permute((1, 0)),
-                             gl.zeros([BLOCK_N, BM], gl.float32, acc_l), use_acc=False)
-        acc += s0[:, None] * (part - z0[:, None] * xsum.index(st).load(COLS)[None, :])
+        if MXFP4:
+            acc = warpgroup_mma(_decode_mx(words, s0, a_l), xs.index(st).permute((1, 0)), acc)
+        else:
+            part = warpgroup_mma(_decode(words, a_l, FP16), xs.index(st).permute((1, 0)),
+                                 gl.zeros([BLOCK_N, BM], gl.float32, acc_l), use_acc=False)
+            acc += s0[:, None] * (part - z0[:, None] * xsum.index(st).load(COLS)[None, :])
         if st == KS - 1:
             if SLICED:
                 rn = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROWS)

@@ -266,10 +266,11 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
 
 
 def compile_w4_decode(M: int, N: int, K: int, dtype=torch.bfloat16, group: int = 128, zero: bool = True,
-                      bias: bool = False, activation: str = "none", dev: DeviceInfo = H100) -> Binary:
+                      bias: bool = False, activation: str = "none", mxfp4: bool = False,
+                      dev: DeviceInfo = H100) -> Binary:
     """Compile the Hopper INT4 decode kernel (kernels/gemm_w4_decode.py) for sm_90 with the
     arguments core/hopper_w4.W4DecodePlan passes for this problem (INT4 weight, `group`-wide
-    scale groups, zero points or not)."""
+    scale groups, zero points or not; mxfp4: MXFP4 weight, e8m0 scales of 32)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
@@ -279,11 +280,11 @@ def compile_w4_decode(M: int, N: int, K: int, dtype=torch.bfloat16, group: int =
     from ..core import hopper_w4 as hw
 
     x, w_q = torch.empty(M, K, dtype=dtype), torch.empty(N, K // 2, dtype=torch.uint8)
-    ws = torch.empty(N, K // group, dtype=dtype)
-    wz = torch.empty(N, K // group, dtype=torch.uint8) if zero else None
+    ws = torch.empty(N, K // group, dtype=torch.uint8 if mxfp4 else dtype)
+    wz = torch.empty(N, K // group, dtype=torch.uint8) if zero and not mxfp4 else None
     b = torch.empty(N, dtype=dtype) if bias else None
     y = torch.empty(M, N, dtype=dtype)
-    plan = hw.W4DecodePlan(dev, x, w_q, wz, None, M, N, K, group, b, activation, dtype, (M, N), False)
+    plan = hw.W4DecodePlan(dev, x, w_q, wz, None, M, N, K, group, b, activation, dtype, (M, N), False, mxfp4)
     kernel = hw.decode_kernel()
     sums = torch.empty(M * N, dtype=torch.float32) if plan.slices > 1 else None
     args = (plan.w_desc(w_q.view(torch.int32)), x, ws, wz, y, b, sums, *plan._tail(ws, wz))
@@ -575,6 +576,7 @@ W4_CHECKS = {  # (M, N, K, compile_w4_decode keywords)
     "gluon int4 decode, fp16, per-channel scales, symmetric, bias + silu, one slice": (
         4, 1000, 256, dict(dtype=torch.float16, group=256, zero=False, bias=True, activation="silu")),
     "gluon int4 decode, 64 rows (the widest x tile), groups of 256": (64, 8192, 8192, dict(group=256)),
+    "gluon mxfp4 decode, two rows": (2, 4096, 4096, dict(group=32, mxfp4=True)),
 }
 
 
