@@ -2,12 +2,14 @@
 
 The kernel takes decode-sized calls on sm_90 (CUDA, Gluon, GEMMKIT_GLUON not 0): M <= DECODE_MAX_M
 rows of bf16 / fp16 x (from 3 rows only K <= LONG_K), K a multiple of 128, INT4 scale groups of 128
-or a multiple (or one per channel), or MXFP4 weights with bf16 x (gemm_a16wfp4), no explicit
-config. Everything else runs the tl kernel
+or a multiple (or one per channel), or MXFP4 weights with bf16 x (gemm_a16wfp4; up to
+MX_DECODE_MAX_M rows), no explicit config. Everything else runs the tl kernel
 (core/config._derive_packed). scripts/w4_decode_sweep.py (tuning/w4_gluon/w4_decode_sweep_h100.txt,
 7 layers, weights rotated through 3 copies): at M = 1 this kernel ran 1.05x to 1.18x the tl kernel
 on every layer, at M = 4 0.96x to 1.12x (the 0.96 at K = 28672), at M = 16 0.87x to 1.09x (it
-stays with the tl kernel there).
+stays with the tl kernel there). MXFP4 (`--fp4`, w4_decode_sweep_fp4_h100.txt): 1.4x to 1.9x the tl
+kernel at M = 1, 4 and 16 on every layer (its tl loop decodes e2m1 in 32-wide groups, 8 steps of a
+256-deep tile); KS_TARGET 4 there (MX_KS_TARGET).
 
 Its work split: K steps of 128; KS steps per slice (x of a slice is staged in shared memory once
 per program: KS_TARGET steps, or the nearest divisor of the step count), SLICES = steps / KS slices,
@@ -27,7 +29,9 @@ from .plan import _get_device, contiguous_strides, extent_bytes, kernel_tail, ov
 
 DECODE_MAX_M = 4
 LONG_K = 16384  # from 3 rows, K up to this (8192 x 28672 at M = 4: 0.96x the tl kernel)
+MX_DECODE_MAX_M = 16  # MXFP4: 1.4x to 1.9x the tl kernel at M = 1, 4 and 16 on every layer measured
 KS_TARGET = 2
+MX_KS_TARGET = 4
 PROGRAMS_PER_SM = 6
 BLOCK_N, BLOCK_K = 64, 128
 PER_CALL = ("w_desc", "x", "ws", "wz", "y", "bias", "sums")
@@ -59,16 +63,18 @@ def group_shift(group: int, K: int) -> int | None:
     return (group // BLOCK_K).bit_length() - 1
 
 
-def slice_steps(steps: int) -> int:
-    """KS: the divisor of `steps` nearest KS_TARGET (the larger on a tie: fewer slices to sum)."""
-    return min((d for d in range(1, steps + 1) if steps % d == 0), key=lambda d: (abs(d - KS_TARGET), -d))
+def slice_steps(steps: int, target: int | None = None) -> int:
+    """KS: the divisor of `steps` nearest `target` (KS_TARGET; the larger on a tie: fewer slices to sum)."""
+    target = KS_TARGET if target is None else target
+    return min((d for d in range(1, steps + 1) if steps % d == 0), key=lambda d: (abs(d - target), -d))
 
 
 def w4_decode_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, config, mxfp4: bool = False) -> bool:
     """Whether gemm_a16w4 (gemm_a16wfp4: mxfp4, bf16 x only) takes this call to the decode kernel
     (module docstring): also K-contiguous x and 16-byte aligned weight rows (TMA)."""
     dtypes = (torch.bfloat16,) if mxfp4 else (torch.bfloat16, torch.float16)
-    return (config is None and 1 <= M <= DECODE_MAX_M and (M <= 2 or K <= LONG_K) and N > 0 and K > 0
+    sizes = M <= MX_DECODE_MAX_M if mxfp4 else M <= DECODE_MAX_M and (M <= 2 or K <= LONG_K)
+    return (config is None and M >= 1 and sizes and N > 0 and K > 0
             and K % BLOCK_K == 0
             and x2.dtype in dtypes and (mxfp4 or group_shift(group, K) is not None)
             and (x2.stride(1) == 1 or K == 1) and w_q.stride(0) % 16 == 0 and w_q.data_ptr() % 16 == 0
@@ -90,7 +96,7 @@ class W4DecodePlan:
         self.device = x2.device
         self.device_index = x2.device.index or 0
         steps = K // BLOCK_K
-        ks = slice_steps(steps)
+        ks = slice_steps(steps, MX_KS_TARGET if mxfp4 else KS_TARGET)
         self.slices = steps // ks
         self.tiles = -(-N // BLOCK_N)
         programs = self.slices * max(1, min(self.tiles, PROGRAMS_PER_SM * dev.num_sms // self.slices))
