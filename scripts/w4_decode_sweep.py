@@ -1,9 +1,8 @@
 """Probe (device tool): the Hopper INT4 (--fp4: MXFP4) decode kernel's work split (core/hopper_w4.py KS_TARGET,
-STAGES, PROGRAMS_PER_SM; --xtma: also x permuted by its own pass and loaded by TMA, X_TMA_MIN_M,
-against x staged by the kernel) against the tl kernel's pick and F.linear on the dequantized bf16 weight,
+STAGES, PROGRAMS_PER_SM) against the tl kernel's pick and F.linear on the dequantized bf16 weight,
 INT4 g128 asymmetric as `gemmkit bench a16w4` builds it; CUDA-graph replay over ROTATE copies of
 the weights (so that no layer is timed hot in the 50 MB L2). The decode kernel's size rule is
-widened for the probe (every M <= 16).
+widened for the probe (every M <= 64).
 
 Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--m 1 4 16]
 """
@@ -25,12 +24,10 @@ args = [a for a in sys.argv[1:] if not a.startswith("--")]
 out = open(args[0], "w") if args and not args[0].isdigit() else sys.stdout
 M_LIST = [int(a) for a in sys.argv[sys.argv.index("--m") + 1:]] if "--m" in sys.argv else [1, 4, 16]
 SHAPES = [(28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672), (6144, 4096)]
-XTMA = "--xtma" in sys.argv
 FP4 = "--fp4" in sys.argv
-VARIANTS = ([(ks, 4, ps, xt) for ks in (2, 4, 8) for ps in (2, 3, 4, 6) for xt in (1, 65)] if XTMA else
-            [(ks, st, ps, 65) for ks in (2, 4, 8) for st in (4, 8) for ps in (3, 4, 6)])
+VARIANTS = [(ks, st, ps) for ks in (2, 4, 8) for st in (4, 8) for ps in (3, 4, 6)]
 ROTATE = 3
-hopper_w4.DECODE_MAX_M, hopper_w4.LONG_K = 64, 1 << 30
+hopper_w4.DECODE_MAX_M, hopper_w4.MX_DECODE_MAX_M, hopper_w4.LONG_K = 64, 64, 1 << 30
 real_ok = hopper_w4.w4_decode_ok
 
 
@@ -41,7 +38,8 @@ def calls_for(inps, variant):
         op.w4_decode_ok = lambda *a, **k: False
     else:
         op.w4_decode_ok = real_ok
-        hopper_w4.KS_TARGET, hopper_w4.STAGES, hopper_w4.PROGRAMS_PER_SM, hopper_w4.X_TMA_MIN_M = variant
+        ks, hopper_w4.STAGES, hopper_w4.PROGRAMS_PER_SM = variant
+        hopper_w4.KS_TARGET = hopper_w4.MX_KS_TARGET = ks
     calls = []
     for inp in inps:  # plans built now, with this variant's constants, and held
         if FP4:
@@ -66,10 +64,7 @@ for N, K in SHAPES:
         wbytes = N * K / 2 + (N * K / 32 if FP4 else N * (K // 128) * (inps[0]["ws"].element_size() + 1))
         named = {"F.linear bf16": [lambda inp=inp: F.linear(inp["x"], inp["w16"]) for inp in inps]}
         for variant in [None] + VARIANTS:
-            if variant is not None and XTMA and variant[3] == 65 and M > 16:
-                continue  # (x staged by the kernel: up to 16 rows)
-            name = "tl kernel (own pick)" if variant is None else "decode KS~%d stages %d %d/SM" % variant[:3] + (
-                " x by TMA" if variant[3] <= M else "")
+            name = "tl kernel (own pick)" if variant is None else "decode KS~%d stages %d %d/SM" % variant
             calls = calls_for(inps, variant)
             err = tune.rel_error(calls[0](), ref)
             if err > 1e-2:
