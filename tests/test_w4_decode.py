@@ -110,14 +110,15 @@ def test_slice_steps(monkeypatch, target, steps, ks):
 
 @pytest.mark.parametrize("M,N,K,ok", [(1, 57344, 8192, True), (2, 8192, 28672, True), (4, 6144, 4096, True),
                                       (3, 8192, 16384, True), (3, 8192, 28672, False), (5, 4096, 4096, False),
-                                      (16, 57344, 8192, False), (1, 100, 256, True), (1, 8192, 8000, False)])
+                                      (16, 57344, 8192, False), (65, 4096, 4096, False), (1, 100, 256, True),
+                                      (1, 8192, 8000, False)])
 def test_size_rule(monkeypatch, M, N, K, ok):
     """The sizes gemm_a16w4 routes to the kernel (up to 4 rows, from 3 rows K <= 16384; K a
-    multiple of 128), with the device checks passing; MXFP4 (gemm_a16wfp4): up to 16 rows, bf16 x."""
+    multiple of 128), with the device checks passing; MXFP4 (gemm_a16wfp4): up to 64 rows, bf16 x."""
     monkeypatch.setattr(hopper_w4, "ws_enabled", lambda dev, device: True)
     x, w_q = torch.empty(M, K, dtype=BF16), torch.empty(N, K // 2, dtype=torch.uint8)
     assert hopper_w4.w4_decode_ok(None, x, w_q, M, N, K, 128 if K % 128 == 0 else K, None) == ok
-    mx_ok = M <= 16 and K % 128 == 0
+    mx_ok = M <= 64 and K % 128 == 0
     assert hopper_w4.w4_decode_ok(None, x, w_q, M, N, K, 32, None, mxfp4=True) == mx_ok
     assert not hopper_w4.w4_decode_ok(None, x.half(), w_q, M, N, K, 32, None, mxfp4=True)
 

@@ -9,7 +9,8 @@ MX_DECODE_MAX_M rows), no explicit config. Everything else runs the tl kernel
 on every layer, at M = 4 0.96x to 1.12x (the 0.96 at K = 28672), at M = 16 0.87x to 1.09x (it
 stays with the tl kernel there). MXFP4 (`--fp4`, w4_decode_sweep_fp4_h100.txt): 1.4x to 1.9x the tl
 kernel at M = 1, 4 and 16 on every layer (its tl loop decodes e2m1 in 32-wide groups, 8 steps of a
-256-deep tile); KS_TARGET 4 there (MX_KS_TARGET).
+256-deep tile), 1.2x to 1.6x at M = 32 and 1.3x to 2.3x at M = 64 (w4_decode_sweep_fp4_m32_64_h100.txt,
+where the tl kernel reads 0.35 to 0.55 TB/s); KS_TARGET 4 there (MX_KS_TARGET).
 
 Its work split: K steps of 128; KS steps per slice (x of a slice is staged in shared memory once
 per program: KS_TARGET steps, or the nearest divisor of the step count), SLICES = steps / KS slices,
@@ -29,7 +30,7 @@ from .plan import _get_device, contiguous_strides, extent_bytes, kernel_tail, ov
 
 DECODE_MAX_M = 4
 LONG_K = 16384  # from 3 rows, K up to this (8192 x 28672 at M = 4: 0.96x the tl kernel)
-MX_DECODE_MAX_M = 16  # MXFP4: 1.4x to 1.9x the tl kernel at M = 1, 4 and 16 on every layer measured
+MX_DECODE_MAX_M = 64  # MXFP4: 1.2x to 2.3x the tl kernel at M = 1 to 64 on every layer measured
 KS_TARGET = 2
 MX_KS_TARGET = 4
 PROGRAMS_PER_SM = 6
