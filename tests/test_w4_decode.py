@@ -84,6 +84,62 @@ def test_register_tile_relabelling_matches_x_order():
     assert str(list(k.PERM)) in inspect.getsource(k)  # the kernel's permute is PERM
 
 
+def _run_ptx(ptx: str, w0: int, w1: int) -> list:
+    """$0..$7 after the decode block on words $8 = w0, $9 = w1 (the PTX instructions the decoders
+    use: prmt in its default mode, lop3 0xEA = (a & b) | c, and, shr, mul.lo; 32-bit)."""
+    regs = {"$8": w0, "$9": w1}
+    mask = 0xFFFFFFFF
+
+    def val(x):
+        return int(x, 0) if x[0].isdigit() else regs[x]
+
+    for line in ptx.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line[0] in "{}." or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        d, *src = [x.strip() for x in rest.split(",")]
+        v = [val(x) for x in src]
+        if op == "prmt.b32":
+            pool = [(v[0] >> (8 * i)) & 255 for i in range(4)] + [(v[1] >> (8 * i)) & 255 for i in range(4)]
+            regs[d] = sum(pool[(v[2] >> (4 * i)) & 7] << (8 * i) for i in range(4))
+        elif op == "lop3.b32":
+            assert v[3] == 0xEA
+            regs[d] = (v[0] & v[1]) | v[2]
+        elif op == "and.b32":
+            regs[d] = v[0] & v[1]
+        elif op in ("shr.u32", "shr.b32"):
+            regs[d] = v[0] >> v[1]
+        elif op == "shl.b32":
+            regs[d] = (v[0] << v[1]) & mask
+        elif op == "mul.lo.u32":
+            regs[d] = (v[0] * v[1]) & mask
+        else:
+            raise AssertionError(f"unexpected instruction {line!r}")
+    return [regs[f"${i}"] for i in range(8)]
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "e2m1"])
+def test_decode_ptx_semantics(fmt):
+    """The decode blocks on random word pairs: register i holds element i (nibble i) of each word,
+    the first word's in the low half, as MAGIC | q (INT4) or the bf16 of the e2m1 bits."""
+    from gemmkit.kernels import gemm_w4_decode as k
+
+    ptx = {"bf16": k._decode_ptx(0x4300), "fp16": k._decode_ptx(0x6400), "e2m1": k._e2m1_ptx()}[fmt]
+
+    def expect(q):
+        if fmt == "e2m1":
+            return ((q & 7) << 6) | ((q & 8) << 12)
+        return (0x4300 if fmt == "bf16" else 0x6400) | q
+
+    g = torch.Generator().manual_seed(1)
+    for w0, w1 in torch.randint(0, 2**32, (64, 2), dtype=torch.int64, generator=g).tolist():
+        out = _run_ptx(ptx, w0, w1)
+        for i in range(8):
+            q0, q1 = (w0 >> (4 * i)) & 15, (w1 >> (4 * i)) & 15
+            assert out[i] == expect(q0) | (expect(q1) << 16), (fmt, hex(w0), hex(w1), i)
+
+
 def test_decode_ptx_reads_both_words():
     from gemmkit.kernels.gemm_w4_decode import _decode_ptx
 

@@ -66,16 +66,16 @@ def _decode_ptx(magic: int) -> str:
 def _e2m1_ptx() -> str:
     """As _decode_ptx for MXFP4 codes (bit 3 the sign, bits 0-2 the magnitude): register i holds
     element i of each word as the bf16 of its bits, the magnitude at bits 6-8 and the sign at
-    bit 15 (e2m1(c) * 2^-126; kernels/packed.py _e2m1_bits): per nibble SHL, SHL, AND, LOP3."""
-    lines = ["{", ".reg .b32 t, u, a, b;"]
-    code = ("shl.b32 a, {src}, 6;", "shl.b32 b, {src}, 12;", "and.b32 b, b, 0x80008000;",
-            "lop3.b32 ${out}, a, 0x01C001C0, b, 0xEA;")
+    bit 15 (e2m1(c) * 2^-126; kernels/packed.py _e2m1_bits). Per nibble: AND keeps it, one
+    multiply places two copies of it (by 2^6 + 2^12 for a low nibble, 2^2 + 2^8 for a high one:
+    the copies do not overlap), AND keeps the magnitude of the first and the sign of the second."""
+    lines = ["{", ".reg .b32 t, a;"]
     for j in range(4):
         sel = j | (j << 4) | ((4 + j) << 8) | ((4 + j) << 12)
         lines.append(f"prmt.b32 t, $8, $9, 0x{sel:04X};")
-        lines += [c.format(src="t", out=2 * j) for c in code]
-        lines.append("shr.u32 u, t, 4;")
-        lines += [c.format(src="u", out=2 * j + 1) for c in code]
+        for hi, (keep, mul) in enumerate(((0x000F000F, 0x1040), (0x00F000F0, 0x104))):
+            lines += [f"and.b32 a, t, 0x{keep:08X};", f"mul.lo.u32 a, a, 0x{mul:X};",
+                      f"and.b32 ${2 * j + hi}, a, 0x81C081C0;"]
     return "\n".join(lines + ["}"])
 
 
