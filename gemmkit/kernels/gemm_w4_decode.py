@@ -162,6 +162,20 @@ def _decode_mx(words, sc, A_LAYOUT: gl.constexpr):
 
 
 @gluon.jit
+def _step_scales(ws, wz, off_n, kstep, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
+                 ROWS: gl.constexpr, HAS_ZERO: gl.constexpr, BASE: gl.constexpr, MXFP4: gl.constexpr):
+    """The scales a K step needs: MXFP4, the (64, 16) tile of _mx_scales (twice); else the rows'
+    (scale, BASE + zero point) of _group."""
+    if MXFP4:
+        s = _mx_scales(ws, off_n, kstep, N, stride_sn, stride_sk)
+        z = s
+    else:
+        s, z = _group(ws, wz, off_n, kstep >> group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk, ROWS,
+                      HAS_ZERO, BASE)
+    return s, z
+
+
+@gluon.jit
 def _relabel(o0, o1, o2, o3, o4, o5, o6, o7, A_LAYOUT: gl.constexpr):
     """The (64, 128) tile of the eight registers' values in the permuted K order, in A_LAYOUT."""
     t = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)), gl.join(gl.join(o4, o5), gl.join(o6, o7)))
@@ -244,19 +258,11 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
         if i < total:
             _issue(w_desc, wbuf, bars, i, first_tile, tile_stride, kstep0, KS, STAGES)
     t, st = _tile_step(0, first_tile, tile_stride, KS)
-    if MXFP4:
-        s0 = _mx_scales(ws, t * BLOCK_N, kstep0 + st, N, stride_sn, stride_sk)
-        z0 = s0
-    else:
-        s0, z0 = _group(ws, wz, t * BLOCK_N, (kstep0 + st) >> group_shift, N, stride_sn, stride_sk, stride_zn,
-                        stride_zk, ROWS, HAS_ZERO, BASE)
+    s0, z0 = _step_scales(ws, wz, t * BLOCK_N, kstep0 + st, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
+                          ROWS, HAS_ZERO, BASE, MXFP4)
     t, st = _tile_step(1, first_tile, tile_stride, KS)
-    if MXFP4:
-        s1 = _mx_scales(ws, t * BLOCK_N, kstep0 + st, N, stride_sn, stride_sk)
-        z1 = s1
-    else:
-        s1, z1 = _group(ws, wz, t * BLOCK_N, (kstep0 + st) >> group_shift, N, stride_sn, stride_sk, stride_zn,
-                        stride_zk, ROWS, HAS_ZERO, BASE)
+    s1, z1 = _step_scales(ws, wz, t * BLOCK_N, kstep0 + st, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
+                          ROWS, HAS_ZERO, BASE, MXFP4)
     x_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
     rmx = gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))
     tk = true_k(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_l)))
@@ -275,12 +281,8 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
         if j + STAGES - 1 < total:
             _issue(w_desc, wbuf, bars, j + STAGES - 1, first_tile, tile_stride, kstep0, KS, STAGES)
         t2, st2 = _tile_step(gl.minimum(j + 2, total - 1), first_tile, tile_stride, KS)
-        if MXFP4:
-            s2 = _mx_scales(ws, t2 * BLOCK_N, kstep0 + st2, N, stride_sn, stride_sk)
-            z2 = s2
-        else:
-            s2, z2 = _group(ws, wz, t2 * BLOCK_N, (kstep0 + st2) >> group_shift, N, stride_sn, stride_sk, stride_zn,
-                            stride_zk, ROWS, HAS_ZERO, BASE)
+        s2, z2 = _step_scales(ws, wz, t2 * BLOCK_N, kstep0 + st2, group_shift, N, stride_sn, stride_sk, stride_zn,
+                              stride_zk, ROWS, HAS_ZERO, BASE, MXFP4)
         t, st = _tile_step(j, first_tile, tile_stride, KS)
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)

@@ -228,12 +228,6 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
     loads), "rowcol" or "none" (bf16 / fp16), FP8 promoted or not, the plan's tile width, TMA stores
     for 16-bit outputs (pointer stores for fp32). gated: the fused feed-forward's gated tiles
     (silu(x @ gate^T) * (x @ up^T), N the intermediate size; per-channel scales for "rowcol")."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import JITFunction, create_function_from_signature
-
     from ..core import hopper_ws as hw
 
     kernel = hw.gluon_kernel().gemm_ws_kernel
@@ -253,7 +247,18 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
                      gated=("silu", (N, 1)) if gated else None)
     if plan.splits > 1:  # the kernel writes K slices' fp32 partials into the workspace
         c = torch.empty(plan.ws_shape, dtype=torch.float32)
-    args = (*plan.arguments(x, w, c, bias, xs, ws, w if gated else None), *plan.tail)
+    return _compile_gluon(kernel, (*plan.arguments(x, w, c, bias, xs, ws, w if gated else None), *plan.tail))
+
+
+def _compile_gluon(kernel, args) -> Binary:
+    """Compile a Gluon kernel (4 warps) for sm_90 with the specialization a launch with `args`
+    would get."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     bound, specialization, opts = create_function_from_signature(kernel.signature, kernel.params, backend)(
@@ -271,12 +276,6 @@ def compile_w4_decode(M: int, N: int, K: int, dtype=torch.bfloat16, group: int =
     """Compile the Hopper INT4 decode kernel (kernels/gemm_w4_decode.py) for sm_90 with the
     arguments core/hopper_w4.W4DecodePlan passes for this problem (INT4 weight, `group`-wide
     scale groups, zero points or not; mxfp4: MXFP4 weight, e8m0 scales of 32)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import JITFunction, create_function_from_signature
-
     from ..core import hopper_w4 as hw
 
     x, w_q = torch.empty(M, K, dtype=dtype), torch.empty(N, K // 2, dtype=torch.uint8)
@@ -287,16 +286,7 @@ def compile_w4_decode(M: int, N: int, K: int, dtype=torch.bfloat16, group: int =
     plan = hw.W4DecodePlan(dev, x, w_q, wz, None, M, N, K, group, b, activation, dtype, (M, N), False, mxfp4)
     kernel = hw.decode_kernel()
     sums = torch.empty(M * N, dtype=torch.float32) if plan.slices > 1 else None
-    args = (plan.w_desc(w_q.view(torch.int32)), x, ws, wz, y, b, sums, *plan._tail(ws, wz))
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
-    bound, specialization, opts = create_function_from_signature(kernel.signature, kernel.params, backend)(
-        *args, num_warps=4)
-    opts, signature, constexprs, attrs = JITFunction._pack_args(kernel, backend, dict(num_warps=4), bound,
-                                                               specialization, opts)
-    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target,
-                              options=opts.__dict__)
-    return _inspect(compiled.asm["cubin"], compiled.metadata.shared, with_stack=True)
+    return _compile_gluon(kernel, (plan.w_desc(w_q.view(torch.int32)), x, ws, wz, y, b, sums, *plan._tail(ws, wz)))
 
 
 def _compile(kernel, args, cfg: GemmConfig) -> Binary:
