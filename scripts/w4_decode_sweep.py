@@ -4,7 +4,7 @@ INT4 g128 asymmetric as `gemmkit bench a16w4` builds it; CUDA-graph replay over 
 the weights (so that no layer is timed hot in the 50 MB L2). The decode kernel's size rule is
 widened for the probe (every M <= 64).
 
-Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--m 1 4 16]
+Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--m 1 4 16] (--m last)
 """
 
 import os
@@ -22,9 +22,20 @@ from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 out = open(args[0], "w") if args and not args[0].isdigit() else sys.stdout
-M_LIST = [int(a) for a in sys.argv[sys.argv.index("--m") + 1:]] if "--m" in sys.argv else [1, 4, 16]
+M_LIST = ([int(a) for a in sys.argv[sys.argv.index("--m") + 1:] if a.isdigit()] if "--m" in sys.argv
+          else [1, 4, 16])
 SHAPES = [(28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672), (6144, 4096)]
 FP4 = "--fp4" in sys.argv
+GROUP = int(sys.argv[sys.argv.index("--group") + 1]) if "--group" in sys.argv else 128
+
+
+def int4_inputs(M, N, K):
+    """x, the INT4 weight in groups of GROUP (asymmetric) and its bf16 dequantization."""
+    from gemmkit.quant import dequantize_int4, quantize_int4
+
+    x, w = torch.randn(M, K, device="cuda").bfloat16(), (torch.randn(N, K, device="cuda") / K**0.5).bfloat16()
+    wq, ws, wz = quantize_int4(w, GROUP)
+    return {"x": x, "wq": wq, "ws": ws, "wz": wz, "w16": dequantize_int4(wq, ws, wz, GROUP, torch.bfloat16)}
 VARIANTS = [(ks, st, ps) for ks in (2, 4, 8) for st in (4, 8) for ps in (3, 4, 6)]
 ROTATE = 3
 hopper_w4.DECODE_MAX_M, hopper_w4.MX_DECODE_MAX_M, hopper_w4.LONG_K = 64, 64, 1 << 30
@@ -46,22 +57,24 @@ def calls_for(inps, variant):
             plan = fp4._make_plan(inp["x"], None, inp["wq"], inp["ws"], None, None, None, None, None)
             calls.append(lambda inp=inp, plan=plan: plan.run(inp["x"], inp["wq"], None, None, None, inp["ws"]))
         else:
-            plan = a16w4._make_plan(inp["x"], inp["wq"], inp["ws"], inp["wz"], 128, None, None, None, None, None)
+            plan = a16w4._make_plan(inp["x"], inp["wq"], inp["ws"], inp["wz"], GROUP, None, None, None, None, None)
             calls.append(lambda inp=inp, plan=plan: plan.run(inp["x"], inp["wq"], None, None, None, inp["ws"], None,
                                                               None, None, None, None, inp["wz"]))
     return calls
 
 
-print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {'MXFP4' if FP4 else 'INT4 g128 asymmetric'}, "
+print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {'MXFP4' if FP4 else f'INT4 g{GROUP} asymmetric'}, "
       f"{ROTATE} weight copies",
       file=out, flush=True)
 for N, K in SHAPES:
     for M in M_LIST:
         torch.manual_seed(0)
-        make = registry._a16wfp4_inputs if FP4 else registry._a16w4_inputs
-        inps = [make(M, N, K, "bf16", "cuda") for _ in range(ROTATE)]
+        if FP4:
+            inps = [registry._a16wfp4_inputs(M, N, K, "bf16", "cuda") for _ in range(ROTATE)]
+        else:
+            inps = [int4_inputs(M, N, K) for _ in range(ROTATE)]
         ref = inps[0]["x"].float() @ inps[0]["w16"].float().T
-        wbytes = N * K / 2 + (N * K / 32 if FP4 else N * (K // 128) * (inps[0]["ws"].element_size() + 1))
+        wbytes = N * K / 2 + (N * K / 32 if FP4 else N * (K // GROUP) * (inps[0]["ws"].element_size() + 1))
         named = {"F.linear bf16": [lambda inp=inp: F.linear(inp["x"], inp["w16"]) for inp in inps]}
         for variant in [None] + VARIANTS:
             name = "tl kernel (own pick)" if variant is None else "decode KS~%d stages %d %d/SM" % variant

@@ -1,8 +1,8 @@
 """Where gemm_a16w4 runs the Hopper INT4 decode kernel (kernels/gemm_w4_decode.py), and its launch.
 
 The kernel takes decode-sized calls on sm_90 (CUDA, Gluon, GEMMKIT_GLUON not 0): M <= DECODE_MAX_M
-rows of bf16 / fp16 x (from 3 rows only K <= LONG_K), K a multiple of 128, INT4 scale groups of 128
-or a multiple (or one per channel), or MXFP4 weights with bf16 x (gemm_a16wfp4; up to
+rows of bf16 / fp16 x (from 3 rows only K <= LONG_K), K a multiple of 128, INT4 scale groups of 32,
+64, 128 or a multiple of 128 (or one per channel), or MXFP4 weights with bf16 x (gemm_a16wfp4; up to
 MX_DECODE_MAX_M rows), no explicit config. Everything else runs the tl kernel
 (core/config._derive_packed). scripts/w4_decode_sweep.py (tuning/w4_gluon/w4_decode_sweep_h100.txt,
 7 layers, weights rotated through 3 copies): at M = 1 this kernel ran 1.05x to 1.18x the tl kernel
@@ -33,6 +33,7 @@ LONG_K = 16384  # from 3 rows, K up to this (8192 x 28672 at M = 4: 0.96x the tl
 MX_DECODE_MAX_M = 64  # MXFP4: 1.2x to 2.3x the tl kernel at M = 1 to 64 on every layer measured
 KS_TARGET = 2
 MX_KS_TARGET = 4
+SMALL_GROUPS = (32, 64)  # INT4 groups applied before the product (a thread's values of a step lie in one)
 PROGRAMS_PER_SM = 6
 BLOCK_N, BLOCK_K = 64, 128
 PER_CALL = ("w_desc", "x", "ws", "wz", "y", "bias", "sums")
@@ -77,7 +78,7 @@ def w4_decode_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, c
     sizes = M <= MX_DECODE_MAX_M if mxfp4 else M <= DECODE_MAX_M and (M <= 2 or K <= LONG_K)
     return (config is None and M >= 1 and sizes and N > 0 and K > 0
             and K % BLOCK_K == 0
-            and x2.dtype in dtypes and (mxfp4 or group_shift(group, K) is not None)
+            and x2.dtype in dtypes and (mxfp4 or group in SMALL_GROUPS or group_shift(group, K) is not None)
             and (x2.stride(1) == 1 or K == 1) and w_q.stride(0) % 16 == 0 and w_q.data_ptr() % 16 == 0
             and ws_enabled(dev, x2.device))
 
@@ -113,10 +114,10 @@ class W4DecodePlan:
                                    gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
         bm = max(16, 1 << (M - 1).bit_length())  # wgmma's N: the rows of x (up to 64)
         self.values = dict(M=M, N=N, K=K, SLICES=self.slices, stride_xm=x2.stride(0), STAGES=STAGES,
-                           stride_ym=self.y_strides[0], stride_yn=self.y_strides[1], group_shift=0 if mxfp4 else group_shift(group, K),
+                           stride_ym=self.y_strides[0], stride_yn=self.y_strides[1], group_shift=0 if mxfp4 or group in SMALL_GROUPS else group_shift(group, K),
                            BM=bm, KS=ks, FP16=x2.dtype == torch.float16, HAS_ZERO=self.has_zero,
                            HAS_BIAS=bias is not None, ACTIVATION=activation, SLICED=self.slices > 1,
-                           MXFP4=mxfp4)
+                           MXFP4=mxfp4, GROUP_WORDS=group // 8 if not mxfp4 and group in SMALL_GROUPS else 0)
         if self.slices > 1:
             self.finish = CachedLaunch(finish_kernel(), (-(-M // FINISH_BLOCK[0]), -(-N // FINISH_BLOCK[1])), 4, 1,
                                        self.device_index)

@@ -162,13 +162,50 @@ def _decode_mx(words, sc, A_LAYOUT: gl.constexpr):
 
 
 @gluon.jit
+def _word_groups(ws, wz, off_n, kstep, N, stride_sn, stride_sk, stride_zn, stride_zk, HAS_ZERO: gl.constexpr,
+                 BASE: gl.constexpr, GROUP_WORDS: gl.constexpr, DT: gl.constexpr):
+    """(64, 16) DT tiles (scale, BASE + zero point) of each word's INT4 group (GROUP_WORDS words of a
+    row: groups of 32 or 64) in the words' layout."""
+    rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _WORDS))
+    g = kstep * (16 // GROUP_WORDS) + gl.arange(0, 16, layout=gl.SliceLayout(0, _WORDS)) // GROUP_WORDS
+    s = gl.load(ws + rn[:, None] * stride_sn + g[None, :] * stride_sk, mask=(rn < N)[:, None], other=0.0)
+    if HAS_ZERO:
+        z = gl.load(wz + rn[:, None] * stride_zn + g[None, :] * stride_zk, mask=(rn < N)[:, None], other=0)
+        z = z.to(gl.float32) + BASE
+    else:
+        z = gl.full([BLOCK_N, 16], BASE + 8.0, gl.float32, _WORDS)
+    return s.to(DT), z.to(DT)
+
+
+@gluon.jit
+def _decode_groups(words, s, z, A_LAYOUT: gl.constexpr, FP16: gl.constexpr):
+    """The (64, 128) register tile (q - z) s in DT of one step's INT4 words with their groups'
+    tiles (_word_groups; the zero point with BASE, exact), as _decode: small groups are applied
+    before the product, a thread's values of a row and step lying in one group of 32 (its words
+    4q .. 4q + 3) or 64."""
+    if FP16:
+        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+            _DECODE_FP16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words], dtype=(gl.float16,) * 8, is_pure=True, pack=2)
+    else:
+        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+            _DECODE_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
+    return _relabel((o0 - z) * s, (o1 - z) * s, (o2 - z) * s, (o3 - z) * s, (o4 - z) * s, (o5 - z) * s,
+                    (o6 - z) * s, (o7 - z) * s, A_LAYOUT)
+
+
+@gluon.jit
 def _step_scales(ws, wz, off_n, kstep, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
-                 ROWS: gl.constexpr, HAS_ZERO: gl.constexpr, BASE: gl.constexpr, MXFP4: gl.constexpr):
-    """The scales a K step needs: MXFP4, the (64, 16) tile of _mx_scales (twice); else the rows'
-    (scale, BASE + zero point) of _group."""
+                 ROWS: gl.constexpr, HAS_ZERO: gl.constexpr, BASE: gl.constexpr, MXFP4: gl.constexpr,
+                 GROUP_WORDS: gl.constexpr, DT: gl.constexpr):
+    """The scales a K step needs: MXFP4, the (64, 16) tile of _mx_scales (twice); INT4 groups of 32
+    or 64 (GROUP_WORDS), the tiles of _word_groups; else the rows' (scale, BASE + zero point) of
+    _group."""
     if MXFP4:
         s = _mx_scales(ws, off_n, kstep, N, stride_sn, stride_sk)
         z = s
+    elif GROUP_WORDS > 0:
+        s, z = _word_groups(ws, wz, off_n, kstep, N, stride_sn, stride_sk, stride_zn, stride_zk, HAS_ZERO, BASE,
+                            GROUP_WORDS, DT)
     else:
         s, z = _group(ws, wz, off_n, kstep >> group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk, ROWS,
                       HAS_ZERO, BASE)
@@ -219,7 +256,7 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
                      stride_zk, stride_ym, stride_yn, group_shift,
                      BM: gl.constexpr, KS: gl.constexpr, STAGES: gl.constexpr, FP16: gl.constexpr,
                      HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, SLICED: gl.constexpr,
-                     MXFP4: gl.constexpr):
+                     MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr):
     """y (M, N) = ACTIVATION(x @ ((q - z) s)^T + bias) for x (M <= BM, K) bf16 (fp16: FP16), unit
     stride along K; w_desc: a TMA descriptor of the packed weight (gemmkit's INT4 layout, uint8
     (N, K // 2)) viewed as int32 (N, K // 8), block (64, 16); ws (N, G) scales, wz (N, G) uint8
@@ -228,7 +265,9 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
     and reduce.finish_sums stores y; else y is stored here. Programs: a multiple of SLICES.
     MXFP4 (bf16 x): the weight's codes are e2m1 and ws (N, K // 32) its uint8 e8m0 scales, applied
     to the decoded values before the product (a thread's values of a row and step share one
-    32-wide scale block: its words 4q .. 4q + 3); wz, group_shift unused."""
+    32-wide scale block: its words 4q .. 4q + 3); wz, group_shift unused. GROUP_WORDS (4 or 8):
+    INT4 groups of 32 or 64, applied to the decoded values before the product likewise (in x's
+    dtype, as the tl kernel does); 0: groups of 128 or more, applied after each step's product."""
     pid = gl.program_id(0)
     sl = pid % SLICES
     first_tile = pid // SLICES
@@ -259,10 +298,10 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
             _issue(w_desc, wbuf, bars, i, first_tile, tile_stride, kstep0, KS, STAGES)
     t, st = _tile_step(0, first_tile, tile_stride, KS)
     s0, z0 = _step_scales(ws, wz, t * BLOCK_N, kstep0 + st, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
-                          ROWS, HAS_ZERO, BASE, MXFP4)
+                          ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT)
     t, st = _tile_step(1, first_tile, tile_stride, KS)
     s1, z1 = _step_scales(ws, wz, t * BLOCK_N, kstep0 + st, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
-                          ROWS, HAS_ZERO, BASE, MXFP4)
+                          ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT)
     x_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
     rmx = gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))
     tk = true_k(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_l)))
@@ -270,7 +309,7 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
         xp = gl.load(x + rmx[:, None] * stride_xm + ((kstep0 + q) * BLOCK_K + tk)[None, :], mask=(rmx < M)[:, None],
                      other=0.0)
         xs.index(q).store(xp)
-        if not MXFP4:
+        if not MXFP4 and GROUP_WORDS == 0:
             xsum.index(q).store(gl.sum(xp.to(gl.float32), axis=1))
     fence_async_shared()
     rm = gl.arange(0, BM, layout=COLS)
@@ -282,13 +321,15 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
             _issue(w_desc, wbuf, bars, j + STAGES - 1, first_tile, tile_stride, kstep0, KS, STAGES)
         t2, st2 = _tile_step(gl.minimum(j + 2, total - 1), first_tile, tile_stride, KS)
         s2, z2 = _step_scales(ws, wz, t2 * BLOCK_N, kstep0 + st2, group_shift, N, stride_sn, stride_sk, stride_zn,
-                              stride_zk, ROWS, HAS_ZERO, BASE, MXFP4)
+                              stride_zk, ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT)
         t, st = _tile_step(j, first_tile, tile_stride, KS)
         slot = j % STAGES
         mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
         words = wbuf.index(slot).load(_WORDS)
         if MXFP4:
             acc = warpgroup_mma(_decode_mx(words, s0, a_l), xs.index(st).permute((1, 0)), acc)
+        elif GROUP_WORDS > 0:
+            acc = warpgroup_mma(_decode_groups(words, s0, z0, a_l, FP16), xs.index(st).permute((1, 0)), acc)
         else:
             part = warpgroup_mma(_decode(words, a_l, FP16), xs.index(st).permute((1, 0)),
                                  gl.zeros([BLOCK_N, BM], gl.float32, acc_l), use_acc=False)

@@ -567,6 +567,7 @@ W4_CHECKS = {  # (M, N, K, compile_w4_decode keywords)
         4, 1000, 256, dict(dtype=torch.float16, group=256, zero=False, bias=True, activation="silu")),
     "gluon int4 decode, 64 rows (the widest x tile), groups of 256": (64, 8192, 8192, dict(group=256)),
     "gluon mxfp4 decode, two rows": (2, 4096, 4096, dict(group=32, mxfp4=True)),
+    "gluon int4 decode, groups of 32 (applied before the product)": (1, 4096, 4096, dict(group=32)),
 }
 
 
