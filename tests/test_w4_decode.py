@@ -28,6 +28,7 @@ def built(monkeypatch):
     beyond the sizes it is routed (test_size_rule checks the rule itself)."""
     monkeypatch.setattr(hopper_w4, "DECODE_MAX_M", 64)
     monkeypatch.setattr(hopper_w4, "MX_DECODE_MAX_M", 64)
+    monkeypatch.setattr(hopper_w4, "SMALL_DECODE_MAX_M", 64)
     monkeypatch.setattr(hopper_w4, "LONG_K", 1 << 30)
     plans = []
     real = hopper_w4.W4DecodePlan.__init__
@@ -170,12 +171,14 @@ def test_slice_steps(monkeypatch, target, steps, ks):
                                       (1, 8192, 8000, False)])
 def test_size_rule(monkeypatch, M, N, K, ok):
     """The sizes gemm_a16w4 routes to the kernel (up to 4 rows, from 3 rows K <= 16384; K a
-    multiple of 128), with the device checks passing; MXFP4 (gemm_a16wfp4): up to 64 rows, bf16 x."""
+    multiple of 128), with the device checks passing; MXFP4 (gemm_a16wfp4): up to 64 rows, bf16 x;
+    INT4 groups of 32: up to 16 rows."""
     monkeypatch.setattr(hopper_w4, "ws_enabled", lambda dev, device: True)
     x, w_q = torch.empty(M, K, dtype=BF16), torch.empty(N, K // 2, dtype=torch.uint8)
     assert hopper_w4.w4_decode_ok(None, x, w_q, M, N, K, 128 if K % 128 == 0 else K, None) == ok
     mx_ok = M <= 64 and K % 128 == 0
     assert hopper_w4.w4_decode_ok(None, x, w_q, M, N, K, 32, None, mxfp4=True) == mx_ok
+    assert hopper_w4.w4_decode_ok(None, x, w_q, M, N, K, 32, None) == (M <= 16 and K % 128 == 0)
     assert not hopper_w4.w4_decode_ok(None, x.half(), w_q, M, N, K, 32, None, mxfp4=True)
 
 

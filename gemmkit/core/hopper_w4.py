@@ -10,7 +10,9 @@ on every layer, at M = 4 0.96x to 1.12x (the 0.96 at K = 28672), at M = 16 0.87x
 stays with the tl kernel there). MXFP4 (`--fp4`, w4_decode_sweep_fp4_h100.txt): 1.4x to 1.9x the tl
 kernel at M = 1, 4 and 16 on every layer (its tl loop decodes e2m1 in 32-wide groups, 8 steps of a
 256-deep tile), 1.2x to 1.6x at M = 32 and 1.3x to 2.3x at M = 64 (w4_decode_sweep_fp4_m32_64_h100.txt,
-where the tl kernel reads 0.35 to 0.55 TB/s); KS_TARGET 4 there (MX_KS_TARGET).
+where the tl kernel reads 0.35 to 0.55 TB/s); KS_TARGET 4 there (MX_KS_TARGET). INT4 in groups of 32
+(`--group 32`, w4_decode_sweep_g32_h100.txt): 1.9x to 2.8x the tl kernel at M = 1, 4 and 16 (the tl
+kernel's 32-deep decode steps run at 0.77x to 1.0x cuBLAS there): up to SMALL_DECODE_MAX_M rows.
 
 Its work split: K steps of 128; KS steps per slice (x of a slice is staged in shared memory once
 per program: KS_TARGET steps, or the nearest divisor of the step count), SLICES = steps / KS slices,
@@ -34,6 +36,7 @@ MX_DECODE_MAX_M = 64  # MXFP4: 1.2x to 2.3x the tl kernel at M = 1 to 64 on ever
 KS_TARGET = 2
 MX_KS_TARGET = 4
 SMALL_GROUPS = (32, 64)  # INT4 groups applied before the product (a thread's values of a step lie in one)
+SMALL_DECODE_MAX_M = 16  # groups of 32: 1.9x to 2.8x the tl kernel at M = 1, 4 and 16
 PROGRAMS_PER_SM = 6
 BLOCK_N, BLOCK_K = 64, 128
 PER_CALL = ("w_desc", "x", "ws", "wz", "y", "bias", "sums")
@@ -75,7 +78,12 @@ def w4_decode_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, c
     """Whether gemm_a16w4 (gemm_a16wfp4: mxfp4, bf16 x only) takes this call to the decode kernel
     (module docstring): also K-contiguous x and 16-byte aligned weight rows (TMA)."""
     dtypes = (torch.bfloat16,) if mxfp4 else (torch.bfloat16, torch.float16)
-    sizes = M <= MX_DECODE_MAX_M if mxfp4 else M <= DECODE_MAX_M and (M <= 2 or K <= LONG_K)
+    if mxfp4:
+        sizes = M <= MX_DECODE_MAX_M
+    elif group in SMALL_GROUPS:
+        sizes = M <= SMALL_DECODE_MAX_M
+    else:
+        sizes = M <= DECODE_MAX_M and (M <= 2 or K <= LONG_K)
     return (config is None and M >= 1 and sizes and N > 0 and K > 0
             and K % BLOCK_K == 0
             and x2.dtype in dtypes and (mxfp4 or group in SMALL_GROUPS or group_shift(group, K) is not None)
