@@ -12,7 +12,11 @@ kernel at M = 1, 4 and 16 on every layer (its tl loop decodes e2m1 in 32-wide gr
 256-deep tile), 1.2x to 1.6x at M = 32 and 1.3x to 2.3x at M = 64 (w4_decode_sweep_fp4_m32_64_h100.txt,
 where the tl kernel reads 0.35 to 0.55 TB/s); KS_TARGET 4 there (MX_KS_TARGET). INT4 in groups of 32
 (`--group 32`, w4_decode_sweep_g32_h100.txt): 1.9x to 2.8x the tl kernel at M = 1, 4 and 16 (the tl
-kernel's 32-deep decode steps run at 0.77x to 1.0x cuBLAS there): up to SMALL_DECODE_MAX_M rows.
+kernel's 32-deep decode steps run at 0.77x to 1.0x cuBLAS there), groups of 64 (`--group 64`,
+w4_decode_sweep_g64_h100.txt) 1.24x to 1.45x at M = 1 and 0.99x to 1.32x at M = 16: up to
+SMALL_DECODE_MAX_M rows. From WIDE_M rows the sweeps' best split was longer slices and fewer
+programs (groups of 32 / 64 at M = 16: KS 8 and 4 per SM, 10% to 30% faster than KS 2 and 6 per SM;
+MXFP4 at 16 to 64 rows: KS 4, 4 per SM).
 
 Its work split: K steps of 128; KS steps per slice (x of a slice is staged in shared memory once
 per program: KS_TARGET steps, or the nearest divisor of the step count), SLICES = steps / KS slices,
@@ -35,6 +39,9 @@ LONG_K = 16384  # from 3 rows, K up to this (8192 x 28672 at M = 4: 0.96x the tl
 MX_DECODE_MAX_M = 64  # MXFP4: 1.2x to 2.3x the tl kernel at M = 1 to 64 on every layer measured
 KS_TARGET = 2
 MX_KS_TARGET = 4
+WIDE_M = 5  # from here (MXFP4, INT4 groups of 32 / 64): fewer, longer programs
+WIDE_KS_TARGET = 8  # INT4 groups of 32 / 64 from WIDE_M rows (MXFP4 keeps MX_KS_TARGET)
+WIDE_PROGRAMS_PER_SM = 4
 SMALL_GROUPS = (32, 64)  # INT4 groups applied before the product (a thread's values of a step lie in one)
 SMALL_DECODE_MAX_M = 16  # groups of 32: 1.9x to 2.8x the tl kernel at M = 1, 4 and 16
 PROGRAMS_PER_SM = 6
@@ -106,10 +113,12 @@ class W4DecodePlan:
         self.device = x2.device
         self.device_index = x2.device.index or 0
         steps = K // BLOCK_K
-        ks = slice_steps(steps, MX_KS_TARGET if mxfp4 else KS_TARGET)
+        wide = M >= WIDE_M
+        ks = slice_steps(steps, MX_KS_TARGET if mxfp4 else WIDE_KS_TARGET if wide else KS_TARGET)
         self.slices = steps // ks
         self.tiles = -(-N // BLOCK_N)
-        programs = self.slices * max(1, min(self.tiles, PROGRAMS_PER_SM * dev.num_sms // self.slices))
+        per_sm = WIDE_PROGRAMS_PER_SM if wide else PROGRAMS_PER_SM
+        programs = self.slices * max(1, min(self.tiles, per_sm * dev.num_sms // self.slices))
         self.has_zero = w_zero is not None
         self.y_strides = (N, 1) if y2 is None else y2.stride()
         self.kernel = decode_kernel()
