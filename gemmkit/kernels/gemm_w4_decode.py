@@ -1,4 +1,5 @@
-"""Hopper (sm_90) INT4 weight-only GEMM for decode sizes (Gluon): y (M <= 16, N) = x @ dequant(w)^T.
+"""Hopper (sm_90) 4-bit weight-only GEMM for decode sizes (Gluon): y (M <= 64, N) = x @ dequant(w)^T,
+INT4 in groups or MXFP4 (core/hopper_w4.py routes; BENCHMARKS.md, seventh session).
 
 The product is computed transposed, y^T = W x^T, so that the weight is wgmma's left operand and
 can come from registers: TMA brings each 128-deep K step's packed weight tile (64 rows x 64 bytes)
@@ -19,7 +20,9 @@ order. A sum over K does not depend on the order.
 Each 128-deep K step's product is taken with the weight as 128 + q (or 1024 + q) and fp32
 accumulation; the zero point and group scale are applied to it in fp32 with the step's x sums:
 sum_k x (q - z) s = s (sum_k x (128 + q) - (128 + z) sum_k x), one scale group per step (groups
-of 128 or a multiple of it, or one per channel).
+of 128 or a multiple of it, or one per channel). Smaller groups (32, 64) and MXFP4's e8m0 blocks
+of 32 are applied to the decoded values instead, before the product: in the permuted order a
+thread's values of a row and step are its words 4q .. 4q + 3, one block of 32.
 
 Work split: program p takes K slice p % SLICES (KS steps; x of the slice staged once) and the
 64-row weight tiles p // SLICES, + P / SLICES, ... as one stream of (tile, step) iterations,
