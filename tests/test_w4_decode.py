@@ -182,6 +182,19 @@ def test_size_rule(monkeypatch, M, N, K, ok):
     assert not hopper_w4.w4_decode_ok(None, x.half(), w_q, M, N, K, 32, None, mxfp4=True)
 
 
+def test_configs_show_route():
+    """`gemmkit configs show` on an sm_90 profile names the decode kernel's split where it takes a call."""
+    from gemmkit.core.device import known_device
+    from gemmkit.tools.configs import w4_route
+
+    h100 = known_device("NVIDIA_H100_80GB_HBM3")
+    assert "K in 16 slices of 2 x 128, up to 6 programs per SM" in w4_route("a16w4", 1, 4096, 4096, h100)
+    assert w4_route("a16w4", 16, 4096, 4096, h100) is None
+    assert "K in 8 slices of 4 x 128, up to 4 programs per SM" in w4_route("a16wfp4", 16, 4096, 4096, h100)
+    assert w4_route("a16wfp4", 65, 4096, 4096, h100) is None and w4_route("a16w16", 1, 4096, 4096, h100) is None
+    assert w4_route("a16w4", 1, 4096, 4096, device_info(torch.device("cpu"))) is None
+
+
 def test_not_taken_off_hopper(built):
     """On the CPU (the interpreter) or another GPU the tl kernel serves every call."""
     if HOPPER:

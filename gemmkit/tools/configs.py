@@ -72,6 +72,29 @@ def gluon_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | No
     return shape + (f", {splits} K slices" if splits > 1 else "")
 
 
+def w4_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | None:
+    """What the Gluon 4-bit decode kernel (sm_90, core/hopper_w4.py) takes of this problem for the
+    op of `table` (a16w4: INT4 in groups of 128 with bf16 x, as `gemmkit bench` builds it;
+    a16wfp4: MXFP4), or None where it does not."""
+    from ..core import hopper_w4 as h4
+
+    if table not in ("a16w4", "a16wfp4") or dev.interpreter or tuple(dev.capability) != (9, 0):
+        return None
+    mxfp4 = table == "a16wfp4"
+    wide = M >= h4.WIDE_M
+    if mxfp4:
+        ok, target = M <= h4.MX_DECODE_MAX_M, h4.MX_KS_TARGET
+    else:
+        ok, target = M <= h4.DECODE_MAX_M and (M <= 2 or K <= h4.LONG_K), h4.WIDE_KS_TARGET if wide else h4.KS_TARGET
+    if not ok or K % h4.BLOCK_K or N <= 0:
+        return None
+    steps = K // h4.BLOCK_K
+    ks = h4.slice_steps(steps, target)
+    per_sm = h4.WIDE_PROGRAMS_PER_SM if wide else h4.PROGRAMS_PER_SM
+    return (f"{h4.BLOCK_N}-row weight tiles, K in {steps // ks} slices of {ks} x 128, up to {per_sm} programs per SM"
+            + ("" if mxfp4 else " (INT4 groups of 128; groups of 32 / 64 up to 16 rows)"))
+
+
 def show_lines(ops, shapes, dev: DeviceInfo, dtype: str | None, out_dtype: str) -> list[str]:
     out_bytes = DTYPES[out_dtype].itemsize
     lines = []
@@ -96,6 +119,11 @@ def show_lines(ops, shapes, dev: DeviceInfo, dtype: str | None, out_dtype: str) 
             if route is not None:
                 lines.append(f"    on sm_90 the warp-specialized Gluon kernel runs it instead: {route} "
                              "(core/hopper_ws.py; the config above: other GPUs, explicit configs, and calls "
+                             "that kernel does not take)")
+            route = w4_route(op.table, M, N, K, dev)
+            if route is not None:
+                lines.append(f"    on sm_90 the Gluon 4-bit decode kernel runs it instead: {route} "
+                             "(core/hopper_w4.py; the config above: other GPUs, explicit configs, and calls "
                              "that kernel does not take)")
     return lines
 
