@@ -181,17 +181,24 @@ def _word_groups(ws, wz, off_n, kstep, N, stride_sn, stride_sk, stride_zn, strid
 
 
 @gluon.jit
+def _int4_registers(words, FP16: gl.constexpr):
+    """The eight (64, 16) registers of _decode_ptx: element i of each word, MAGIC | q."""
+    if FP16:
+        out = gl.inline_asm_elementwise(_DECODE_FP16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words],
+                                        dtype=(gl.float16,) * 8, is_pure=True, pack=2)
+    else:
+        out = gl.inline_asm_elementwise(_DECODE_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words],
+                                        dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
+    return out
+
+
+@gluon.jit
 def _decode_groups(words, s, z, A_LAYOUT: gl.constexpr, FP16: gl.constexpr):
     """The (64, 128) register tile (q - z) s in DT of one step's INT4 words with their groups'
     tiles (_word_groups; the zero point with BASE, exact), as _decode: small groups are applied
     before the product, a thread's values of a row and step lying in one group of 32 (its words
     4q .. 4q + 3) or 64."""
-    if FP16:
-        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-            _DECODE_FP16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words], dtype=(gl.float16,) * 8, is_pure=True, pack=2)
-    else:
-        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-            _DECODE_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
+    o0, o1, o2, o3, o4, o5, o6, o7 = _int4_registers(words, FP16)
     return _relabel((o0 - z) * s, (o1 - z) * s, (o2 - z) * s, (o3 - z) * s, (o4 - z) * s, (o5 - z) * s,
                     (o6 - z) * s, (o7 - z) * s, A_LAYOUT)
 
@@ -228,12 +235,7 @@ def _relabel(o0, o1, o2, o3, o4, o5, o6, o7, A_LAYOUT: gl.constexpr):
 def _decode(words, A_LAYOUT: gl.constexpr, FP16: gl.constexpr):
     """The (64, 128) register tile MAGIC | q of one step's words in the permuted K order, in the
     layout of wgmma's left operand (the reshapes and the permute only relabel registers)."""
-    if FP16:
-        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-            _DECODE_FP16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words], dtype=(gl.float16,) * 8, is_pure=True, pack=2)
-    else:
-        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
-            _DECODE_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
+    o0, o1, o2, o3, o4, o5, o6, o7 = _int4_registers(words, FP16)
     return _relabel(o0, o1, o2, o3, o4, o5, o6, o7, A_LAYOUT)
 
 
