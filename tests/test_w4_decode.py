@@ -195,6 +195,21 @@ def test_configs_show_route():
     assert w4_route("a16w4", 1, 4096, 4096, device_info(torch.device("cpu"))) is None
 
 
+@pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")
+def test_output_overlapping_an_input_is_refused_before_launch():
+    """A y that shares memory with x: a clear error from the plan, before anything is launched."""
+    from gemmkit.core.device import known_device
+
+    x = torch.randn(4, 256).to(BF16)
+    w_q = torch.zeros(64, 128, dtype=torch.uint8)
+    ws = torch.ones(64, 2, dtype=BF16)
+    y = x.view(-1)[:256].view(4, 64)
+    plan = hopper_w4.W4DecodePlan(known_device("NVIDIA_H100_80GB_HBM3"), x, w_q, None, y, 4, 64, 256, 128, None,
+                                  "none", BF16, (4, 64), False)
+    with pytest.raises(ValueError, match="y shares memory with x"):
+        plan._run(x, w_q, None, y, ws, None)
+
+
 def test_not_taken_off_hopper(built):
     """On the CPU (the interpreter) or another GPU the tl kernel serves every call."""
     if HOPPER:
