@@ -182,6 +182,21 @@ def test_size_rule(monkeypatch, M, N, K, ok):
     assert not hopper_w4.w4_decode_ok(None, x.half(), w_q, M, N, K, 32, None, mxfp4=True)
 
 
+def test_slices_fit_shared_memory():
+    """A step count whose nearest divisor is large (13, a prime) at 64 rows of x: the slice is cut to
+    what the shared memory holds (one step), and every M's x tile of the largest slice fits."""
+    from gemmkit.core.device import known_device
+
+    h100 = known_device("NVIDIA_H100_80GB_HBM3")
+    assert hopper_w4.slice_steps(13, 8) == 13
+    assert hopper_w4.max_slice_steps(64, h100) < 13
+    assert hopper_w4.slice_steps(13, 8, hopper_w4.max_slice_steps(64, h100)) == 1
+    for bm in (16, 32, 64):
+        ks = hopper_w4.max_slice_steps(bm, h100)
+        used = ks * bm * (2 * 128 + 4) + hopper_w4.STAGES * 64 * 64 + hopper_w4.SMEM_RESERVE
+        assert used <= h100.smem_per_block
+
+
 def test_configs_show_route():
     """`gemmkit configs show` on an sm_90 profile names the decode kernel's split where it takes a call."""
     from gemmkit.core.device import known_device

@@ -48,6 +48,7 @@ PROGRAMS_PER_SM = 6
 BLOCK_N, BLOCK_K = 64, 128
 PER_CALL = ("w_desc", "x", "ws", "wz", "y", "bias", "sums")
 STAGES = 4  # 4 KB of packed weight per stage (8 measured slower)
+SMEM_RESERVE = 1024  # barriers and alignment
 FINISH_BLOCK = (16, 128)
 
 
@@ -75,10 +76,25 @@ def group_shift(group: int, K: int) -> int | None:
     return (group // BLOCK_K).bit_length() - 1
 
 
-def slice_steps(steps: int, target: int | None = None) -> int:
-    """KS: the divisor of `steps` nearest `target` (KS_TARGET; the larger on a tie: fewer slices to sum)."""
+def slice_steps(steps: int, target: int | None = None, max_ks: int | None = None) -> int:
+    """KS: the divisor of `steps` nearest `target` (KS_TARGET; the larger on a tie: fewer slices to
+    sum), at most max_ks (what the shared memory holds of x: max_slice_steps)."""
     target = KS_TARGET if target is None else target
-    return min((d for d in range(1, steps + 1) if steps % d == 0), key=lambda d: (abs(d - target), -d))
+    fits = [d for d in range(1, steps + 1) if steps % d == 0 and (max_ks is None or d <= max_ks)]
+    return min(fits, key=lambda d: (abs(d - target), -d))
+
+
+def x_rows(M: int) -> int:
+    """BM: the rows of x per program (wgmma's N), a power of two from 16."""
+    return max(16, 1 << (M - 1).bit_length())
+
+
+def max_slice_steps(bm: int, dev: DeviceInfo) -> int:
+    """The most K steps of x (bm rows, 16-bit, and their fp32 sums) that fit in shared memory beside
+    the weight stages (a prime step count can make the nearest divisor large: 13 steps of 64 rows
+    would need 213 KB)."""
+    free = dev.smem_per_block - STAGES * BLOCK_N * BLOCK_K // 2 - SMEM_RESERVE
+    return max(1, free // (bm * (2 * BLOCK_K + 4)))
 
 
 def w4_decode_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, config, mxfp4: bool = False) -> bool:
@@ -114,7 +130,9 @@ class W4DecodePlan:
         self.device_index = x2.device.index or 0
         steps = K // BLOCK_K
         wide = M >= WIDE_M
-        ks = slice_steps(steps, MX_KS_TARGET if mxfp4 else WIDE_KS_TARGET if wide else KS_TARGET)
+        bm = x_rows(M)
+        ks = slice_steps(steps, MX_KS_TARGET if mxfp4 else WIDE_KS_TARGET if wide else KS_TARGET,
+                         max_slice_steps(bm, dev))
         self.slices = steps // ks
         self.tiles = -(-N // BLOCK_N)
         per_sm = WIDE_PROGRAMS_PER_SM if wide else PROGRAMS_PER_SM
@@ -129,7 +147,6 @@ class W4DecodePlan:
 
         self.w_desc = _Descriptors((N, K // 8), (w_q.stride(0) // 4, 1), (BLOCK_N, 16),
                                    gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
-        bm = max(16, 1 << (M - 1).bit_length())  # wgmma's N: the rows of x (up to 64)
         self.values = dict(M=M, N=N, K=K, SLICES=self.slices, stride_xm=x2.stride(0), STAGES=STAGES,
                            stride_ym=self.y_strides[0], stride_yn=self.y_strides[1], group_shift=0 if mxfp4 or group in SMALL_GROUPS else group_shift(group, K),
                            BM=bm, KS=ks, FP16=x2.dtype == torch.float16, HAS_ZERO=self.has_zero,

@@ -89,7 +89,7 @@ def w4_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | None:
     if not ok or K % h4.BLOCK_K or N <= 0:
         return None
     steps = K // h4.BLOCK_K
-    ks = h4.slice_steps(steps, target)
+    ks = h4.slice_steps(steps, target, h4.max_slice_steps(h4.x_rows(M), dev))
     per_sm = h4.WIDE_PROGRAMS_PER_SM if wide else h4.PROGRAMS_PER_SM
     return (f"{h4.BLOCK_N}-row weight tiles, K in {steps // ks} slices of {ks} x 128, up to {per_sm} programs per SM"
             + ("" if mxfp4 else " (INT4 groups of 128; groups of 32 / 64 up to 16 rows)"))
