@@ -124,3 +124,19 @@ def check_compiles(program, args, y_shape, backend):
     out = torch.compile(program, fullgraph=True, backend=backend)(*args, y)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     return y
+
+
+def spy_plans(monkeypatch, cls, clear_caches):
+    """Generator for a fixture: yields the list of the `cls` plans built while the test runs (the
+    plan caches cleared by clear_caches() before and after, so that every plan is built anew)."""
+    plans = []
+    real = cls.__init__
+
+    def spy(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        plans.append(self)
+
+    monkeypatch.setattr(cls, "__init__", spy)
+    clear_caches()
+    yield plans
+    clear_caches()

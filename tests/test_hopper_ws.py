@@ -13,7 +13,7 @@ from gemmkit.core import config as config_mod
 from gemmkit.core import hopper_ws
 from gemmkit.core.device import device_info
 from gemmkit.quant import dequantize_fp8_blockwise, quantize_fp8_blockwise
-from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference
+from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference, spy_plans
 from test_a8w8_blockscale import col_major, operands
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -25,17 +25,7 @@ needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on s
 @pytest.fixture
 def built(monkeypatch):
     """The WSPlans built while the test runs (plans are cached: caches cleared first)."""
-    plans = []
-    real = hopper_ws.WSPlan.__init__
-
-    def spy(self, *args, **kwargs):
-        real(self, *args, **kwargs)
-        plans.append(self)
-
-    monkeypatch.setattr(hopper_ws.WSPlan, "__init__", spy)
-    config_mod.clear_caches()
-    yield plans
-    config_mod.clear_caches()
+    yield from spy_plans(monkeypatch, hopper_ws.WSPlan, config_mod.clear_caches)
 
 
 def tl_result(monkeypatch, call):

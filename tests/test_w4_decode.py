@@ -14,7 +14,7 @@ from gemmkit.core import config as config_mod
 from gemmkit.core import hopper_w4, hopper_ws
 from gemmkit.core.device import device_info
 from gemmkit.core import plan as plan_mod
-from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference
+from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference, spy_plans
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0) and hopper_ws.gluon_kernel() is not None
@@ -30,17 +30,7 @@ def built(monkeypatch):
     monkeypatch.setattr(hopper_w4, "MX_DECODE_MAX_M", 64)
     monkeypatch.setattr(hopper_w4, "SMALL_DECODE_MAX_M", 64)
     monkeypatch.setattr(hopper_w4, "LONG_K", 1 << 30)
-    plans = []
-    real = hopper_w4.W4DecodePlan.__init__
-
-    def spy(self, *args, **kwargs):
-        real(self, *args, **kwargs)
-        plans.append(self)
-
-    monkeypatch.setattr(hopper_w4.W4DecodePlan, "__init__", spy)
-    config_mod.clear_caches()
-    yield plans
-    config_mod.clear_caches()
+    yield from spy_plans(monkeypatch, hopper_w4.W4DecodePlan, config_mod.clear_caches)
 
 
 def int4_weight(N, K, group_size, symmetric=False, dtype=BF16):

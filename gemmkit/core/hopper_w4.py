@@ -18,10 +18,11 @@ SMALL_DECODE_MAX_M rows. From WIDE_M rows the sweeps' best split was longer slic
 programs (groups of 32 / 64 at M = 16: KS 8 and 4 per SM, 10% to 30% faster than KS 2 and 6 per SM;
 MXFP4 at 16 to 64 rows: KS 4, 4 per SM).
 
-Its work split: K steps of 128; KS steps per slice (x of a slice is staged in shared memory once
-per program: KS_TARGET steps, or the nearest divisor of the step count), SLICES = steps / KS slices,
-and PROGRAMS_PER_SM programs per SM, each taking one slice and every (programs / SLICES)-th 64-row
-weight tile of it (scripts/w4_gluon_probe.py on the H100: tuning/w4_gluon/).
+Its work split (decode_split): K steps of 128; KS steps per slice (x of a slice is staged in shared
+memory once per program: the divisor of the step count nearest KS_TARGET, MX_KS_TARGET for MXFP4,
+WIDE_KS_TARGET from WIDE_M rows, as many as the shared memory holds), SLICES = steps / KS slices, and
+PROGRAMS_PER_SM (WIDE_PROGRAMS_PER_SM from WIDE_M rows) programs per SM, each taking one slice and
+every (programs / SLICES)-th 64-row weight tile of it.
 """
 
 from __future__ import annotations
@@ -97,19 +98,33 @@ def max_slice_steps(bm: int, dev: DeviceInfo) -> int:
     return max(1, free // (bm * (2 * BLOCK_K + 4)))
 
 
+def decode_sizes_ok(M: int, N: int, K: int, group: int, mxfp4: bool) -> bool:
+    """The sizes and scale groups the decode kernel takes (module docstring)."""
+    if M < 1 or N < 1 or K < 1 or K % BLOCK_K:
+        return False
+    if mxfp4:
+        return M <= MX_DECODE_MAX_M
+    if group in SMALL_GROUPS:
+        return M <= SMALL_DECODE_MAX_M
+    return M <= DECODE_MAX_M and (M <= 2 or K <= LONG_K) and group_shift(group, K) is not None
+
+
+def decode_split(M: int, N: int, K: int, dev: DeviceInfo, mxfp4: bool) -> tuple[int, int, int, int]:
+    """(KS, SLICES, programs, programs per SM at most) of a call (module docstring, "Its work split")."""
+    steps = K // BLOCK_K
+    wide = M >= WIDE_M
+    target = MX_KS_TARGET if mxfp4 else WIDE_KS_TARGET if wide else KS_TARGET
+    ks = slice_steps(steps, target, max_slice_steps(x_rows(M), dev))
+    slices = steps // ks
+    per_sm = WIDE_PROGRAMS_PER_SM if wide else PROGRAMS_PER_SM
+    return ks, slices, slices * max(1, min(-(-N // BLOCK_N), per_sm * dev.num_sms // slices)), per_sm
+
+
 def w4_decode_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, config, mxfp4: bool = False) -> bool:
     """Whether gemm_a16w4 (gemm_a16wfp4: mxfp4, bf16 x only) takes this call to the decode kernel
     (module docstring): also K-contiguous x and 16-byte aligned weight rows (TMA)."""
     dtypes = (torch.bfloat16,) if mxfp4 else (torch.bfloat16, torch.float16)
-    if mxfp4:
-        sizes = M <= MX_DECODE_MAX_M
-    elif group in SMALL_GROUPS:
-        sizes = M <= SMALL_DECODE_MAX_M
-    else:
-        sizes = M <= DECODE_MAX_M and (M <= 2 or K <= LONG_K)
-    return (config is None and M >= 1 and sizes and N > 0 and K > 0
-            and K % BLOCK_K == 0
-            and x2.dtype in dtypes and (mxfp4 or group in SMALL_GROUPS or group_shift(group, K) is not None)
+    return (config is None and decode_sizes_ok(M, N, K, group, mxfp4) and x2.dtype in dtypes
             and (x2.stride(1) == 1 or K == 1) and w_q.stride(0) % 16 == 0 and w_q.data_ptr() % 16 == 0
             and ws_enabled(dev, x2.device))
 
@@ -128,15 +143,7 @@ class W4DecodePlan:
         self.out_strides = contiguous_strides(self.out_shape)
         self.device = x2.device
         self.device_index = x2.device.index or 0
-        steps = K // BLOCK_K
-        wide = M >= WIDE_M
-        bm = x_rows(M)
-        ks = slice_steps(steps, MX_KS_TARGET if mxfp4 else WIDE_KS_TARGET if wide else KS_TARGET,
-                         max_slice_steps(bm, dev))
-        self.slices = steps // ks
-        self.tiles = -(-N // BLOCK_N)
-        per_sm = WIDE_PROGRAMS_PER_SM if wide else PROGRAMS_PER_SM
-        programs = self.slices * max(1, min(self.tiles, per_sm * dev.num_sms // self.slices))
+        ks, self.slices, programs, _ = decode_split(M, N, K, dev, mxfp4)
         self.has_zero = w_zero is not None
         self.y_strides = (N, 1) if y2 is None else y2.stride()
         self.kernel = decode_kernel()
@@ -147,11 +154,13 @@ class W4DecodePlan:
 
         self.w_desc = _Descriptors((N, K // 8), (w_q.stride(0) // 4, 1), (BLOCK_N, 16),
                                    gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+        small = not mxfp4 and group in SMALL_GROUPS
         self.values = dict(M=M, N=N, K=K, SLICES=self.slices, stride_xm=x2.stride(0), STAGES=STAGES,
-                           stride_ym=self.y_strides[0], stride_yn=self.y_strides[1], group_shift=0 if mxfp4 or group in SMALL_GROUPS else group_shift(group, K),
-                           BM=bm, KS=ks, FP16=x2.dtype == torch.float16, HAS_ZERO=self.has_zero,
-                           HAS_BIAS=bias is not None, ACTIVATION=activation, SLICED=self.slices > 1,
-                           MXFP4=mxfp4, GROUP_WORDS=group // 8 if not mxfp4 and group in SMALL_GROUPS else 0)
+                           stride_ym=self.y_strides[0], stride_yn=self.y_strides[1],
+                           group_shift=0 if mxfp4 or small else group_shift(group, K), BM=x_rows(M), KS=ks,
+                           FP16=x2.dtype == torch.float16, HAS_ZERO=self.has_zero, HAS_BIAS=bias is not None,
+                           ACTIVATION=activation, SLICED=self.slices > 1, MXFP4=mxfp4,
+                           GROUP_WORDS=group // 8 if small else 0)
         if self.slices > 1:
             self.finish = CachedLaunch(finish_kernel(), (-(-M // FINISH_BLOCK[0]), -(-N // FINISH_BLOCK[1])), 4, 1,
                                        self.device_index)

@@ -30,8 +30,8 @@ STAGES - 1 steps' weights in flight. With SLICES > 1 each finished tile's fp32 s
 zeroed (M, N) workspace by atomics, and a second launch (kernels/reduce.py finish_sums) runs the
 epilogue (bias, activation, cast) and puts the workspace back to zero for the next launch. (A
 per-tile arrival counter instead, the last program running the epilogue as kernels/reduce.py's
-split-K does, measured 4% to 15% slower in two bench runs on the H100: the GPU-scope release on every tile's counter
-stalls each program once per tile.)
+split-K does, measured slower on the H100, tuning/w4_gluon/bench_counter_h100.md: the GPU-scope
+release on every tile's counter stalls each program once per tile.)
 
 scripts/w4_decode_sweep.py measured the work split against the tl kernel on the H100 (tuning/w4_gluon/).
 """

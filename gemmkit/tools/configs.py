@@ -81,17 +81,10 @@ def w4_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | None:
     if table not in ("a16w4", "a16wfp4") or dev.interpreter or tuple(dev.capability) != (9, 0):
         return None
     mxfp4 = table == "a16wfp4"
-    wide = M >= h4.WIDE_M
-    if mxfp4:
-        ok, target = M <= h4.MX_DECODE_MAX_M, h4.MX_KS_TARGET
-    else:
-        ok, target = M <= h4.DECODE_MAX_M and (M <= 2 or K <= h4.LONG_K), h4.WIDE_KS_TARGET if wide else h4.KS_TARGET
-    if not ok or K % h4.BLOCK_K or N <= 0:
+    if not h4.decode_sizes_ok(M, N, K, 32 if mxfp4 else 128, mxfp4):
         return None
-    steps = K // h4.BLOCK_K
-    ks = h4.slice_steps(steps, target, h4.max_slice_steps(h4.x_rows(M), dev))
-    per_sm = h4.WIDE_PROGRAMS_PER_SM if wide else h4.PROGRAMS_PER_SM
-    return (f"{h4.BLOCK_N}-row weight tiles, K in {steps // ks} slices of {ks} x 128, up to {per_sm} programs per SM"
+    ks, slices, _, per_sm = h4.decode_split(M, N, K, dev, mxfp4)
+    return (f"{h4.BLOCK_N}-row weight tiles, K in {slices} slices of {ks} x 128, up to {per_sm} programs per SM"
             + ("" if mxfp4 else " (INT4 groups of 128; groups of 32 / 64 up to 16 rows)"))
 
 
