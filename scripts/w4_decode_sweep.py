@@ -1,10 +1,13 @@
-"""Probe (device tool): the Hopper INT4 (--fp4: MXFP4) decode kernel's work split (core/hopper_w4.py KS_TARGET,
-STAGES, PROGRAMS_PER_SM) against the tl kernel's pick and F.linear on the dequantized bf16 weight,
+"""Probe (device tool): the Hopper INT4 (--fp4: MXFP4) decode kernel's work split (core/hopper_w4.py: the
+SHORT / LONG splits, BOX_STEPS, PDL) against the tl kernel's pick and F.linear on the dequantized bf16 weight,
 INT4 g128 asymmetric as `gemmkit bench a16w4` builds it; CUDA-graph replay over ROTATE copies of
 the weights (so that no layer is timed hot in the 50 MB L2). The decode kernel's size rule is
 widened for the probe (every M <= 64).
 
-Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--m 1 4 16] (--m last)
+With --box: the (KS, stages, programs per SM, steps per TMA load, PDL finish) variants of BOX_VARIANTS
+instead (core/hopper_w4.py BOX_STEPS, PDL).
+
+Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box] [--m 1 4 16] (--m last)
 """
 
 import os
@@ -36,9 +39,14 @@ def int4_inputs(M, N, K):
     x, w = torch.randn(M, K, device="cuda").bfloat16(), (torch.randn(N, K, device="cuda") / K**0.5).bfloat16()
     wq, ws, wz = quantize_int4(w, GROUP)
     return {"x": x, "wq": wq, "ws": ws, "wz": wz, "w16": dequantize_int4(wq, ws, wz, GROUP, torch.bfloat16)}
-VARIANTS = [(ks, st, ps) for ks in (2, 4, 8) for st in (4, 8) for ps in (3, 4, 6)]
+VARIANTS = [(ks, st, ps, 1, False) for ks in (2, 4, 8) for st in (4, 8) for ps in (3, 4, 6)]
+BOX_VARIANTS = [(2, 4, 6, 1, False), (2, 4, 6, 1, True), (2, 2, 6, 2, True), (2, 4, 6, 2, True), (2, 3, 6, 2, True),
+                (4, 2, 6, 4, True), (4, 3, 4, 4, True), (4, 4, 4, 2, True), (4, 2, 4, 4, True), (8, 2, 4, 4, True),
+                (8, 4, 4, 2, True)]
+if "--box" in sys.argv:
+    VARIANTS = BOX_VARIANTS
 ROTATE = 3
-hopper_w4.DECODE_MAX_M, hopper_w4.MX_DECODE_MAX_M, hopper_w4.LONG_K = 64, 64, 1 << 30
+hopper_w4.DECODE_MAX_M, hopper_w4.MX_DECODE_MAX_M = 64, 64
 real_ok = hopper_w4.w4_decode_ok
 
 
@@ -49,8 +57,8 @@ def calls_for(inps, variant):
         op.w4_decode_ok = lambda *a, **k: False
     else:
         op.w4_decode_ok = real_ok
-        ks, hopper_w4.STAGES, hopper_w4.PROGRAMS_PER_SM = variant
-        hopper_w4.KS_TARGET = hopper_w4.MX_KS_TARGET = ks
+        ks, stages, per_sm, hopper_w4.BOX_STEPS, hopper_w4.PDL = variant
+        hopper_w4.SHORT = hopper_w4.LONG = hopper_w4.Split(ks, stages, per_sm)
     calls = []
     for inp in inps:  # plans built now, with this variant's constants, and held
         if FP4:
@@ -77,7 +85,7 @@ for N, K in SHAPES:
         wbytes = N * K / 2 + (N * K / 32 if FP4 else N * (K // GROUP) * (inps[0]["ws"].element_size() + 1))
         named = {"F.linear bf16": [lambda inp=inp: F.linear(inp["x"], inp["w16"]) for inp in inps]}
         for variant in [None] + VARIANTS:
-            name = "tl kernel (own pick)" if variant is None else "decode KS~%d stages %d %d/SM" % variant
+            name = "tl kernel (own pick)" if variant is None else "decode KS~%d stages %d %d/SM box %d pdl %d" % variant
             calls = calls_for(inps, variant)
             err = tune.rel_error(calls[0](), ref)
             if err > 1e-2:

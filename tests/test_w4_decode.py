@@ -29,7 +29,6 @@ def built(monkeypatch):
     monkeypatch.setattr(hopper_w4, "DECODE_MAX_M", 64)
     monkeypatch.setattr(hopper_w4, "MX_DECODE_MAX_M", 64)
     monkeypatch.setattr(hopper_w4, "SMALL_DECODE_MAX_M", 64)
-    monkeypatch.setattr(hopper_w4, "LONG_K", 1 << 30)
     yield from spy_plans(monkeypatch, hopper_w4.W4DecodePlan, config_mod.clear_caches)
 
 
@@ -149,19 +148,42 @@ def test_group_shift(group, K, shift):
 
 @pytest.mark.parametrize("target,steps,ks", [(4, 32, 4), (4, 112, 4), (4, 38, 2), (4, 6, 3), (4, 5, 5), (4, 7, 7),
                                              (4, 1, 1), (4, 30, 5), (2, 32, 2), (2, 9, 3), (2, 7, 1)])
-def test_slice_steps(monkeypatch, target, steps, ks):
+def test_slice_steps(target, steps, ks):
     """KS: the divisor of the step count nearest the target, the larger on a tie."""
-    monkeypatch.setattr(hopper_w4, "KS_TARGET", target)
-    assert hopper_w4.slice_steps(steps) == ks and steps % ks == 0
+    assert hopper_w4.slice_steps(steps, target) == ks and steps % ks == 0
+
+
+@pytest.mark.parametrize("ks,box", [(1, 1), (2, 2), (3, 1), (4, 2), (6, 2), (7, 1), (8, 2)])
+def test_box_steps(ks, box):
+    """Steps per TMA load: a power of two up to BOX_STEPS dividing KS (a box never crosses slices)."""
+    assert hopper_w4.box_steps(ks) == box and ks % box == 0
+
+
+@pytest.mark.parametrize("M,N,K,group,mxfp4,kind", [
+    (1, 4096, 4096, 128, False, "SHORT"), (1, 8192, 8192, 128, False, "SHORT"),
+    (1, 28672, 4096, 128, False, "LONG"), (2, 57344, 8192, 128, False, "LONG"),
+    (1, 8192, 28672, 4096 * 7, False, "LONG"), (3, 4096, 4096, 128, False, "LONG"),
+    (1, 57344, 8192, 32, False, "SHORT"), (1, 57344, 8192, 32, True, "SHORT"), (16, 4096, 4096, 32, True, "LONG"),
+    (64, 8192, 8192, 32, True, "LONG")])
+def test_split_kind(M, N, K, group, mxfp4, kind):
+    """SHORT up to 2 rows, LONG from 3; INT4 groups of 128 or more at 1-2 rows: LONG on layers that give
+    each of the H100's SMs 96 or more 64 x 128 weight tile-steps (Llama-3-8B gate_up: 108)."""
+    from gemmkit.core.device import known_device
+
+    h100 = known_device("NVIDIA_H100_80GB_HBM3")
+    assert hopper_w4.split_kind(M, N, K, h100, group, mxfp4) == getattr(hopper_w4, kind)
+    sp = hopper_w4.decode_split(M, N, K, h100, group, mxfp4)
+    assert sp.slices * sp.ks == K // 128 and sp.programs % sp.slices == 0 and sp.ks % sp.box == 0
+    assert sp.programs <= sp.slices * max(1, sp.per_sm * h100.num_sms // sp.slices)
 
 
 @pytest.mark.parametrize("M,N,K,ok", [(1, 57344, 8192, True), (2, 8192, 28672, True), (4, 6144, 4096, True),
-                                      (3, 8192, 16384, True), (3, 8192, 28672, False), (5, 4096, 4096, False),
+                                      (3, 8192, 16384, True), (3, 8192, 28672, True), (5, 4096, 4096, False),
                                       (16, 57344, 8192, False), (65, 4096, 4096, False), (1, 100, 256, True),
                                       (1, 8192, 8000, False)])
 def test_size_rule(monkeypatch, M, N, K, ok):
-    """The sizes gemm_a16w4 routes to the kernel (up to 4 rows, from 3 rows K <= 16384; K a
-    multiple of 128), with the device checks passing; MXFP4 (gemm_a16wfp4): up to 64 rows, bf16 x;
+    """The sizes gemm_a16w4 routes to the kernel (up to 4 rows, K a multiple of 128), with the
+    device checks passing; MXFP4 (gemm_a16wfp4): up to 64 rows, bf16 x;
     INT4 groups of 32: up to 16 rows."""
     monkeypatch.setattr(hopper_w4, "ws_enabled", lambda dev, device: True)
     x, w_q = torch.empty(M, K, dtype=BF16), torch.empty(N, K // 2, dtype=torch.uint8)
@@ -179,12 +201,15 @@ def test_slices_fit_shared_memory():
 
     h100 = known_device("NVIDIA_H100_80GB_HBM3")
     assert hopper_w4.slice_steps(13, 8) == 13
-    assert hopper_w4.max_slice_steps(64, h100) < 13
-    assert hopper_w4.slice_steps(13, 8, hopper_w4.max_slice_steps(64, h100)) == 1
+    stages = hopper_w4.LONG.stages
+    assert hopper_w4.max_slice_steps(64, h100, stages) < 13
+    assert hopper_w4.slice_steps(13, 8, hopper_w4.max_slice_steps(64, h100, stages)) == 1
     for bm in (16, 32, 64):
-        ks = hopper_w4.max_slice_steps(bm, h100)
-        used = ks * bm * (2 * 128 + 4) + hopper_w4.STAGES * 64 * 64 + hopper_w4.SMEM_RESERVE
-        assert used <= h100.smem_per_block
+        for split in (hopper_w4.SHORT, hopper_w4.LONG):
+            ks = hopper_w4.max_slice_steps(bm, h100, split.stages)
+            box = hopper_w4.BOX_STEPS
+            used = ks * bm * (2 * 128 + 4) + split.stages * box * 64 * 64 + hopper_w4.SMEM_RESERVE
+            assert used <= h100.smem_per_block
 
 
 def test_configs_show_route():
@@ -193,9 +218,11 @@ def test_configs_show_route():
     from gemmkit.tools.configs import w4_route
 
     h100 = known_device("NVIDIA_H100_80GB_HBM3")
-    assert "K in 16 slices of 2 x 128, up to 6 programs per SM" in w4_route("a16w4", 1, 4096, 4096, h100)
+    assert ("K in 16 slices of 2 x 128, up to 6 programs per SM, 2 loads of 2 x 128 in flight"
+            in w4_route("a16w4", 1, 4096, 4096, h100))
     assert w4_route("a16w4", 16, 4096, 4096, h100) is None
-    assert "K in 8 slices of 4 x 128, up to 4 programs per SM" in w4_route("a16wfp4", 16, 4096, 4096, h100)
+    assert ("K in 8 slices of 4 x 128, up to 4 programs per SM, 4 loads of 2 x 128 in flight"
+            in w4_route("a16wfp4", 16, 4096, 4096, h100))
     assert w4_route("a16wfp4", 65, 4096, 4096, h100) is None and w4_route("a16w16", 1, 4096, 4096, h100) is None
     assert w4_route("a16w4", 1, 4096, 4096, device_info(torch.device("cpu"))) is None
 
@@ -282,6 +309,27 @@ def test_strided_x_y_and_scales(built):
     assert out is y and len(built) == 1
     assert_close(out, reference(x, wd))
     assert torch.isnan(buf[:, :8]).all() and torch.isnan(buf[:, 8 + N:]).all()  # nothing else written
+
+
+@needs_hopper
+@pytest.mark.parametrize("kind", ["SHORT", "LONG"])
+@pytest.mark.parametrize("box", [1, 2])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_split_variants(built, monkeypatch, kind, box, pdl):
+    """Each split with one- and two-step weight loads, finish_sums launched plainly or as a
+    programmatic dependent, repeated (the sums buffer reused) and ragged N."""
+    split = getattr(hopper_w4, kind)
+    monkeypatch.setattr(hopper_w4, "SHORT", split)
+    monkeypatch.setattr(hopper_w4, "LONG", split)
+    monkeypatch.setattr(hopper_w4, "BOX_STEPS", box)
+    monkeypatch.setattr(hopper_w4, "PDL", pdl)
+    x = randn(3, 4096, dtype=BF16)
+    q, s, z, wd = int4_weight(2000, 4096, 128)
+    for _ in range(2):
+        y = poisoned((3, 2000), BF16)
+        assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=128, y=y), reference(x, wd))
+    plan = built[0]
+    assert plan.slices > 1 and plan.values["BOX"] == box and plan.values["PDL"] == (pdl and hopper_w4.pdl_ok())
 
 
 @needs_hopper

@@ -1,32 +1,38 @@
 """Where gemm_a16w4 runs the Hopper INT4 decode kernel (kernels/gemm_w4_decode.py), and its launch.
 
 The kernel takes decode-sized calls on sm_90 (CUDA, Gluon, GEMMKIT_GLUON not 0): M <= DECODE_MAX_M
-rows of bf16 / fp16 x (from 3 rows only K <= LONG_K), K a multiple of 128, INT4 scale groups of 32,
-64, 128 or a multiple of 128 (or one per channel), or MXFP4 weights with bf16 x (gemm_a16wfp4; up to
-MX_DECODE_MAX_M rows), no explicit config. Everything else runs the tl kernel
-(core/config._derive_packed). scripts/w4_decode_sweep.py (tuning/w4_gluon/w4_decode_sweep_h100.txt,
-7 layers, weights rotated through 3 copies): at M = 1 this kernel ran 1.05x to 1.18x the tl kernel
-on every layer, at M = 4 0.96x to 1.12x (the 0.96 at K = 28672), at M = 16 0.87x to 1.09x (it
-stays with the tl kernel there). MXFP4 (`--fp4`, w4_decode_sweep_fp4_h100.txt): 1.4x to 1.9x the tl
-kernel at M = 1, 4 and 16 on every layer (its tl loop decodes e2m1 in 32-wide groups, 8 steps of a
-256-deep tile), 1.2x to 1.6x at M = 32 and 1.3x to 2.3x at M = 64 (w4_decode_sweep_fp4_m32_64_h100.txt,
-where the tl kernel reads 0.35 to 0.55 TB/s); KS_TARGET 4 there (MX_KS_TARGET). INT4 in groups of 32
-(`--group 32`, w4_decode_sweep_g32_h100.txt): 1.9x to 2.8x the tl kernel at M = 1, 4 and 16 (the tl
-kernel's 32-deep decode steps run at 0.77x to 1.0x cuBLAS there), groups of 64 (`--group 64`,
-w4_decode_sweep_g64_h100.txt) 1.24x to 1.45x at M = 1 and 0.99x to 1.32x at M = 16: up to
-SMALL_DECODE_MAX_M rows. From WIDE_M rows the sweeps' best split was longer slices and fewer
-programs (groups of 32 / 64 at M = 16: KS 8 and 4 per SM, 10% to 30% faster than KS 2 and 6 per SM;
-MXFP4 at 16 to 64 rows: KS 4, 4 per SM).
+rows of bf16 / fp16 x, K a multiple of 128, INT4 scale groups of 32, 64 (up to SMALL_DECODE_MAX_M
+rows), 128 or a multiple of 128 (or one per channel), or MXFP4 weights with bf16 x (gemm_a16wfp4; up
+to MX_DECODE_MAX_M rows), no explicit config. Everything else runs the tl kernel
+(core/config._derive_packed). Measured with scripts/w4_decode_sweep.py (tuning/w4_gluon/, 7 Llama-3
+layers, weights rotated through 3 copies, against the tl kernel in the same process): at M = 1 this
+kernel ran 1.05x to 1.18x the tl kernel on every layer with one-step loads (w4_decode_sweep_h100.txt);
+at M = 16 INT4 in groups of 128 stays with the tl kernel (the best split here measured 0.91x to 1.17x
+it, w4_decode_sweep_box_h100.txt). MXFP4 (`--fp4`): 1.3x to 2.6x the tl kernel at 1 to 64 rows (its tl
+loop decodes e2m1 in 32-wide groups); INT4 in groups of 32 (`--group 32`): 1.7x to 3.3x (the tl
+kernel's 32-deep decode steps run at 0.77x to 1.0x cuBLAS there), groups of 64 1.24x to 1.45x at
+M = 1 and 0.99x to 1.32x at M = 16 (w4_decode_sweep_g64_h100.txt).
 
 Its work split (decode_split): K steps of 128; KS steps per slice (x of a slice is staged in shared
-memory once per program: the divisor of the step count nearest KS_TARGET, MX_KS_TARGET for MXFP4,
-WIDE_KS_TARGET from WIDE_M rows, as many as the shared memory holds), SLICES = steps / KS slices, and
-PROGRAMS_PER_SM (WIDE_PROGRAMS_PER_SM from WIDE_M rows) programs per SM, each taking one slice and
-every (programs / SLICES)-th 64-row weight tile of it.
+memory once per program: the divisor of the step count nearest the split's KS target, as many as
+the shared memory holds), SLICES = steps / KS slices, and up to the split's programs per SM, each
+taking one slice and every (programs / SLICES)-th 64-row weight tile of it, its weight loaded
+BOX_STEPS steps (64 rows x 128 contiguous bytes) per TMA load, the split's stages of them in flight.
+Two splits (`--box` sweeps, tuning/w4_gluon/w4_decode_sweep_box*_h100.txt): SHORT (KS 2, 2 stages, 6
+per SM) up to SHORT_MAX_M rows, LONG (KS 4, 4 stages, 4 per SM) from there and for INT4 groups of 128
+or more at one or two rows where a layer gives each SM LONG_WORK or more weight tile-steps of
+64 x 128 (the large layers: there fewer, longer programs were 1.05x to 1.13x SHORT; below it SHORT
+was 1.05x to 1.06x LONG). Against the one-step loads before (KS 2 or 4, 4 stages, 6 or 4 per SM):
+INT4 g128 M = 1 1.02x to 1.11x, M = 4 0.98x to 1.13x; MXFP4 and INT4 groups of 32 at M = 1 1.15x to
+1.29x that split (KS 2, 4 stages, 6 per SM) with one-step loads. The finish_sums launch is a
+programmatic dependent of the decode kernel (PDL, kernels/gdc.py): 0.98x to 1.04x at M = 1 (geomean
+1.01). scripts/w4_overhead_probe.py (w4_overhead_h100.txt) splits a call's time: finish_sums and the
+gap before it cost 2.7 to 4 us of every sliced call (1.4 us of it the launch alone).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -35,20 +41,28 @@ from .device import DeviceInfo
 from .hopper_ws import ws_enabled
 from .plan import _get_device, contiguous_strides, extent_bytes, kernel_tail, overlapping_input, zeroed_buffer
 
-DECODE_MAX_M = 4
-LONG_K = 16384  # from 3 rows, K up to this (8192 x 28672 at M = 4: 0.96x the tl kernel)
-MX_DECODE_MAX_M = 64  # MXFP4: 1.2x to 2.3x the tl kernel at M = 1 to 64 on every layer measured
-KS_TARGET = 2
-MX_KS_TARGET = 4
-WIDE_M = 5  # from here (MXFP4, INT4 groups of 32 / 64): fewer, longer programs
-WIDE_KS_TARGET = 8  # INT4 groups of 32 / 64 from WIDE_M rows (MXFP4 keeps MX_KS_TARGET)
-WIDE_PROGRAMS_PER_SM = 4
+DECODE_MAX_M = 4  # INT4 groups of 128 or more (M = 4: 1.04x to 1.23x the tl kernel on every layer)
+MX_DECODE_MAX_M = 64  # MXFP4: 1.3x to 2.6x the tl kernel at M = 1 to 64 on every layer measured
 SMALL_GROUPS = (32, 64)  # INT4 groups applied before the product (a thread's values of a step lie in one)
-SMALL_DECODE_MAX_M = 16  # groups of 32: 1.9x to 2.8x the tl kernel at M = 1, 4 and 16
-PROGRAMS_PER_SM = 6
+SMALL_DECODE_MAX_M = 16  # groups of 32: 1.7x to 3.3x the tl kernel at M = 1 and 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """A work split's knobs: the KS target, weight loads in flight per program, programs per SM."""
+    ks_target: int
+    stages: int
+    per_sm: int
+
+
+SHORT = Split(ks_target=2, stages=2, per_sm=6)
+LONG = Split(ks_target=4, stages=4, per_sm=4)
+SHORT_MAX_M = 2
+LONG_WORK = 96  # 64 x 128 weight tile-steps per SM from which INT4 g >= 128 takes LONG at one or two rows
+BOX_STEPS = 2  # K steps per TMA load: 128 contiguous bytes of each of 64 rows
+PDL = True  # finish_sums launched as a programmatic dependent of the decode kernel (kernels/gdc.py)
 BLOCK_N, BLOCK_K = 64, 128
 PER_CALL = ("w_desc", "x", "ws", "wz", "y", "bias", "sums")
-STAGES = 4  # 4 KB of packed weight per stage (8 measured slower)
 SMEM_RESERVE = 1024  # barriers and alignment
 FINISH_BLOCK = (16, 128)
 
@@ -77,10 +91,9 @@ def group_shift(group: int, K: int) -> int | None:
     return (group // BLOCK_K).bit_length() - 1
 
 
-def slice_steps(steps: int, target: int | None = None, max_ks: int | None = None) -> int:
-    """KS: the divisor of `steps` nearest `target` (KS_TARGET; the larger on a tie: fewer slices to
-    sum), at most max_ks (what the shared memory holds of x: max_slice_steps)."""
-    target = KS_TARGET if target is None else target
+def slice_steps(steps: int, target: int, max_ks: int | None = None) -> int:
+    """KS: the divisor of `steps` nearest `target` (the larger on a tie: fewer slices to sum), at
+    most max_ks (what the shared memory holds of x: max_slice_steps)."""
     fits = [d for d in range(1, steps + 1) if steps % d == 0 and (max_ks is None or d <= max_ks)]
     return min(fits, key=lambda d: (abs(d - target), -d))
 
@@ -90,11 +103,11 @@ def x_rows(M: int) -> int:
     return max(16, 1 << (M - 1).bit_length())
 
 
-def max_slice_steps(bm: int, dev: DeviceInfo) -> int:
+def max_slice_steps(bm: int, dev: DeviceInfo, stages: int) -> int:
     """The most K steps of x (bm rows, 16-bit, and their fp32 sums) that fit in shared memory beside
-    the weight stages (a prime step count can make the nearest divisor large: 13 steps of 64 rows
+    `stages` weight loads (a prime step count can make the nearest divisor large: 13 steps of 64 rows
     would need 213 KB)."""
-    free = dev.smem_per_block - STAGES * BLOCK_N * BLOCK_K // 2 - SMEM_RESERVE
+    free = dev.smem_per_block - stages * BOX_STEPS * BLOCK_N * BLOCK_K // 2 - SMEM_RESERVE
     return max(1, free // (bm * (2 * BLOCK_K + 4)))
 
 
@@ -106,18 +119,53 @@ def decode_sizes_ok(M: int, N: int, K: int, group: int, mxfp4: bool) -> bool:
         return M <= MX_DECODE_MAX_M
     if group in SMALL_GROUPS:
         return M <= SMALL_DECODE_MAX_M
-    return M <= DECODE_MAX_M and (M <= 2 or K <= LONG_K) and group_shift(group, K) is not None
+    return M <= DECODE_MAX_M and group_shift(group, K) is not None
 
 
-def decode_split(M: int, N: int, K: int, dev: DeviceInfo, mxfp4: bool) -> tuple[int, int, int, int]:
-    """(KS, SLICES, programs, programs per SM at most) of a call (module docstring, "Its work split")."""
+def box_steps(ks: int) -> int:
+    """K steps per TMA load: the largest power of two up to BOX_STEPS dividing KS."""
+    box = 1
+    while box * 2 <= BOX_STEPS and ks % (box * 2) == 0:
+        box *= 2
+    return box
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSplit:
+    """A call's launch: KS steps per K slice, SLICES slices, programs (a multiple of SLICES), at most
+    per_sm programs per SM, `stages` weight loads of `box` steps in flight per program."""
+    ks: int
+    slices: int
+    programs: int
+    per_sm: int
+    stages: int
+    box: int
+
+
+def split_kind(M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: bool) -> Split:
+    """SHORT or LONG (module docstring)."""
+    if M > SHORT_MAX_M:
+        return LONG
+    after_scale = not mxfp4 and group not in SMALL_GROUPS  # INT4 groups of 128 or more
+    work = -(-N // BLOCK_N) * (K // BLOCK_K)
+    return LONG if after_scale and work >= LONG_WORK * dev.num_sms else SHORT
+
+
+def decode_split(M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: bool) -> DecodeSplit:
+    """The launch of a call (module docstring, "Its work split")."""
+    kind = split_kind(M, N, K, dev, group, mxfp4)
     steps = K // BLOCK_K
-    wide = M >= WIDE_M
-    target = MX_KS_TARGET if mxfp4 else WIDE_KS_TARGET if wide else KS_TARGET
-    ks = slice_steps(steps, target, max_slice_steps(x_rows(M), dev))
+    ks = slice_steps(steps, kind.ks_target, max_slice_steps(x_rows(M), dev, kind.stages))
     slices = steps // ks
-    per_sm = WIDE_PROGRAMS_PER_SM if wide else PROGRAMS_PER_SM
-    return ks, slices, slices * max(1, min(-(-N // BLOCK_N), per_sm * dev.num_sms // slices)), per_sm
+    programs = slices * max(1, min(-(-N // BLOCK_N), kind.per_sm * dev.num_sms // slices))
+    return DecodeSplit(ks, slices, programs, kind.per_sm, kind.stages, box_steps(ks))
+
+
+def pdl_ok() -> bool:
+    """Whether finish_sums is launched as a programmatic dependent (this Triton has grid dependency control)."""
+    from ..kernels.gdc import PDL_AVAILABLE
+
+    return PDL and PDL_AVAILABLE
 
 
 def w4_decode_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, config, mxfp4: bool = False) -> bool:
@@ -143,28 +191,30 @@ class W4DecodePlan:
         self.out_strides = contiguous_strides(self.out_shape)
         self.device = x2.device
         self.device_index = x2.device.index or 0
-        ks, self.slices, programs, _ = decode_split(M, N, K, dev, mxfp4)
+        split = decode_split(M, N, K, dev, group, mxfp4)
+        self.slices = split.slices
         self.has_zero = w_zero is not None
         self.y_strides = (N, 1) if y2 is None else y2.stride()
         self.kernel = decode_kernel()
-        self.launch = CachedLaunch(self.kernel, (programs,), 4, 1, self.device_index)
+        self.launch = CachedLaunch(self.kernel, (split.programs,), 4, 1, self.device_index)
         from triton.experimental.gluon import language as gl
 
         from .hopper_ws import _Descriptors
 
-        self.w_desc = _Descriptors((N, K // 8), (w_q.stride(0) // 4, 1), (BLOCK_N, 16),
+        pdl = self.slices > 1 and pdl_ok()
+        self.w_desc = _Descriptors((N, K // 8), (w_q.stride(0) // 4, 1), (BLOCK_N, 16 * split.box),
                                    gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
         small = not mxfp4 and group in SMALL_GROUPS
-        self.values = dict(M=M, N=N, K=K, SLICES=self.slices, stride_xm=x2.stride(0), STAGES=STAGES,
+        self.values = dict(M=M, N=N, K=K, SLICES=self.slices, stride_xm=x2.stride(0), STAGES=split.stages,
                            stride_ym=self.y_strides[0], stride_yn=self.y_strides[1],
-                           group_shift=0 if mxfp4 or small else group_shift(group, K), BM=x_rows(M), KS=ks,
+                           group_shift=0 if mxfp4 or small else group_shift(group, K), BM=x_rows(M), KS=split.ks,
                            FP16=x2.dtype == torch.float16, HAS_ZERO=self.has_zero, HAS_BIAS=bias is not None,
                            ACTIVATION=activation, SLICED=self.slices > 1, MXFP4=mxfp4,
-                           GROUP_WORDS=group // 8 if small else 0)
+                           GROUP_WORDS=group // 8 if small else 0, BOX=split.box, PDL=pdl)
         if self.slices > 1:
             self.finish = CachedLaunch(finish_kernel(), (-(-M // FINISH_BLOCK[0]), -(-N // FINISH_BLOCK[1])), 4, 1,
-                                       self.device_index)
-            self.finish_tail = (M, N, *self.y_strides, bias is not None, activation, *FINISH_BLOCK)
+                                       self.device_index, pdl=pdl)
+            self.finish_tail = (M, N, *self.y_strides, bias is not None, activation, *FINISH_BLOCK, pdl)
         self.tail = None
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w_q)
         self.y_extent = 0 if y2 is None else extent_bytes(y2)

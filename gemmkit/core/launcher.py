@@ -39,13 +39,16 @@ def profiling_hooks_active() -> bool:
     return hook_set(launch_hooks())
 
 
-def launch_jit(fn, grid, args, num_warps: int, num_stages: int):
+def launch_jit(fn, grid, args, num_warps: int, num_stages: int, pdl: bool = False):
     """Launch a @triton.jit function the regular way; returns the compiled kernel (None when
-    interpreted). `args`: every parameter in signature order, tensors as tensors."""
+    interpreted). `args`: every parameter in signature order, tensors as tensors. pdl: launch it
+    as a programmatic dependent of the kernel before it on the stream (kernels/gdc.py; CUDA)."""
     if interpreter_active():
         apply_interpreter_fixes()
         fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
         return None
+    if pdl:
+        return fn[grid](*args, num_warps=num_warps, num_stages=num_stages, launch_pdl=True)
     return fn[grid](*args, num_warps=num_warps, num_stages=num_stages)
 
 
@@ -89,10 +92,11 @@ class CachedLaunch:
     `head` (the leading parameters: tensors, None or descriptors) and `tail` (the rest: ints,
     bools, strings), together every parameter of `fn` in order."""
 
-    __slots__ = ("fn", "grid", "num_warps", "num_stages", "device_index", "kernel", "direct", "pointers")
+    __slots__ = ("fn", "grid", "num_warps", "num_stages", "device_index", "kernel", "direct", "pointers", "pdl")
 
-    def __init__(self, fn, grid, num_warps: int, num_stages: int, device_index: int):
+    def __init__(self, fn, grid, num_warps: int, num_stages: int, device_index: int, pdl: bool = False):
         self.fn, self.num_warps, self.num_stages, self.device_index = fn, num_warps, num_stages, device_index
+        self.pdl = pdl  # launched as a programmatic dependent (launch_jit)
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.kernel = self.direct = None
         self.pointers = ()  # which leading parameters are tensors (the same for every call)
@@ -120,6 +124,7 @@ class CachedLaunch:
             else:
                 launch_compiled(self.kernel, self.grid, args, self.device_index)
         else:
-            self.kernel = launch_jit(self.fn, self.grid, (*head, *tail), self.num_warps, self.num_stages)
+            pdl = {"pdl": True} if self.pdl else {}
+            self.kernel = launch_jit(self.fn, self.grid, (*head, *tail), self.num_warps, self.num_stages, **pdl)
             self.pointers = tuple(isinstance(a, _Tensor) for a in head)
             self.direct = _direct_launch(self.kernel) if self.kernel is not None else None

@@ -41,6 +41,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 
 from .epilogue import activation
+from .gdc import gdc_launch_dependents
 
 # Triton 3.6 names the CTA barrier thread_barrier and the TMA load async_copy_global_to_shared,
 # later versions barrier and async_load
@@ -116,11 +117,13 @@ def true_k(kp):
 
 
 @gluon.jit
-def _issue(w_desc, wbuf, bars, jn, first_tile, tile_stride, kstep0, KS: gl.constexpr, STAGES: gl.constexpr):
-    """TMA load of iteration jn's words (64 rows x 16 words; rows past N read zero) into its stage."""
-    tn, stn = _tile_step(jn, first_tile, tile_stride, KS)
-    slot = jn % STAGES
-    mbarrier.expect(bars.index(slot), BLOCK_N * 64)
+def _issue(w_desc, wbuf, bars, bn, first_tile, tile_stride, kstep0, KS: gl.constexpr, STAGES: gl.constexpr,
+           BOX: gl.constexpr):
+    """TMA load of box bn's words (64 rows x 16 BOX words: BOX consecutive steps of one tile; rows
+    past N read zero) into its stage."""
+    tn, stn = _tile_step(bn * BOX, first_tile, tile_stride, KS)
+    slot = bn % STAGES
+    mbarrier.expect(bars.index(slot), BLOCK_N * 64 * BOX)
     _tma_load(w_desc, [tn * BLOCK_N, (kstep0 + stn) * 16], bars.index(slot), wbuf.index(slot))
 
 
@@ -257,14 +260,31 @@ def _finish(acc, y, bias, off_n, rm, M, N, stride_ym, stride_yn, ROWS: gl.conste
 
 
 @gluon.jit
+def _step(acc, words, xs, xsum, s0, z0, st, a_l: gl.constexpr, COLS: gl.constexpr, FP16: gl.constexpr,
+          MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr, BM: gl.constexpr):
+    """acc + one 128-deep step's product of the decoded words with x's step st (its scales s0, z0)."""
+    acc_l: gl.constexpr = acc.type.layout
+    if MXFP4:
+        acc = warpgroup_mma(_decode_mx(words, s0, a_l), xs.index(st).permute((1, 0)), acc)
+    elif GROUP_WORDS > 0:
+        acc = warpgroup_mma(_decode_groups(words, s0, z0, a_l, FP16), xs.index(st).permute((1, 0)), acc)
+    else:
+        part = warpgroup_mma(_decode(words, a_l, FP16), xs.index(st).permute((1, 0)),
+                             gl.zeros([BLOCK_N, BM], gl.float32, acc_l), use_acc=False)
+        acc += s0[:, None] * (part - z0[:, None] * xsum.index(st).load(COLS)[None, :])
+    return acc
+
+
+@gluon.jit
 def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_xm, stride_sn, stride_sk, stride_zn,
                      stride_zk, stride_ym, stride_yn, group_shift,
                      BM: gl.constexpr, KS: gl.constexpr, STAGES: gl.constexpr, FP16: gl.constexpr,
                      HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, SLICED: gl.constexpr,
-                     MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr):
+                     MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr, BOX: gl.constexpr, PDL: gl.constexpr):
     """y (M, N) = ACTIVATION(x @ ((q - z) s)^T + bias) for x (M <= BM, K) bf16 (fp16: FP16), unit
     stride along K; w_desc: a TMA descriptor of the packed weight (gemmkit's INT4 layout, uint8
-    (N, K // 2)) viewed as int32 (N, K // 8), block (64, 16); ws (N, G) scales, wz (N, G) uint8
+    (N, K // 2)) viewed as int32 (N, K // 8), block (64, 16 BOX): BOX consecutive K steps of a tile
+    per load (KS a multiple of BOX); ws (N, G) scales, wz (N, G) uint8
     zero points (HAS_ZERO), K step k in group k >> group_shift; K a multiple of 128 and of
     KS * SLICES steps. SLICED (SLICES > 1): the tiles' fp32 sums are added to sums (M, N), zeros,
     and reduce.finish_sums stores y; else y is stored here. Programs: a multiple of SLICES.
@@ -272,12 +292,17 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
     to the decoded values before the product (a thread's values of a row and step share one
     32-wide scale block: its words 4q .. 4q + 3); wz, group_shift unused. GROUP_WORDS (4 or 8):
     INT4 groups of 32 or 64, applied to the decoded values before the product likewise (in x's
-    dtype, as the tl kernel does); 0: groups of 128 or more, applied after each step's product."""
+    dtype, as the tl kernel does); 0: groups of 128 or more, applied after each step's product.
+    PDL: the launch that follows (finish_sums, launched as a programmatic dependent) may start now;
+    it waits for this grid's completion before reading sums."""
+    if PDL:
+        gdc_launch_dependents()
     pid = gl.program_id(0)
     sl = pid % SLICES
     first_tile = pid // SLICES
     tile_stride = gl.num_programs(0) // SLICES
     total = gl.cdiv(gl.maximum(gl.cdiv(N, BLOCK_N) - first_tile, 0), tile_stride) * KS
+    boxes = total // BOX
     kstep0 = sl * KS
     if FP16:
         BASE: gl.constexpr = 1024.0
@@ -289,7 +314,7 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
     ROWS: gl.constexpr = gl.SliceLayout(1, acc_l)
     COLS: gl.constexpr = gl.SliceLayout(0, acc_l)
-    wbuf = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16], w_desc.layout)
+    wbuf = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16 * BOX], w_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
@@ -297,10 +322,10 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
                                    gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
     xsum = gl.allocate_shared_memory(gl.float32, [KS, BM], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     fence_async_shared()
-    # the first STAGES - 1 steps' weights and two steps' scales are in flight while x is staged
+    # the first STAGES - 1 boxes' weights and two steps' scales are in flight while x is staged
     for i in gl.static_range(STAGES - 1):
-        if i < total:
-            _issue(w_desc, wbuf, bars, i, first_tile, tile_stride, kstep0, KS, STAGES)
+        if i < boxes:
+            _issue(w_desc, wbuf, bars, i, first_tile, tile_stride, kstep0, KS, STAGES, BOX)
     t, st = _tile_step(0, first_tile, tile_stride, KS)
     s0, z0 = _step_scales(ws, wz, t * BLOCK_N, kstep0 + st, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
                           ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT)
@@ -319,35 +344,33 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
     fence_async_shared()
     rm = gl.arange(0, BM, layout=COLS)
     acc = gl.zeros([BLOCK_N, BM], gl.float32, acc_l)
-    for j in range(total):
-        # every thread has read iteration j - 1's stage (and, at j = 0, stored x): refill it
+    for b in range(boxes):
+        # every thread has read box b - 1's stage (and, at b = 0, stored x): refill it
         _cta_barrier()
-        if j + STAGES - 1 < total:
-            _issue(w_desc, wbuf, bars, j + STAGES - 1, first_tile, tile_stride, kstep0, KS, STAGES)
-        t2, st2 = _tile_step(gl.minimum(j + 2, total - 1), first_tile, tile_stride, KS)
-        s2, z2 = _step_scales(ws, wz, t2 * BLOCK_N, kstep0 + st2, group_shift, N, stride_sn, stride_sk, stride_zn,
-                              stride_zk, ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT)
-        t, st = _tile_step(j, first_tile, tile_stride, KS)
-        slot = j % STAGES
-        mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
-        words = wbuf.index(slot).load(_WORDS)
-        if MXFP4:
-            acc = warpgroup_mma(_decode_mx(words, s0, a_l), xs.index(st).permute((1, 0)), acc)
-        elif GROUP_WORDS > 0:
-            acc = warpgroup_mma(_decode_groups(words, s0, z0, a_l, FP16), xs.index(st).permute((1, 0)), acc)
-        else:
-            part = warpgroup_mma(_decode(words, a_l, FP16), xs.index(st).permute((1, 0)),
-                                 gl.zeros([BLOCK_N, BM], gl.float32, acc_l), use_acc=False)
-            acc += s0[:, None] * (part - z0[:, None] * xsum.index(st).load(COLS)[None, :])
-        if st == KS - 1:
-            if SLICED:
-                rn = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROWS)
-                gl.atomic_add(sums + rm[None, :] * N + rn[:, None], acc, mask=(rm < M)[None, :] & (rn < N)[:, None],
-                              sem="relaxed")
+        if b + STAGES - 1 < boxes:
+            _issue(w_desc, wbuf, bars, b + STAGES - 1, first_tile, tile_stride, kstep0, KS, STAGES, BOX)
+        slot = b % STAGES
+        mbarrier.wait(bars.index(slot), (b // STAGES) & 1)
+        for h in gl.static_range(BOX):
+            j = b * BOX + h
+            t2, st2 = _tile_step(gl.minimum(j + 2, total - 1), first_tile, tile_stride, KS)
+            s2, z2 = _step_scales(ws, wz, t2 * BLOCK_N, kstep0 + st2, group_shift, N, stride_sn, stride_sk,
+                                  stride_zn, stride_zk, ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT)
+            t, st = _tile_step(j, first_tile, tile_stride, KS)
+            if BOX == 1:
+                words = wbuf.index(slot).load(_WORDS)
             else:
-                _finish(acc, y, bias, t * BLOCK_N, rm, M, N, stride_ym, stride_yn, ROWS, HAS_BIAS, ACTIVATION)
-            acc = gl.zeros([BLOCK_N, BM], gl.float32, acc_l)
-        s0 = s1
-        z0 = z1
-        s1 = s2
-        z1 = z2
+                words = wbuf.index(slot).slice(h * 16, 16, dim=1).load(_WORDS)
+            acc = _step(acc, words, xs, xsum, s0, z0, st, a_l, COLS, FP16, MXFP4, GROUP_WORDS, BM)
+            if st == KS - 1:
+                if SLICED:
+                    rn = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROWS)
+                    gl.atomic_add(sums + rm[None, :] * N + rn[:, None], acc,
+                                  mask=(rm < M)[None, :] & (rn < N)[:, None], sem="relaxed")
+                else:
+                    _finish(acc, y, bias, t * BLOCK_N, rm, M, N, stride_ym, stride_yn, ROWS, HAS_BIAS, ACTIVATION)
+                acc = gl.zeros([BLOCK_N, BM], gl.float32, acc_l)
+            s0 = s1
+            z0 = z1
+            s1 = s2
+            z1 = z2

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from .epilogue import finish_tile
+from .gdc import gdc_wait
 from .memory import load_k_tile, store_tile
 from .modes import SCALE_NONE
 
@@ -74,9 +75,12 @@ def sum_k_slices(ws, y, bias, M, N, splits, split_rows, stride_wm, stride_ym, st
 
 @triton.jit
 def finish_sums(sums, y, bias, M, N, stride_ym, stride_yn, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
     """y (M, N) = ACTIVATION(sums + bias) cast to y's dtype, for sums (M, N) fp32 (contiguous) that
-    a kernel's K slices added up by atomics; sums is put back to zero for the next launch."""
+    a kernel's K slices added up by atomics; sums is put back to zero for the next launch. PDL:
+    launched as a programmatic dependent of that kernel (kernels/gdc.py): wait for it first."""
+    if PDL:
+        gdc_wait()
     off_m = tl.program_id(0) * BLOCK_M
     off_n = tl.program_id(1) * BLOCK_N
     acc = load_k_tile(sums, off_m, off_n, M, N, N, 1, BLOCK_M, BLOCK_N, False, True, False, True)

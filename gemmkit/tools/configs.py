@@ -83,8 +83,9 @@ def w4_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | None:
     mxfp4 = table == "a16wfp4"
     if not h4.decode_sizes_ok(M, N, K, 32 if mxfp4 else 128, mxfp4):
         return None
-    ks, slices, _, per_sm = h4.decode_split(M, N, K, dev, mxfp4)
-    return (f"{h4.BLOCK_N}-row weight tiles, K in {slices} slices of {ks} x 128, up to {per_sm} programs per SM"
+    sp = h4.decode_split(M, N, K, dev, 32 if mxfp4 else 128, mxfp4)
+    return (f"{h4.BLOCK_N}-row weight tiles, K in {sp.slices} slices of {sp.ks} x 128, up to {sp.per_sm} programs "
+            f"per SM, {sp.stages} loads of {sp.box} x 128 in flight"
             + ("" if mxfp4 else " (INT4 groups of 128; groups of 32 / 64 up to 16 rows)"))
 
 
