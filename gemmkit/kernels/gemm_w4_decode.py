@@ -2,8 +2,9 @@
 INT4 in groups or MXFP4 (core/hopper_w4.py routes; BENCHMARKS.md, seventh session).
 
 The product is computed transposed, y^T = W x^T, so that the weight is wgmma's left operand and
-can come from registers: TMA brings each 128-deep K step's packed weight tile (64 rows x 64 bytes)
-into shared memory, STAGES deep; each thread reads whole 32-bit words of it (two 128-bit loads),
+can come from registers: TMA brings BOX consecutive 128-deep K steps' packed weight (64 rows x 64 BOX
+contiguous bytes: 128 per row for BOX = 2) into shared memory, STAGES such loads deep; each thread
+reads whole 32-bit words of a step (two 128-bit loads),
 decodes them in place (PRMT / SHR / LOP3: 0x4300 | q is the bf16
 128 + q, 0x6400 | q the fp16 1024 + q) and hands the values to the tensor cores with no layout
 conversion, while x^T, the right operand, is read by the tensor cores from shared memory.
@@ -26,12 +27,16 @@ thread's values of a row and step are its words 4q .. 4q + 3, one block of 32.
 
 Work split: program p takes K slice p % SLICES (KS steps; x of the slice staged once) and the
 64-row weight tiles p // SLICES, + P / SLICES, ... as one stream of (tile, step) iterations,
-STAGES - 1 steps' weights in flight. With SLICES > 1 each finished tile's fp32 sum is added to a
-zeroed (M, N) workspace by atomics, and a second launch (kernels/reduce.py finish_sums) runs the
+STAGES - 1 loads of BOX steps in flight (KS a multiple of BOX: a load never crosses tiles). With
+SLICES > 1 each finished tile's fp32 sum is added to a zeroed (M, N) workspace by atomics, and a
+second launch (kernels/reduce.py finish_sums) runs the
 epilogue (bias, activation, cast) and puts the workspace back to zero for the next launch. (A
 per-tile arrival counter instead, the last program running the epilogue as kernels/reduce.py's
 split-K does, measured slower on the H100, tuning/w4_gluon/bench_counter_h100.md: the GPU-scope
 release on every tile's counter stalls each program once per tile.)
+
+PDL: finish_sums is launched as a programmatic dependent of this kernel (kernels/gdc.py), which
+lets it start as soon as every program here has started; it then waits for this grid to complete.
 
 scripts/w4_decode_sweep.py measured the work split against the tl kernel on the H100 (tuning/w4_gluon/).
 """
