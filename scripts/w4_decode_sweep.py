@@ -5,9 +5,10 @@ the weights (so that no layer is timed hot in the 50 MB L2). The decode kernel's
 widened for the probe (every M <= 64).
 
 With --box: the (KS, stages, programs per SM, steps per TMA load, PDL finish) variants of BOX_VARIANTS
-instead (core/hopper_w4.py BOX_STEPS, PDL).
+instead (core/hopper_w4.py BOX_STEPS, PDL); --rows128: ROWS128_VARIANTS, the same plus weight rows per
+tile (Split.bn: 128, two warp groups sharing the staged x).
 
-Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box] [--m 1 4 16] (--m last)
+Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box | --rows128] [--m 1 4 16] (--m last)
 """
 
 import os
@@ -43,8 +44,13 @@ VARIANTS = [(ks, st, ps, 1, False) for ks in (2, 4, 8) for st in (4, 8) for ps i
 BOX_VARIANTS = [(2, 4, 6, 1, False), (2, 4, 6, 1, True), (2, 2, 6, 2, True), (2, 4, 6, 2, True), (2, 3, 6, 2, True),
                 (4, 2, 6, 4, True), (4, 3, 4, 4, True), (4, 4, 4, 2, True), (4, 2, 4, 4, True), (8, 2, 4, 4, True),
                 (8, 4, 4, 2, True)]
+ROWS128_VARIANTS = [(4, 4, 4, 2, True, 64), (2, 2, 6, 2, True, 64), (4, 4, 2, 2, True, 128),
+                    (4, 2, 2, 2, True, 128), (4, 3, 3, 2, True, 128), (8, 2, 2, 2, True, 128),
+                    (2, 2, 3, 2, True, 128), (2, 4, 3, 2, True, 128)]
 if "--box" in sys.argv:
     VARIANTS = BOX_VARIANTS
+if "--rows128" in sys.argv:
+    VARIANTS = ROWS128_VARIANTS
 ROTATE = 3
 hopper_w4.DECODE_MAX_M, hopper_w4.MX_DECODE_MAX_M = 64, 64
 real_ok = hopper_w4.w4_decode_ok
@@ -57,8 +63,8 @@ def calls_for(inps, variant):
         op.w4_decode_ok = lambda *a, **k: False
     else:
         op.w4_decode_ok = real_ok
-        ks, stages, per_sm, hopper_w4.BOX_STEPS, hopper_w4.PDL = variant
-        hopper_w4.SHORT = hopper_w4.LONG = hopper_w4.Split(ks, stages, per_sm)
+        ks, stages, per_sm, hopper_w4.BOX_STEPS, hopper_w4.PDL, *bn = variant
+        hopper_w4.SHORT = hopper_w4.LONG = hopper_w4.Split(ks, stages, per_sm, *bn)
     calls = []
     for inp in inps:  # plans built now, with this variant's constants, and held
         if FP4:
@@ -85,7 +91,8 @@ for N, K in SHAPES:
         wbytes = N * K / 2 + (N * K / 32 if FP4 else N * (K // GROUP) * (inps[0]["ws"].element_size() + 1))
         named = {"F.linear bf16": [lambda inp=inp: F.linear(inp["x"], inp["w16"]) for inp in inps]}
         for variant in [None] + VARIANTS:
-            name = "tl kernel (own pick)" if variant is None else "decode KS~%d stages %d %d/SM box %d pdl %d" % variant
+            name = ("tl kernel (own pick)" if variant is None else "decode KS~%d stages %d %d/SM box %d pdl %d" % variant[:5]
+                    + (f" rows {variant[5]}" if len(variant) > 5 else ""))
             calls = calls_for(inps, variant)
             err = tune.rel_error(calls[0](), ref)
             if err > 1e-2:

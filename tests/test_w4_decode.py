@@ -311,25 +311,31 @@ def test_strided_x_y_and_scales(built):
     assert torch.isnan(buf[:, :8]).all() and torch.isnan(buf[:, 8 + N:]).all()  # nothing else written
 
 
+SPLITS = {"SHORT": hopper_w4.SHORT, "LONG": hopper_w4.LONG, "128 rows": hopper_w4.Split(4, 3, 2, 128),
+          "128 rows, 2 steps": hopper_w4.Split(2, 2, 3, 128)}
+
+
 @needs_hopper
-@pytest.mark.parametrize("kind", ["SHORT", "LONG"])
+@pytest.mark.parametrize("kind", list(SPLITS))
 @pytest.mark.parametrize("box", [1, 2])
 @pytest.mark.parametrize("pdl", [False, True])
-def test_split_variants(built, monkeypatch, kind, box, pdl):
-    """Each split with one- and two-step weight loads, finish_sums launched plainly or as a
-    programmatic dependent, repeated (the sums buffer reused) and ragged N."""
-    split = getattr(hopper_w4, kind)
+@pytest.mark.parametrize("M", [3, 33])
+def test_split_variants(built, monkeypatch, kind, box, pdl, M):
+    """Each split (64- and 128-row tiles) with one- and two-step weight loads, finish_sums launched
+    plainly or as a programmatic dependent, repeated (the sums buffer reused), ragged N."""
+    split = SPLITS[kind]
     monkeypatch.setattr(hopper_w4, "SHORT", split)
     monkeypatch.setattr(hopper_w4, "LONG", split)
     monkeypatch.setattr(hopper_w4, "BOX_STEPS", box)
     monkeypatch.setattr(hopper_w4, "PDL", pdl)
-    x = randn(3, 4096, dtype=BF16)
+    x = randn(M, 4096, dtype=BF16)
     q, s, z, wd = int4_weight(2000, 4096, 128)
     for _ in range(2):
-        y = poisoned((3, 2000), BF16)
+        y = poisoned((M, 2000), BF16)
         assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=128, y=y), reference(x, wd))
     plan = built[0]
     assert plan.slices > 1 and plan.values["BOX"] == box and plan.values["PDL"] == (pdl and hopper_w4.pdl_ok())
+    assert plan.values["BN"] == split.bn and plan.num_warps == split.bn // 16
 
 
 @needs_hopper
@@ -372,6 +378,28 @@ def test_mxfp4(built, M, N, K):
     out = gemmkit.gemm_a16wfp4(x, wq, ws, y=y)
     assert out is y and len(built) == 1
     assert_close(out, reference(x, quant.dequantize_mxfp4(wq, ws, torch.float64)))
+
+
+@needs_hopper
+@pytest.mark.parametrize("fmt", ["mxfp4", "g32", "g64", "g256 fp16"])
+@pytest.mark.parametrize("M", [1, 20, 64])
+def test_rows128_formats(built, monkeypatch, fmt, M):
+    """128-row tiles (two warp groups) with every scale form: MXFP4 blocks, small INT4 groups applied
+    before the product, groups of 128 or more after it (fp16 x)."""
+    for kind in ("SHORT", "LONG"):
+        monkeypatch.setattr(hopper_w4, kind, hopper_w4.Split(4, 3, 2, 128))
+    N, K = 1000, 2048
+    if fmt == "mxfp4":
+        x = randn(M, K, dtype=BF16)
+        wq, ws = quant.quantize_mxfp4(randn(N, K, dtype=FP32, scale=K**-0.5))
+        out, ref = gemmkit.gemm_a16wfp4(x, wq, ws), reference(x, quant.dequantize_mxfp4(wq, ws, torch.float64))
+    else:
+        group, dtype = (256, FP16) if fmt == "g256 fp16" else (int(fmt[1:]), BF16)
+        x = randn(M, K, dtype=dtype)
+        q, s, z, wd = int4_weight(N, K, group, dtype=dtype)
+        out, ref = gemmkit.gemm_a16w4(x, q, s, z, group_size=group), reference(x, wd)
+    assert len(built) == 1 and built[0].values["BN"] == 128
+    assert_close(out, ref)
 
 
 @needs_hopper

@@ -49,10 +49,12 @@ SMALL_DECODE_MAX_M = 16  # groups of 32: 1.7x to 3.3x the tl kernel at M = 1 and
 
 @dataclasses.dataclass(frozen=True)
 class Split:
-    """A work split's knobs: the KS target, weight loads in flight per program, programs per SM."""
+    """A work split's knobs: the KS target, weight loads in flight per program, programs per SM,
+    weight rows per tile (64: one warp group; 128: two, sharing the program's staged x)."""
     ks_target: int
     stages: int
     per_sm: int
+    bn: int = 64
 
 
 SHORT = Split(ks_target=2, stages=2, per_sm=6)
@@ -72,6 +74,13 @@ def finish_kernel():
     from ..kernels import reduce
 
     return reduce.finish_sums
+
+
+@functools.lru_cache(maxsize=None)
+def decode_words_layout(bn: int):
+    from ..kernels import gemm_w4_decode
+
+    return gemm_w4_decode.words_layout(bn)
 
 
 @functools.lru_cache(maxsize=1)
@@ -103,11 +112,11 @@ def x_rows(M: int) -> int:
     return max(16, 1 << (M - 1).bit_length())
 
 
-def max_slice_steps(bm: int, dev: DeviceInfo, stages: int) -> int:
+def max_slice_steps(bm: int, dev: DeviceInfo, stages: int, bn: int = BLOCK_N) -> int:
     """The most K steps of x (bm rows, 16-bit, and their fp32 sums) that fit in shared memory beside
-    `stages` weight loads (a prime step count can make the nearest divisor large: 13 steps of 64 rows
-    would need 213 KB)."""
-    free = dev.smem_per_block - stages * BOX_STEPS * BLOCK_N * BLOCK_K // 2 - SMEM_RESERVE
+    `stages` weight loads of bn rows (a prime step count can make the nearest divisor large: 13 steps
+    of 64 rows would need 213 KB)."""
+    free = dev.smem_per_block - stages * BOX_STEPS * bn * BLOCK_K // 2 - SMEM_RESERVE
     return max(1, free // (bm * (2 * BLOCK_K + 4)))
 
 
@@ -133,13 +142,14 @@ def box_steps(ks: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class DecodeSplit:
     """A call's launch: KS steps per K slice, SLICES slices, programs (a multiple of SLICES), at most
-    per_sm programs per SM, `stages` weight loads of `box` steps in flight per program."""
+    per_sm programs per SM, `stages` weight loads of `box` steps in flight per program, bn-row tiles."""
     ks: int
     slices: int
     programs: int
     per_sm: int
     stages: int
     box: int
+    bn: int
 
 
 def split_kind(M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: bool) -> Split:
@@ -155,10 +165,10 @@ def decode_split(M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: boo
     """The launch of a call (module docstring, "Its work split")."""
     kind = split_kind(M, N, K, dev, group, mxfp4)
     steps = K // BLOCK_K
-    ks = slice_steps(steps, kind.ks_target, max_slice_steps(x_rows(M), dev, kind.stages))
+    ks = slice_steps(steps, kind.ks_target, max_slice_steps(x_rows(M), dev, kind.stages, kind.bn))
     slices = steps // ks
-    programs = slices * max(1, min(-(-N // BLOCK_N), kind.per_sm * dev.num_sms // slices))
-    return DecodeSplit(ks, slices, programs, kind.per_sm, kind.stages, box_steps(ks))
+    programs = slices * max(1, min(-(-N // kind.bn), kind.per_sm * dev.num_sms // slices))
+    return DecodeSplit(ks, slices, programs, kind.per_sm, kind.stages, box_steps(ks), kind.bn)
 
 
 def pdl_ok() -> bool:
@@ -196,13 +206,14 @@ class W4DecodePlan:
         self.has_zero = w_zero is not None
         self.y_strides = (N, 1) if y2 is None else y2.stride()
         self.kernel = decode_kernel()
-        self.launch = CachedLaunch(self.kernel, (split.programs,), 4, 1, self.device_index)
+        self.num_warps = split.bn // 16
+        self.launch = CachedLaunch(self.kernel, (split.programs,), self.num_warps, 1, self.device_index)
         from triton.experimental.gluon import language as gl
 
         from .hopper_ws import _Descriptors
 
         pdl = self.slices > 1 and pdl_ok()
-        self.w_desc = _Descriptors((N, K // 8), (w_q.stride(0) // 4, 1), (BLOCK_N, 16 * split.box),
+        self.w_desc = _Descriptors((N, K // 8), (w_q.stride(0) // 4, 1), (split.bn, 16 * split.box),
                                    gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
         small = not mxfp4 and group in SMALL_GROUPS
         self.values = dict(M=M, N=N, K=K, SLICES=self.slices, stride_xm=x2.stride(0), STAGES=split.stages,
@@ -210,7 +221,8 @@ class W4DecodePlan:
                            group_shift=0 if mxfp4 or small else group_shift(group, K), BM=x_rows(M), KS=split.ks,
                            FP16=x2.dtype == torch.float16, HAS_ZERO=self.has_zero, HAS_BIAS=bias is not None,
                            ACTIVATION=activation, SLICED=self.slices > 1, MXFP4=mxfp4,
-                           GROUP_WORDS=group // 8 if small else 0, BOX=split.box, PDL=pdl)
+                           GROUP_WORDS=group // 8 if small else 0, BOX=split.box, PDL=pdl, BN=split.bn,
+                           WORDS=decode_words_layout(split.bn))
         if self.slices > 1:
             self.finish = CachedLaunch(finish_kernel(), (-(-M // FINISH_BLOCK[0]), -(-N // FINISH_BLOCK[1])), 4, 1,
                                        self.device_index, pdl=pdl)

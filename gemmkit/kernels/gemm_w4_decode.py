@@ -53,7 +53,7 @@ from .gdc import gdc_launch_dependents
 _cta_barrier = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 
-BLOCK_N = gl.constexpr(64)  # weight rows per tile: one warp group's wgmma rows
+BLOCK_N = gl.constexpr(64)  # weight rows per warp group (wgmma's M); a tile: BN = 64 or 128 rows, BN // 16 warps
 BLOCK_K = gl.constexpr(128)  # K per step: 16 packed words per row
 
 
@@ -94,9 +94,13 @@ _DECODE_E2M1 = gl.constexpr(_e2m1_ptx())
 
 # one step's words (64 rows x 16 words): thread (warp w, lane 4g + q) holds rows 16w + g and
 # 16w + g + 8, words 4q .. 4q + 3 of each (two 128-bit loads)
-_WORDS = gl.constexpr(gl.DistributedLinearLayout(
-    reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
-    warp_bases=[[16, 0], [32, 0]], block_bases=[], shape=[BLOCK_N, 16]))
+def words_layout(bn: int):
+    """The layout of one step's words of a bn-row tile (bn // 16 warps)."""
+    warps = [[16 << i, 0] for i in range((bn // 16).bit_length() - 1)]
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 1], [0, 2], [8, 0]], lane_bases=[[0, 4], [0, 8], [1, 0], [2, 0], [4, 0]],
+        warp_bases=warps, block_bases=[], shape=[bn, 16])
+
 
 
 # the register tile's relabelling: (row, c3, c2, c1, c0, i0, i1, i2) -> (row, i2, i1, i0, c1, c3, c2, c0)
@@ -122,35 +126,35 @@ def true_k(kp):
 
 
 @gluon.jit
-def _issue(w_desc, wbuf, bars, bn, first_tile, tile_stride, kstep0, KS: gl.constexpr, STAGES: gl.constexpr,
-           BOX: gl.constexpr):
-    """TMA load of box bn's words (64 rows x 16 BOX words: BOX consecutive steps of one tile; rows
+def _issue(w_desc, wbuf, bars, b, first_tile, tile_stride, kstep0, KS: gl.constexpr, STAGES: gl.constexpr,
+           BOX: gl.constexpr, BN: gl.constexpr):
+    """TMA load of box b's words (BN rows x 16 BOX words: BOX consecutive steps of one tile; rows
     past N read zero) into its stage."""
-    tn, stn = _tile_step(bn * BOX, first_tile, tile_stride, KS)
-    slot = bn % STAGES
-    mbarrier.expect(bars.index(slot), BLOCK_N * 64 * BOX)
-    _tma_load(w_desc, [tn * BLOCK_N, (kstep0 + stn) * 16], bars.index(slot), wbuf.index(slot))
+    tn, stn = _tile_step(b * BOX, first_tile, tile_stride, KS)
+    slot = b % STAGES
+    mbarrier.expect(bars.index(slot), BN * 64 * BOX)
+    _tma_load(w_desc, [tn * BN, (kstep0 + stn) * 16], bars.index(slot), wbuf.index(slot))
 
 
 @gluon.jit
 def _group(ws, wz, off_n, g, N, stride_sn, stride_sk, stride_zn, stride_zk, ROWS: gl.constexpr,
-           HAS_ZERO: gl.constexpr, BASE: gl.constexpr):
+           HAS_ZERO: gl.constexpr, BASE: gl.constexpr, BN: gl.constexpr):
     """(scale, BASE + zero point) fp32 of the tile's rows in scale group g (zero point 8 without wz)."""
-    rn = off_n + gl.arange(0, BLOCK_N, layout=ROWS)
+    rn = off_n + gl.arange(0, BN, layout=ROWS)
     s = gl.load(ws + rn * stride_sn + g * stride_sk, mask=rn < N, other=0.0).to(gl.float32)
     if HAS_ZERO:
         z = gl.load(wz + rn * stride_zn + g * stride_zk, mask=rn < N, other=0).to(gl.float32) + BASE
     else:
-        z = gl.full([BLOCK_N], BASE + 8.0, gl.float32, ROWS)
+        z = gl.full([BN], BASE + 8.0, gl.float32, ROWS)
     return s, z
 
 
 @gluon.jit
-def _mx_scales(ws, off_n, kstep, N, stride_sn, stride_sk):
-    """(64, 16) bf16 2^(e - 127) of each word's e8m0 scale (32 values: four words of a row) in
+def _mx_scales(ws, off_n, kstep, N, stride_sn, stride_sk, WORDS: gl.constexpr, BN: gl.constexpr):
+    """(BN, 16) bf16 2^(e - 127) of each word's e8m0 scale (32 values: four words of a row) in
     the words' layout; e = 0: 2^-127, e = 255: NaN (kernels/packed.py e8m0_float)."""
-    rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _WORDS))
-    g = kstep * 4 + gl.arange(0, 16, layout=gl.SliceLayout(0, _WORDS)) // 4
+    rn = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, WORDS))
+    g = kstep * 4 + gl.arange(0, 16, layout=gl.SliceLayout(0, WORDS)) // 4
     e = gl.load(ws + rn[:, None] * stride_sn + g[None, :] * stride_sk, mask=(rn < N)[:, None], other=127)
     e = e.to(gl.int32)
     bits = gl.where(e == 0, 0x40, gl.where(e == 255, 0x7FC0, e << 7))
@@ -174,17 +178,18 @@ def _decode_mx(words, sc, A_LAYOUT: gl.constexpr):
 
 @gluon.jit
 def _word_groups(ws, wz, off_n, kstep, N, stride_sn, stride_sk, stride_zn, stride_zk, HAS_ZERO: gl.constexpr,
-                 BASE: gl.constexpr, GROUP_WORDS: gl.constexpr, DT: gl.constexpr):
-    """(64, 16) DT tiles (scale, BASE + zero point) of each word's INT4 group (GROUP_WORDS words of a
+                 BASE: gl.constexpr, GROUP_WORDS: gl.constexpr, DT: gl.constexpr, WORDS: gl.constexpr,
+                 BN: gl.constexpr):
+    """(BN, 16) DT tiles (scale, BASE + zero point) of each word's INT4 group (GROUP_WORDS words of a
     row: groups of 32 or 64) in the words' layout."""
-    rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, _WORDS))
-    g = kstep * (16 // GROUP_WORDS) + gl.arange(0, 16, layout=gl.SliceLayout(0, _WORDS)) // GROUP_WORDS
+    rn = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, WORDS))
+    g = kstep * (16 // GROUP_WORDS) + gl.arange(0, 16, layout=gl.SliceLayout(0, WORDS)) // GROUP_WORDS
     s = gl.load(ws + rn[:, None] * stride_sn + g[None, :] * stride_sk, mask=(rn < N)[:, None], other=0.0)
     if HAS_ZERO:
         z = gl.load(wz + rn[:, None] * stride_zn + g[None, :] * stride_zk, mask=(rn < N)[:, None], other=0)
         z = z.to(gl.float32) + BASE
     else:
-        z = gl.full([BLOCK_N, 16], BASE + 8.0, gl.float32, _WORDS)
+        z = gl.full([BN, 16], BASE + 8.0, gl.float32, WORDS)
     return s.to(DT), z.to(DT)
 
 
@@ -214,29 +219,29 @@ def _decode_groups(words, s, z, A_LAYOUT: gl.constexpr, FP16: gl.constexpr):
 @gluon.jit
 def _step_scales(ws, wz, off_n, kstep, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
                  ROWS: gl.constexpr, HAS_ZERO: gl.constexpr, BASE: gl.constexpr, MXFP4: gl.constexpr,
-                 GROUP_WORDS: gl.constexpr, DT: gl.constexpr):
-    """The scales a K step needs: MXFP4, the (64, 16) tile of _mx_scales (twice); INT4 groups of 32
+                 GROUP_WORDS: gl.constexpr, DT: gl.constexpr, WORDS: gl.constexpr, BN: gl.constexpr):
+    """The scales a K step needs: MXFP4, the (BN, 16) tile of _mx_scales (twice); INT4 groups of 32
     or 64 (GROUP_WORDS), the tiles of _word_groups; else the rows' (scale, BASE + zero point) of
     _group."""
     if MXFP4:
-        s = _mx_scales(ws, off_n, kstep, N, stride_sn, stride_sk)
+        s = _mx_scales(ws, off_n, kstep, N, stride_sn, stride_sk, WORDS, BN)
         z = s
     elif GROUP_WORDS > 0:
         s, z = _word_groups(ws, wz, off_n, kstep, N, stride_sn, stride_sk, stride_zn, stride_zk, HAS_ZERO, BASE,
-                            GROUP_WORDS, DT)
+                            GROUP_WORDS, DT, WORDS, BN)
     else:
         s, z = _group(ws, wz, off_n, kstep >> group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk, ROWS,
-                      HAS_ZERO, BASE)
+                      HAS_ZERO, BASE, BN)
     return s, z
 
 
 @gluon.jit
 def _relabel(o0, o1, o2, o3, o4, o5, o6, o7, A_LAYOUT: gl.constexpr):
-    """The (64, 128) tile of the eight registers' values in the permuted K order, in A_LAYOUT."""
+    """The (BN, 128) tile of the eight registers' values in the permuted K order, in A_LAYOUT."""
     t = gl.join(gl.join(gl.join(o0, o1), gl.join(o2, o3)), gl.join(gl.join(o4, o5), gl.join(o6, o7)))
     # (row, word, i0, i1, i2) -> (row, c3, c2, c1, c0, i0, i1, i2) -> PERM
-    t = gl.permute(gl.reshape(t, [BLOCK_N, 2, 2, 2, 2, 2, 2, 2]), [0, 7, 6, 5, 3, 1, 2, 4])
-    return gl.convert_layout(gl.reshape(t, [BLOCK_N, BLOCK_K]), A_LAYOUT)
+    t = gl.permute(gl.reshape(t, [o0.shape[0], 2, 2, 2, 2, 2, 2, 2]), [0, 7, 6, 5, 3, 1, 2, 4])
+    return gl.convert_layout(gl.reshape(t, [o0.shape[0], BLOCK_K]), A_LAYOUT)
 
 
 @gluon.jit
@@ -255,8 +260,8 @@ def _tile_step(j, first_tile, tile_stride, KS: gl.constexpr):
 @gluon.jit
 def _finish(acc, y, bias, off_n, rm, M, N, stride_ym, stride_yn, ROWS: gl.constexpr, HAS_BIAS: gl.constexpr,
             ACTIVATION: gl.constexpr):
-    """Store the (64, BM) transposed tile: + bias, activation, cast to y's dtype."""
-    rn = off_n + gl.arange(0, BLOCK_N, layout=ROWS)
+    """Store the (BN, BM) transposed tile: + bias, activation, cast to y's dtype."""
+    rn = off_n + gl.arange(0, acc.shape[0], layout=ROWS)
     if HAS_BIAS:
         acc += gl.load(bias + rn, mask=rn < N, other=0.0).to(gl.float32)[:, None]
     acc = activation(acc, ACTIVATION)
@@ -275,7 +280,7 @@ def _step(acc, words, xs, xsum, s0, z0, st, a_l: gl.constexpr, COLS: gl.constexp
         acc = warpgroup_mma(_decode_groups(words, s0, z0, a_l, FP16), xs.index(st).permute((1, 0)), acc)
     else:
         part = warpgroup_mma(_decode(words, a_l, FP16), xs.index(st).permute((1, 0)),
-                             gl.zeros([BLOCK_N, BM], gl.float32, acc_l), use_acc=False)
+                             gl.zeros([acc.shape[0], BM], gl.float32, acc_l), use_acc=False)
         acc += s0[:, None] * (part - z0[:, None] * xsum.index(st).load(COLS)[None, :])
     return acc
 
@@ -285,11 +290,13 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
                      stride_zk, stride_ym, stride_yn, group_shift,
                      BM: gl.constexpr, KS: gl.constexpr, STAGES: gl.constexpr, FP16: gl.constexpr,
                      HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, SLICED: gl.constexpr,
-                     MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr, BOX: gl.constexpr, PDL: gl.constexpr):
+                     MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr, BOX: gl.constexpr, PDL: gl.constexpr,
+                     BN: gl.constexpr, WORDS: gl.constexpr):
     """y (M, N) = ACTIVATION(x @ ((q - z) s)^T + bias) for x (M <= BM, K) bf16 (fp16: FP16), unit
     stride along K; w_desc: a TMA descriptor of the packed weight (gemmkit's INT4 layout, uint8
-    (N, K // 2)) viewed as int32 (N, K // 8), block (64, 16 BOX): BOX consecutive K steps of a tile
-    per load (KS a multiple of BOX); ws (N, G) scales, wz (N, G) uint8
+    (N, K // 2)) viewed as int32 (N, K // 8), block (BN, 16 BOX): BOX consecutive K steps of a BN-row
+    tile per load (KS a multiple of BOX; BN 64 or 128 rows, one warp group per 64, WORDS =
+    words_layout(BN)); ws (N, G) scales, wz (N, G) uint8
     zero points (HAS_ZERO), K step k in group k >> group_shift; K a multiple of 128 and of
     KS * SLICES steps. SLICED (SLICES > 1): the tiles' fp32 sums are added to sums (M, N), zeros,
     and reduce.finish_sums stores y; else y is stored here. Programs: a multiple of SLICES.
@@ -306,7 +313,7 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
     sl = pid % SLICES
     first_tile = pid // SLICES
     tile_stride = gl.num_programs(0) // SLICES
-    total = gl.cdiv(gl.maximum(gl.cdiv(N, BLOCK_N) - first_tile, 0), tile_stride) * KS
+    total = gl.cdiv(gl.maximum(gl.cdiv(N, BN) - first_tile, 0), tile_stride) * KS
     boxes = total // BOX
     kstep0 = sl * KS
     if FP16:
@@ -315,11 +322,12 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
     else:
         BASE: gl.constexpr = 128.0
         DT: gl.constexpr = gl.bfloat16
-    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BN // 16, 1],
+                                                    instr_shape=[16, BM, 16])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
     ROWS: gl.constexpr = gl.SliceLayout(1, acc_l)
     COLS: gl.constexpr = gl.SliceLayout(0, acc_l)
-    wbuf = gl.allocate_shared_memory(gl.int32, [STAGES, BLOCK_N, 16 * BOX], w_desc.layout)
+    wbuf = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 16 * BOX], w_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
@@ -330,14 +338,14 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
     # the first STAGES - 1 boxes' weights and two steps' scales are in flight while x is staged
     for i in gl.static_range(STAGES - 1):
         if i < boxes:
-            _issue(w_desc, wbuf, bars, i, first_tile, tile_stride, kstep0, KS, STAGES, BOX)
+            _issue(w_desc, wbuf, bars, i, first_tile, tile_stride, kstep0, KS, STAGES, BOX, BN)
     t, st = _tile_step(0, first_tile, tile_stride, KS)
-    s0, z0 = _step_scales(ws, wz, t * BLOCK_N, kstep0 + st, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
-                          ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT)
+    s0, z0 = _step_scales(ws, wz, t * BN, kstep0 + st, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
+                          ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN)
     t, st = _tile_step(1, first_tile, tile_stride, KS)
-    s1, z1 = _step_scales(ws, wz, t * BLOCK_N, kstep0 + st, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
-                          ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT)
-    x_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [4, 1], [1, 0])
+    s1, z1 = _step_scales(ws, wz, t * BN, kstep0 + st, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
+                          ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN)
+    x_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [BN // 16, 1], [1, 0])
     rmx = gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))
     tk = true_k(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_l)))
     for q in gl.static_range(KS):
@@ -348,33 +356,33 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
             xsum.index(q).store(gl.sum(xp.to(gl.float32), axis=1))
     fence_async_shared()
     rm = gl.arange(0, BM, layout=COLS)
-    acc = gl.zeros([BLOCK_N, BM], gl.float32, acc_l)
+    acc = gl.zeros([BN, BM], gl.float32, acc_l)
     for b in range(boxes):
         # every thread has read box b - 1's stage (and, at b = 0, stored x): refill it
         _cta_barrier()
         if b + STAGES - 1 < boxes:
-            _issue(w_desc, wbuf, bars, b + STAGES - 1, first_tile, tile_stride, kstep0, KS, STAGES, BOX)
+            _issue(w_desc, wbuf, bars, b + STAGES - 1, first_tile, tile_stride, kstep0, KS, STAGES, BOX, BN)
         slot = b % STAGES
         mbarrier.wait(bars.index(slot), (b // STAGES) & 1)
         for h in gl.static_range(BOX):
             j = b * BOX + h
             t2, st2 = _tile_step(gl.minimum(j + 2, total - 1), first_tile, tile_stride, KS)
-            s2, z2 = _step_scales(ws, wz, t2 * BLOCK_N, kstep0 + st2, group_shift, N, stride_sn, stride_sk,
-                                  stride_zn, stride_zk, ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT)
+            s2, z2 = _step_scales(ws, wz, t2 * BN, kstep0 + st2, group_shift, N, stride_sn, stride_sk,
+                                  stride_zn, stride_zk, ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN)
             t, st = _tile_step(j, first_tile, tile_stride, KS)
             if BOX == 1:
-                words = wbuf.index(slot).load(_WORDS)
+                words = wbuf.index(slot).load(WORDS)
             else:
-                words = wbuf.index(slot).slice(h * 16, 16, dim=1).load(_WORDS)
+                words = wbuf.index(slot).slice(h * 16, 16, dim=1).load(WORDS)
             acc = _step(acc, words, xs, xsum, s0, z0, st, a_l, COLS, FP16, MXFP4, GROUP_WORDS, BM)
             if st == KS - 1:
                 if SLICED:
-                    rn = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=ROWS)
+                    rn = t * BN + gl.arange(0, BN, layout=ROWS)
                     gl.atomic_add(sums + rm[None, :] * N + rn[:, None], acc,
                                   mask=(rm < M)[None, :] & (rn < N)[:, None], sem="relaxed")
                 else:
-                    _finish(acc, y, bias, t * BLOCK_N, rm, M, N, stride_ym, stride_yn, ROWS, HAS_BIAS, ACTIVATION)
-                acc = gl.zeros([BLOCK_N, BM], gl.float32, acc_l)
+                    _finish(acc, y, bias, t * BN, rm, M, N, stride_ym, stride_yn, ROWS, HAS_BIAS, ACTIVATION)
+                acc = gl.zeros([BN, BM], gl.float32, acc_l)
             s0 = s1
             z0 = z1
             s1 = s2

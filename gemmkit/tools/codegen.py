@@ -250,9 +250,8 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
     return _compile_gluon(kernel, (*plan.arguments(x, w, c, bias, xs, ws, w if gated else None), *plan.tail))
 
 
-def _compile_gluon(kernel, args) -> Binary:
-    """Compile a Gluon kernel (4 warps) for sm_90 with the specialization a launch with `args`
-    would get."""
+def _compile_gluon(kernel, args, num_warps: int = 4) -> Binary:
+    """Compile a Gluon kernel for sm_90 with the specialization a launch with `args` would get."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
@@ -262,8 +261,8 @@ def _compile_gluon(kernel, args) -> Binary:
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     bound, specialization, opts = create_function_from_signature(kernel.signature, kernel.params, backend)(
-        *args, num_warps=4)
-    opts, signature, constexprs, attrs = JITFunction._pack_args(kernel, backend, dict(num_warps=4), bound,
+        *args, num_warps=num_warps)
+    opts, signature, constexprs, attrs = JITFunction._pack_args(kernel, backend, dict(num_warps=num_warps), bound,
                                                                specialization, opts)
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target,
                               options=opts.__dict__)
@@ -286,7 +285,8 @@ def compile_w4_decode(M: int, N: int, K: int, dtype=torch.bfloat16, group: int =
     plan = hw.W4DecodePlan(dev, x, w_q, wz, None, M, N, K, group, b, activation, dtype, (M, N), False, mxfp4)
     kernel = hw.decode_kernel()
     sums = torch.empty(M * N, dtype=torch.float32) if plan.slices > 1 else None
-    return _compile_gluon(kernel, (plan.w_desc(w_q.view(torch.int32)), x, ws, wz, y, b, sums, *plan._tail(ws, wz)))
+    return _compile_gluon(kernel, (plan.w_desc(w_q.view(torch.int32)), x, ws, wz, y, b, sums, *plan._tail(ws, wz)),
+                          plan.num_warps)
 
 
 def _compile(kernel, args, cfg: GemmConfig) -> Binary:
