@@ -164,10 +164,12 @@ def test_box_steps(ks, box):
     (1, 28672, 4096, 128, False, "LONG"), (2, 57344, 8192, 128, False, "LONG"),
     (1, 8192, 28672, 4096 * 7, False, "LONG"), (3, 4096, 4096, 128, False, "LONG"),
     (1, 57344, 8192, 32, False, "SHORT"), (1, 57344, 8192, 32, True, "SHORT"), (16, 4096, 4096, 32, True, "LONG"),
-    (64, 8192, 8192, 32, True, "LONG")])
+    (32, 8192, 8192, 32, True, "LONG"), (33, 8192, 8192, 32, True, "WIDE"), (64, 8192, 8192, 32, True, "WIDE"),
+    (16, 8192, 8192, 32, False, "LONG")])
 def test_split_kind(M, N, K, group, mxfp4, kind):
     """SHORT up to 2 rows, LONG from 3; INT4 groups of 128 or more at 1-2 rows: LONG on layers that give
-    each of the H100's SMs 96 or more 64 x 128 weight tile-steps (Llama-3-8B gate_up: 108)."""
+    each of the H100's SMs 96 or more 64 x 128 weight tile-steps (Llama-3-8B gate_up: 108); MXFP4 from
+    33 rows: WIDE (128-row tiles)."""
     from gemmkit.core.device import known_device
 
     h100 = known_device("NVIDIA_H100_80GB_HBM3")
@@ -175,6 +177,7 @@ def test_split_kind(M, N, K, group, mxfp4, kind):
     sp = hopper_w4.decode_split(M, N, K, h100, group, mxfp4)
     assert sp.slices * sp.ks == K // 128 and sp.programs % sp.slices == 0 and sp.ks % sp.box == 0
     assert sp.programs <= sp.slices * max(1, sp.per_sm * h100.num_sms // sp.slices)
+    assert sp.bn == getattr(hopper_w4, kind).bn
 
 
 @pytest.mark.parametrize("M,N,K,ok", [(1, 57344, 8192, True), (2, 8192, 28672, True), (4, 6144, 4096, True),
