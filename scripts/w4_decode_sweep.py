@@ -91,7 +91,8 @@ for N, K in SHAPES:
         wbytes = N * K / 2 + (N * K / 32 if FP4 else N * (K // GROUP) * (inps[0]["ws"].element_size() + 1))
         named = {"F.linear bf16": [lambda inp=inp: F.linear(inp["x"], inp["w16"]) for inp in inps]}
         for variant in [None] + VARIANTS:
-            name = ("tl kernel (own pick)" if variant is None else "decode KS~%d stages %d %d/SM box %d pdl %d" % variant[:5]
+            name = ("tl kernel (own pick)" if variant is None
+                    else "decode KS~%d stages %d %d/SM box %d pdl %d" % variant[:5]
                     + (f" rows {variant[5]}" if len(variant) > 5 else ""))
             calls = calls_for(inps, variant)
             err = tune.rel_error(calls[0](), ref)

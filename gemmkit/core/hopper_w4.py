@@ -14,23 +14,25 @@ kernel's 32-deep decode steps run at 0.77x to 1.0x cuBLAS there), groups of 64 1
 M = 1 and 0.99x to 1.32x at M = 16 (w4_decode_sweep_g64_h100.txt).
 
 Its work split (decode_split): K steps of 128; KS steps per slice (x of a slice is staged in shared
-memory once per program: the divisor of the step count nearest the split's KS target, as many as
-the shared memory holds), SLICES = steps / KS slices, and up to the split's programs per SM, each
-taking one slice and every (programs / SLICES)-th weight tile of it (64 rows, one warp group; or
-128, two), its weight loaded BOX_STEPS steps (128 contiguous bytes of each row) per TMA load, the
-split's stages of them in flight. Three splits (`--box` sweeps, tuning/w4_gluon/w4_decode_sweep_box*_h100.txt): SHORT (KS 2, 2 stages, 6
-per SM) up to SHORT_MAX_M rows, LONG (KS 4, 4 stages, 4 per SM) from there and for INT4 groups of 128
-or more at one or two rows where a layer gives each SM LONG_WORK or more weight tile-steps of
-64 x 128 (the large layers: there fewer, longer programs were 1.05x to 1.13x SHORT; below it SHORT
-was 1.05x to 1.06x LONG), and WIDE (KS 8, 2 stages, 2 per SM, 128-row tiles: two warp groups
-sharing the staged x) for MXFP4 from WIDE_MIN_M rows (M = 64: 1.03x to 1.18x LONG, geomean 1.09;
-w4_decode_sweep_rows128*_h100.txt: 128-row tiles measured level with LONG at 1 and 16 rows, and for
-INT4 groups of 128 at 64 rows 1.02x the tl kernel, which keeps them). Against the one-step loads
-before (KS 2 or 4, 4 stages, 6 or 4 per SM): INT4 g128 M = 1 1.02x to 1.11x, M = 4 0.98x to 1.13x; MXFP4 and INT4 groups of 32 at M = 1 1.15x to
-1.29x that split (KS 2, 4 stages, 6 per SM) with one-step loads. The finish_sums launch is a
-programmatic dependent of the decode kernel (PDL, kernels/gdc.py): 0.98x to 1.04x at M = 1 (geomean
-1.01). scripts/w4_overhead_probe.py (w4_overhead_h100.txt) splits a call's time: finish_sums and the
-gap before it cost 2.7 to 4 us of every sliced call (1.4 us of it the launch alone).
+memory once per program: the divisor of the step count nearest the split's KS target, as many as the
+shared memory holds), SLICES = steps / KS slices, and up to the split's programs per SM, each taking
+one slice and every (programs / SLICES)-th weight tile of it (64 rows, one warp group; or 128, two),
+its weight loaded BOX_STEPS steps (128 contiguous bytes of each row) per TMA load, the split's
+stages of them in flight. Three splits (`--box` sweeps,
+tuning/w4_gluon/w4_decode_sweep_box*_h100.txt): SHORT (KS 2, 2 stages, 6 per SM) up to SHORT_MAX_M
+rows, LONG (KS 4, 4 stages, 4 per SM) from there and for INT4 groups of 128 or more at one or two
+rows where a layer gives each SM LONG_WORK or more weight tile-steps of 64 x 128 (the large layers:
+there fewer, longer programs were 1.05x to 1.13x SHORT; below it SHORT was 1.05x to 1.06x LONG), and
+WIDE (KS 8, 2 stages, 2 per SM, 128-row tiles: two warp groups sharing the staged x) for MXFP4 from
+WIDE_MIN_M rows (M = 64: 1.03x to 1.18x LONG, geomean 1.09; w4_decode_sweep_rows128*_h100.txt:
+128-row tiles measured level with LONG at 1 and 16 rows, and for INT4 groups of 128 at 64 rows 1.02x
+the tl kernel, which keeps them). Against the one-step loads before (KS 2 or 4, 4 stages, 6 or 4 per
+SM): INT4 g128 M = 1 1.02x to 1.11x, M = 4 0.98x to 1.13x; MXFP4 and INT4 groups of 32 at M = 1
+1.15x to 1.29x that split (KS 2, 4 stages, 6 per SM) with one-step loads. The finish_sums launch is
+a programmatic dependent of the decode kernel (PDL, kernels/gdc.py): 0.98x to 1.04x at M = 1
+(geomean 1.01). scripts/w4_overhead_probe.py (w4_overhead_h100.txt) splits a call's time:
+finish_sums and the gap before it cost 2.7 to 4 us of every sliced call (1.4 us of it the launch
+alone).
 """
 
 from __future__ import annotations
