@@ -386,14 +386,11 @@ def test_mxfp4(built, M, N, K):
 @needs_hopper
 @pytest.mark.parametrize("fmt", ["mxfp4", "g32", "g64", "g256 fp16"])
 @pytest.mark.parametrize("M", [1, 20, 64])
-@pytest.mark.parametrize("async_mma", [False, True])
-def test_rows128_formats(built, monkeypatch, fmt, M, async_mma):
+def test_rows128_formats(built, monkeypatch, fmt, M):
     """128-row tiles (two warp groups) with every scale form: MXFP4 blocks, small INT4 groups applied
-    before the product, groups of 128 or more after it (fp16 x); the products waited for at once or
-    one step later (ASYNC_MMA: MXFP4 and the small groups)."""
-    for kind in ("SHORT", "LONG", "WIDE"):
+    before the product, groups of 128 or more after it (fp16 x)."""
+    for kind in ("SHORT", "LONG"):
         monkeypatch.setattr(hopper_w4, kind, hopper_w4.Split(4, 3, 2, 128))
-    monkeypatch.setattr(hopper_w4, "ASYNC_MMA", async_mma)
     N, K = 1000, 2048
     if fmt == "mxfp4":
         x = randn(M, K, dtype=BF16)
@@ -405,7 +402,6 @@ def test_rows128_formats(built, monkeypatch, fmt, M, async_mma):
         q, s, z, wd = int4_weight(N, K, group, dtype=dtype)
         out, ref = gemmkit.gemm_a16w4(x, q, s, z, group_size=group), reference(x, wd)
     assert len(built) == 1 and built[0].values["BN"] == 128
-    assert built[0].values["ASYNC"] == (async_mma and fmt != "g256 fp16")
     assert_close(out, ref)
 
 
