@@ -6,10 +6,9 @@ widened for the probe (every M <= 64).
 
 With --box: the (KS, stages, programs per SM, steps per TMA load, PDL finish) variants of BOX_VARIANTS
 instead (core/hopper_w4.py BOX_STEPS, PDL); --rows128: ROWS128_VARIANTS, the same plus weight rows per
-tile (Split.bn: 128, two warp groups sharing the staged x); --async: three splits with the tensor-core
-product waited for at once or one step later (ASYNC_MMA; MXFP4 and INT4 groups of 32 / 64 only).
+tile (Split.bn: 128, two warp groups sharing the staged x).
 
-Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box | --rows128 | --async] [--m 1 4 16] (--m last)
+Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box | --rows128] [--m 1 4 16] (--m last)
 """
 
 import os
@@ -48,10 +47,6 @@ BOX_VARIANTS = [(2, 4, 6, 1, False), (2, 4, 6, 1, True), (2, 2, 6, 2, True), (2,
 ROWS128_VARIANTS = [(4, 4, 4, 2, True, 64), (2, 2, 6, 2, True, 64), (4, 4, 2, 2, True, 128),
                     (4, 2, 2, 2, True, 128), (4, 3, 3, 2, True, 128), (8, 2, 2, 2, True, 128),
                     (2, 2, 3, 2, True, 128), (2, 4, 3, 2, True, 128)]
-ASYNC_VARIANTS = [(*v, a) for v in ((2, 2, 6, 2, True, 64), (4, 4, 4, 2, True, 64), (8, 2, 2, 2, True, 128))
-                  for a in (False, True)]
-if "--async" in sys.argv:
-    VARIANTS = ASYNC_VARIANTS
 if "--box" in sys.argv:
     VARIANTS = BOX_VARIANTS
 if "--rows128" in sys.argv:
@@ -68,9 +63,8 @@ def calls_for(inps, variant):
         op.w4_decode_ok = lambda *a, **k: False
     else:
         op.w4_decode_ok = real_ok
-        ks, stages, per_sm, hopper_w4.BOX_STEPS, hopper_w4.PDL, *rest = variant
-        hopper_w4.SHORT = hopper_w4.LONG = hopper_w4.WIDE = hopper_w4.Split(ks, stages, per_sm, *rest[:1])
-        hopper_w4.ASYNC_MMA = rest[1] if len(rest) > 1 else True
+        ks, stages, per_sm, hopper_w4.BOX_STEPS, hopper_w4.PDL, *bn = variant
+        hopper_w4.SHORT = hopper_w4.LONG = hopper_w4.Split(ks, stages, per_sm, *bn)
     calls = []
     for inp in inps:  # plans built now, with this variant's constants, and held
         if FP4:
@@ -99,8 +93,7 @@ for N, K in SHAPES:
         for variant in [None] + VARIANTS:
             name = ("tl kernel (own pick)" if variant is None
                     else "decode KS~%d stages %d %d/SM box %d pdl %d" % variant[:5]
-                    + (f" rows {variant[5]}" if len(variant) > 5 else "")
-                    + (f" async {int(variant[6])}" if len(variant) > 6 else ""))
+                    + (f" rows {variant[5]}" if len(variant) > 5 else ""))
             calls = calls_for(inps, variant)
             err = tune.rel_error(calls[0](), ref)
             if err > 1e-2:

@@ -70,7 +70,6 @@ WIDE_MIN_M = 33  # MXFP4 from here (64-row x tiles): WIDE
 LONG_WORK = 96  # 64 x 128 weight tile-steps per SM from which INT4 g >= 128 takes LONG at one or two rows
 BOX_STEPS = 2  # K steps per TMA load: 128 contiguous bytes of each of 64 rows
 PDL = True  # finish_sums launched as a programmatic dependent of the decode kernel (kernels/gdc.py)
-ASYNC_MMA = True  # MXFP4 and INT4 groups of 32 / 64: the next step decoded while the tensor cores run this one
 BLOCK_N, BLOCK_K = 64, 128
 PER_CALL = ("w_desc", "x", "ws", "wz", "y", "bias", "sums")
 SMEM_RESERVE = 1024  # barriers and alignment
@@ -232,7 +231,7 @@ class W4DecodePlan:
                            FP16=x2.dtype == torch.float16, HAS_ZERO=self.has_zero, HAS_BIAS=bias is not None,
                            ACTIVATION=activation, SLICED=self.slices > 1, MXFP4=mxfp4,
                            GROUP_WORDS=group // 8 if small else 0, BOX=split.box, PDL=pdl, BN=split.bn,
-                           WORDS=decode_words_layout(split.bn), ASYNC=ASYNC_MMA and (mxfp4 or small))
+                           WORDS=decode_words_layout(split.bn))
         if self.slices > 1:
             self.finish = CachedLaunch(finish_kernel(), (-(-M // FINISH_BLOCK[0]), -(-N // FINISH_BLOCK[1])), 4, 1,
                                        self.device_index, pdl=pdl)

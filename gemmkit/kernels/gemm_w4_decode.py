@@ -43,8 +43,7 @@ scripts/w4_decode_sweep.py measured the work split against the tl kernel on the 
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                               warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 
 from .epilogue import activation
 from .gdc import gdc_launch_dependents
@@ -292,7 +291,7 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
                      BM: gl.constexpr, KS: gl.constexpr, STAGES: gl.constexpr, FP16: gl.constexpr,
                      HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, SLICED: gl.constexpr,
                      MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr, BOX: gl.constexpr, PDL: gl.constexpr,
-                     BN: gl.constexpr, WORDS: gl.constexpr, ASYNC: gl.constexpr):
+                     BN: gl.constexpr, WORDS: gl.constexpr):
     """y (M, N) = ACTIVATION(x @ ((q - z) s)^T + bias) for x (M <= BM, K) bf16 (fp16: FP16), unit
     stride along K; w_desc: a TMA descriptor of the packed weight (gemmkit's INT4 layout, uint8
     (N, K // 2)) viewed as int32 (N, K // 8), block (BN, 16 BOX): BOX consecutive K steps of a BN-row
@@ -307,9 +306,7 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
     INT4 groups of 32 or 64, applied to the decoded values before the product likewise (in x's
     dtype, as the tl kernel does); 0: groups of 128 or more, applied after each step's product.
     PDL: the launch that follows (finish_sums, launched as a programmatic dependent) may start now;
-    it waits for this grid's completion before reading sums. ASYNC (MXFP4, GROUP_WORDS > 0: the
-    product accumulates directly): each step's product runs on the tensor cores while the next step
-    is decoded (one wgmma group in flight; its register operand kept alive until the next wait)."""
+    it waits for this grid's completion before reading sums."""
     if PDL:
         gdc_launch_dependents()
     pid = gl.program_id(0)
@@ -360,7 +357,6 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
     fence_async_shared()
     rm = gl.arange(0, BM, layout=COLS)
     acc = gl.zeros([BN, BM], gl.float32, acc_l)
-    a_prev = gl.zeros([BN, BLOCK_K], DT, a_l)  # the operand of the product in flight (ASYNC)
     for b in range(boxes):
         # every thread has read box b - 1's stage (and, at b = 0, stored x): refill it
         _cta_barrier()
@@ -378,19 +374,8 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
                 words = wbuf.index(slot).load(WORDS)
             else:
                 words = wbuf.index(slot).slice(h * 16, 16, dim=1).load(WORDS)
-            if ASYNC:
-                if MXFP4:
-                    a = _decode_mx(words, s0, a_l)
-                else:
-                    a = _decode_groups(words, s0, z0, a_l, FP16)
-                acc = warpgroup_mma(a, xs.index(st).permute((1, 0)), acc, is_async=True)
-                acc, a_prev = warpgroup_mma_wait(1, deps=[acc, a_prev])
-                a_prev = a
-            else:
-                acc = _step(acc, words, xs, xsum, s0, z0, st, a_l, COLS, FP16, MXFP4, GROUP_WORDS, BM)
+            acc = _step(acc, words, xs, xsum, s0, z0, st, a_l, COLS, FP16, MXFP4, GROUP_WORDS, BM)
             if st == KS - 1:
-                if ASYNC:
-                    acc, a_prev = warpgroup_mma_wait(0, deps=[acc, a_prev])
                 if SLICED:
                     rn = t * BN + gl.arange(0, BN, layout=ROWS)
                     gl.atomic_add(sums + rm[None, :] * N + rn[:, None], acc,
