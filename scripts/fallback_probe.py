@@ -6,12 +6,16 @@ CUDA-graph replay, in the same interleaved replays as F.linear, with the config 
   nearest  M's bucket of the tuned shape nearest in (log N, log K) (core.config.nearest_shape_entry);
   derived  derive_config (the device's limits and the shape);
   waves    the nearest shape's entry with its SPLIT_K refitted (core.config.fit_waves; the first
-           measurement, tuning/fitted/fallback_waves_h100.txt, was of a broader refit since replaced).
+           measurement, tuning/fitted/fallback_waves_h100.txt, was of a broader refit since replaced);
+  rows     (--rows) the nearest shape's entry with BLOCK_M cut to M's rows (a power of two from 16);
+  k256     (--rows) at M <= 32: BLOCK_M = M's rows, 64 x 256 tiles, 4 stages, no TMA, one K slice
+           (the tuner's pick on three held-out layers at M = 32, tuning/fallback_m32/).
 Identical configs are timed once. Prints one line per problem and the geomean ratio (F.linear time
 / gemmkit time) of each rule, and of the best rule per problem.
-Usage: python3 scripts/fallback_probe.py OUT_FILE [model ...] [--m M ...]
+Usage: python3 scripts/fallback_probe.py OUT_FILE [--rows] [model ...] [--m M ...]
 """
 
+import dataclasses
 import math
 import os
 import sys
@@ -31,6 +35,8 @@ from gemmkit.tools.timing import rotation_count, time_graphs_us  # noqa: E402
 
 args = sys.argv[1:]
 out = open(args.pop(0), "w") if args else sys.stdout
+ROWS = "--rows" in args
+args = [a for a in args if a != "--rows"]
 ms = [1, 8, 32, 128, 512, 2048, 8192]
 if "--m" in args:
     i = args.index("--m")
@@ -39,7 +45,7 @@ if "--m" in args:
 models = args or [n for n, m in load_models().items() if m.get("heldout")]
 dev = device_info()
 BF16 = dense(torch.bfloat16)
-RULES = ("table", "nearest", "derived", "waves")
+RULES = ("table", "nearest", "derived", "waves") + (("rows", "k256") if ROWS else ())
 torch.manual_seed(0)
 ratios = {r: [] for r in RULES + ("best",)}
 print(f"{dev.name}, torch {torch.__version__}; models {' '.join(models)}; M {ms}", file=out, flush=True)
@@ -53,6 +59,12 @@ for label, N, K in model_shapes(models):
                 "nearest": fit_to_smem(GemmConfig.from_dict(near), dev, BF16, BF16, 2) if near else None,
                 "derived": derive_config(M, N, K, dev, BF16, BF16, 2)}
         cfgs["waves"] = fit_waves(cfgs["nearest"], M, N, K, dev) if near else None
+        if ROWS:
+            rows = max(16, 1 << (M - 1).bit_length())
+            cfgs["rows"] = (dataclasses.replace(cfgs["waves"], BLOCK_M=min(cfgs["waves"].BLOCK_M, rows))
+                            if near else None)
+            cfgs["k256"] = (GemmConfig(BLOCK_M=rows, BLOCK_N=64, BLOCK_K=256, num_stages=4, num_warps=4)
+                            if M <= 32 else None)
         distinct = list(dict.fromkeys(c for c in cfgs.values() if c is not None))
         ref = F.linear(*sets[0]).float()
         ok = []

@@ -57,8 +57,9 @@ def test_user_table_merges_over_shipped_per_shape_and_bucket(tables):
     assert pick(64, 4096, 4096) == (32, "user table shape entry", entry(32))  # overridden per bucket
     assert pick(8, 100, 200) == (32, "user table shape entry", entry(32))  # a shape only the user tuned
     assert pick(1000, 4096, 4096)[:2] == (256, "user table generic bucket")  # no shape bucket: user "any"
-    # an untuned shape at small M: the nearest tuned shape's entry (here the user's (100, 200))
-    assert pick(10, 1, 1)[:2] == (32, "user table nearest shape 100,200")
+    # an untuned shape at small M: the nearest tuned shape's entry (here the user's (100, 200)), its
+    # 32 rows cut to M's 16 (fit_rows)
+    assert pick(10, 1, 1)[:2] == (16, "user table nearest shape 100,200")
     assert pick(10, 4000, 5000)[:2] == (16, "shipped table nearest shape 4096,4096")
     assert pick(300, 1, 1)[:2] == (256, "user table generic bucket")
     assert config_source("a16w16", 16, 4096, 4096, INTERPRETER_DEVICE) == (None, "derived from the device")
@@ -430,6 +431,31 @@ def test_borrowed_entry_split_refitted_to_few_tiles(N, K, split):
 
     cfg = GemmConfig.from_dict(dict(BLOCK_M=64, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=6))
     assert fit_waves(cfg, 32, N, K, known_device("NVIDIA_H100_80GB_HBM3")).SPLIT_K == split
+
+
+@pytest.mark.parametrize("M,rows", [(32, 32), (20, 32), (9, 16), (1, 16), (64, 64)])
+def test_borrowed_entry_rows_cut_to_m(M, rows):
+    """fit_rows: a tile taller than M's rows (a power of two from 16) is cut to them; shorter ones stay."""
+    from gemmkit.core.config import GemmConfig, fit_rows
+
+    tall = GemmConfig.from_dict(dict(BLOCK_M=128, BLOCK_N=32, BLOCK_K=128, SPLIT_K=2, num_warps=4, num_stages=6))
+    assert fit_rows(tall, M) == dataclasses.replace(tall, BLOCK_M=rows)
+    short = dataclasses.replace(tall, BLOCK_M=16)
+    assert fit_rows(short, M) == short
+
+
+def test_a16w16_borrowed_entries_take_m_rows_exact_entries_keep_theirs():
+    """select_config for a16w16 at M = 32: an entry borrowed from the nearest tuned shape gets
+    BLOCK_M <= 32 (Qwen3-32B TP2 down borrows N, K = 4096, 12288's 64-row tiles); that shape's own
+    entry keeps its 64 rows; other tables' borrowed entries are not cut (measured on a16w16 only)."""
+    bf16 = dense(torch.bfloat16)
+    entry, source = cfgmod.lookup_entry(H100.name, "a16w16", 32, 4096, 12288)
+    assert "shape entry" in source and entry["BLOCK_M"] == 64
+    assert select_config("a16w16", 32, 4096, 12288, H100, bf16, bf16, 2).BLOCK_M == 64
+    _, source = cfgmod.lookup_entry(H100.name, "a16w16", 32, 5120, 12800)
+    assert cfgmod.NEAREST in source
+    assert select_config("a16w16", 32, 5120, 12800, H100, bf16, bf16, 2).BLOCK_M == 32
+    assert "a8w8_fp8" not in cfgmod.ROWS_CAP_TABLES
 
 
 def test_borrowed_entry_keeps_its_split_where_x_is_quantized_in_the_kernel():

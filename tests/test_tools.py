@@ -55,8 +55,9 @@ def test_table_lookup(tmp_path, monkeypatch):
         pick = lambda M, N=100, K=100: select_config("a16w16", M, N, K, H100, BF16, BF16, 2).BLOCK_M  # noqa: E731
         derived = lambda M, N=100, K=100: derive_config(M, N, K, H100, BF16, BF16, 2).BLOCK_M  # noqa: E731
         assert pick(50, 4096, 4096) == 32  # the exact (N, K) entry first, its smallest bucket >= M
-        # an untuned (N, K): up to NEAREST_SHAPE_MAX_M the nearest tuned shape's entry for M's bucket ...
-        assert pick(1) == 32 and pick(64) == 32
+        # an untuned (N, K): up to NEAREST_SHAPE_MAX_M the nearest tuned shape's entry for M's bucket
+        # (its rows cut to M's, a power of two from 16: fit_rows) ...
+        assert pick(1) == 16 and pick(20) == 32 and pick(64) == 32
         assert pick(100, 4096, 4096) == derived(128)  # ... where it has one; else, and above, derived
         assert pick(257) == derived(512) and pick(10**6) == derived(2 * cfgmod.M_BUCKETS[-1])
         # a table without shape entries: its generic buckets

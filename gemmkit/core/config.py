@@ -8,8 +8,9 @@ yours, merged over them, in ``user_config_dir()/<DEVICE>/<op>.json``::
 
 A lookup for (M, N, K) takes the exact "N,K" entry if it has a bucket for M (the smallest bucket
 with M <= bound, else "any"), else your generic bucket, else up to M = NEAREST_SHAPE_MAX_M the
-nearest tuned shape's entry, else a config derived from the device (lookup_entry; the shipped
-generic buckets serve only tables without shape entries). A Hopper part without a shipped table of
+nearest tuned shape's entry (refitted: its K slices where its tiles would leave most SMs idle,
+fit_waves; for a16w16 its rows cut to M's, fit_rows), else a config derived from the device
+(lookup_entry; the shipped generic buckets serve only tables without shape entries). A Hopper part without a shipped table of
 its own for an op reads the H100's (shipped_device). With no table or no fitting entry the
 config is derived from the device (shared memory, SM count) and the shape. Results are cached per
 (op, M bucket, N, K, dtypes, device), so the per-call cost is one dict lookup.
@@ -518,6 +519,21 @@ def promotes(a: OperandFormat, b: OperandFormat, table: str | None = None) -> bo
     return Scale.KBLOCK in (a.scale, b.scale) or a.quantize == "group" or table in PROMOTING_TABLES
 
 
+# Tables whose borrowed (nearest-shape) entries get fit_rows: measured on a16w16's.
+ROWS_CAP_TABLES = ("a16w16",)
+
+
+def fit_rows(cfg: GemmConfig, M: int) -> GemmConfig:
+    """A borrowed entry's BLOCK_M cut to M's rows (a power of two from 16): a tile taller than the
+    problem computes rows that do not exist. On the held-out layers at M = 32 (scripts/fallback_probe.py
+    --rows, tuning/fallback_m32/fallback_rows_h100.txt) it lifted the two under 0.85x cuBLAS (Qwen3-32B
+    TP2 down, 64 x 32 tiles borrowed from N, K = 4096, 12288: 0.84x -> 1.04x; Gemma-2-27B qkv 0.83x
+    -> 0.87x), cost up to 0.06 on 11 others, geomean 0.981 either way; at M = 8 and 64 no borrowed
+    entry was taller."""
+    rows = max(16, 1 << (M - 1).bit_length())
+    return cfg if cfg.BLOCK_M <= rows else dataclasses.replace(cfg, BLOCK_M=rows)
+
+
 @functools.lru_cache(maxsize=8192)
 def _select(op: str, bucket: str, below_tma: bool, N: int, K: int, dev: DeviceInfo, a: OperandFormat,
             b: OperandFormat, out_bytes: int) -> GemmConfig:
@@ -526,7 +542,10 @@ def _select(op: str, bucket: str, below_tma: bool, N: int, K: int, dev: DeviceIn
     if cfg is not None:
         cfg = fit_to_smem(GemmConfig.from_dict(cfg), dev, a, b, out_bytes)
         # (not where x is quantized in the kernel: each K slice would quantize its own range)
-        return fit_waves(cfg, M, N, K, dev) if NEAREST in source and not a.quantize else cfg
+        if NEAREST in source and not a.quantize:
+            cfg = fit_waves(cfg, M, N, K, dev)
+            return fit_rows(cfg, M) if op in ROWS_CAP_TABLES else cfg
+        return cfg
     return derive_config(M, N, K, dev, a, b, out_bytes, promote=op in PROMOTING_TABLES,
                          one_wave=op in ONE_WAVE_TABLES)
 

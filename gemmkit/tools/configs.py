@@ -106,7 +106,11 @@ def show_lines(ops, shapes, dev: DeviceInfo, dtype: str | None, out_dtype: str) 
                 given = GemmConfig.from_dict(entry)
                 if cfg.STREAM_K and not given.STREAM_K:
                     notes.append("last wave K-sliced")
-                if dataclasses.replace(given, STREAM_K=cfg.STREAM_K) != cfg:
+                if cfg.SPLIT_K != given.SPLIT_K:
+                    notes.append(f"K slices {given.SPLIT_K} -> {cfg.SPLIT_K} for the SMs")
+                if cfg.BLOCK_M != given.BLOCK_M:
+                    notes.append(f"BLOCK_M {given.BLOCK_M} -> {cfg.BLOCK_M}: M's rows")
+                if dataclasses.replace(given, STREAM_K=cfg.STREAM_K, SPLIT_K=cfg.SPLIT_K, BLOCK_M=cfg.BLOCK_M) != cfg:
                     notes.append("fitted to the shared memory")
             lines.append(f"  M={M} N={N} K={K}: {describe(cfg)}  [{', '.join([source] + notes)}]")
             route = gluon_route(op.table, M, N, K, dev)
