@@ -10,10 +10,10 @@ A lookup for (M, N, K) takes the exact "N,K" entry if it has a bucket for M (the
 with M <= bound, else "any"), else your generic bucket, else up to M = NEAREST_SHAPE_MAX_M the
 nearest tuned shape's entry (refitted: its K slices where its tiles would leave most SMs idle,
 fit_waves; for a16w16 its rows cut to M's, fit_rows), else a config derived from the device
-(lookup_entry; the shipped generic buckets serve only tables without shape entries). A Hopper part without a shipped table of
-its own for an op reads the H100's (shipped_device). With no table or no fitting entry the
-config is derived from the device (shared memory, SM count) and the shape. Results are cached per
-(op, M bucket, N, K, dtypes, device), so the per-call cost is one dict lookup.
+(lookup_entry; the shipped generic buckets serve only tables without shape entries). A Hopper part
+without a shipped table of its own for an op reads the H100's (shipped_device). With no table or no
+fitting entry the config is derived from the device (shared memory, SM count) and the shape. Results
+are cached per (op, M bucket, N, K, dtypes, device), so the per-call cost is one dict lookup.
 """
 
 from __future__ import annotations

@@ -6,12 +6,13 @@ rows), 128 or a multiple of 128 (or one per channel), or MXFP4 weights with bf16
 to MX_DECODE_MAX_M rows), no explicit config. Everything else runs the tl kernel
 (core/config._derive_packed). Measured with scripts/w4_decode_sweep.py (tuning/w4_gluon/, 7 Llama-3
 layers, weights rotated through 3 copies, against the tl kernel in the same process): at M = 1 this
-kernel ran 1.05x to 1.18x the tl kernel on every layer with one-step loads (w4_decode_sweep_h100.txt);
-from 9 rows INT4 in groups of 128 stays with the tl kernel (LONG at M = 12 0.95x to 1.17x it,
-w4_decode_sweep_rows128_m8_12_h100.txt; at M = 16 0.91x to 1.17x, w4_decode_sweep_box_h100.txt). MXFP4 (`--fp4`): 1.3x to 2.6x the tl kernel at 1 to 64 rows (its tl
+kernel ran 1.05x to 1.18x the tl kernel on every layer with one-step loads
+(w4_decode_sweep_h100.txt); from 9 rows INT4 in groups of 128 stays with the tl kernel (LONG at M =
+12 0.95x to 1.17x it, w4_decode_sweep_rows128_m8_12_h100.txt; at M = 16 0.91x to 1.17x,
+w4_decode_sweep_box_h100.txt). MXFP4 (`--fp4`): 1.3x to 2.6x the tl kernel at 1 to 64 rows (its tl
 loop decodes e2m1 in 32-wide groups); INT4 in groups of 32 (`--group 32`): 1.7x to 3.3x (the tl
-kernel's 32-deep decode steps run at 0.77x to 1.0x cuBLAS there), groups of 64 1.24x to 1.45x at
-M = 1 and 0.99x to 1.32x at M = 16 (w4_decode_sweep_g64_h100.txt).
+kernel's 32-deep decode steps run at 0.77x to 1.0x cuBLAS there), groups of 64 1.24x to 1.45x at M =
+1 and 0.99x to 1.32x at M = 16 (w4_decode_sweep_g64_h100.txt).
 
 Its work split (decode_split): K steps of 128; KS steps per slice (x of a slice is staged in shared
 memory once per program: the divisor of the step count nearest the split's KS target, as many as the
