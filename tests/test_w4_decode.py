@@ -373,14 +373,17 @@ def test_not_taken(built):
 
 
 @needs_hopper
-@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (2, 333, 1152), (4, 1000, 256), (16, 64, 128), (64, 2048, 512)])
+@pytest.mark.parametrize("M,N,K", [(1, 4096, 4096), (2, 333, 1152), (4, 1000, 256), (16, 64, 128), (64, 2048, 512),
+                                   (40, 64, 128), (33, 100, 384), (64, 200, 4096)])
 def test_mxfp4(built, M, N, K):
-    """gemm_a16wfp4 (MXFP4 weight, bf16 x): e2m1 codes decoded with their e8m0 scales."""
+    """gemm_a16wfp4 (MXFP4 weight, bf16 x): e2m1 codes decoded with their e8m0 scales; from 33 rows in
+    128-row tiles (WIDE), also where N is under a tile."""
     x = randn(M, K, dtype=BF16)
     wq, ws = quant.quantize_mxfp4(randn(N, K, dtype=FP32, scale=K**-0.5))
     y = poisoned((M, N), BF16)
     out = gemmkit.gemm_a16wfp4(x, wq, ws, y=y)
     assert out is y and len(built) == 1
+    assert built[0].values["BN"] == (128 if M >= hopper_w4.WIDE_MIN_M else 64)
     assert_close(out, reference(x, quant.dequantize_mxfp4(wq, ws, torch.float64)))
 
 
