@@ -126,6 +126,20 @@ def check_compiles(program, args, y_shape, backend):
     return y
 
 
+def replay_with_new_inputs(call, refresh, replays=1):
+    """Capture call() in a CUDA graph (run it once before: plans built and compiled outside the
+    capture), run refresh() (new values copied into the captured inputs), replay, and return the
+    graph's output."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    refresh()
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    return out
+
+
 def spy_plans(monkeypatch, cls, clear_caches):
     """Generator for a fixture: yields the list of the `cls` plans built while the test runs (the
     plan caches cleared by clear_caches() before and after, so that every plan is built anew)."""

@@ -13,7 +13,7 @@ from gemmkit.core import config as config_mod
 from gemmkit.core import hopper_ws
 from gemmkit.core.device import device_info
 from gemmkit.quant import dequantize_fp8_blockwise, quantize_fp8_blockwise
-from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference, spy_plans
+from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference, replay_with_new_inputs, spy_plans
 from test_a8w8_blockscale import col_major, operands
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -293,15 +293,10 @@ def test_blockscale_dynamic(built, M, N, K, x_dtype, w_dtype):
 def test_cuda_graph_replays_new_inputs(built):
     M, N, K = 512, 6144, 2048
     xq, xs, wq, ws, xd, wd = block_operands(M, N, K)
-    out = gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws)  # plan built and compiled outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws)
+    gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws)  # plan built and compiled outside the capture
     x2, xs2, _, _, xd2, _ = block_operands(M, N, K)
-    xq.copy_(x2)
-    xs.copy_(xs2)
-    graph.replay()
-    torch.cuda.synchronize()
+    out = replay_with_new_inputs(lambda: gemmkit.gemm_a8w8_blockscale(xq, wq, xs, ws),
+                                 lambda: (xq.copy_(x2), xs.copy_(xs2)))
     assert len(built) == 1
     assert_close(out, reference(xd2, wd))
 

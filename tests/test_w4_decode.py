@@ -14,7 +14,7 @@ from gemmkit.core import config as config_mod
 from gemmkit.core import hopper_w4, hopper_ws
 from gemmkit.core.device import device_info
 from gemmkit.core import plan as plan_mod
-from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference, spy_plans
+from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference, replay_with_new_inputs, spy_plans
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0) and hopper_ws.gluon_kernel() is not None
@@ -430,15 +430,10 @@ def test_mxfp4_extreme_scales_and_fp16_x(built):
 def test_cuda_graph_replays_new_inputs(built):
     x = randn(4, 2048, dtype=BF16)
     q, s, z, wd = int4_weight(1536, 2048, 128)
-    out = gemmkit.gemm_a16w4(x, q, s, z, group_size=128)  # plan built and compiled outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = gemmkit.gemm_a16w4(x, q, s, z, group_size=128)
+    gemmkit.gemm_a16w4(x, q, s, z, group_size=128)  # plan built and compiled outside the capture
     x2 = randn(4, 2048, dtype=BF16)
-    x.copy_(x2)
-    for _ in range(2):
-        graph.replay()
-    torch.cuda.synchronize()
+    out = replay_with_new_inputs(lambda: gemmkit.gemm_a16w4(x, q, s, z, group_size=128), lambda: x.copy_(x2),
+                                 replays=2)
     assert len(built) == 1
     assert_close(out, reference(x2, wd))
 

@@ -9,8 +9,9 @@ layers, weights rotated through 3 copies, against the tl kernel in the same proc
 kernel ran 1.05x to 1.18x the tl kernel on every layer with one-step loads
 (w4_decode_sweep_h100.txt); from 9 rows INT4 in groups of 128 stays with the tl kernel (LONG at M =
 12 0.95x to 1.17x it, w4_decode_sweep_rows128_m8_12_h100.txt; at M = 16 0.91x to 1.17x,
-w4_decode_sweep_box_h100.txt). MXFP4 (`--fp4`): 1.3x to 2.6x the tl kernel at 1 to 64 rows (its tl
-loop decodes e2m1 in 32-wide groups); INT4 in groups of 32 (`--group 32`): 1.7x to 3.3x (the tl
+w4_decode_sweep_box_h100.txt). MXFP4 (`--fp4`): 1.3x to 3.0x the tl kernel at 1 to 64 rows (its tl
+loop decodes e2m1 in 32-wide groups; the box sweeps with SHORT / LONG, at 64 rows WIDE in
+w4_decode_sweep_rows128_fp4_h100.txt); INT4 in groups of 32 (`--group 32`): 1.7x to 3.3x (the tl
 kernel's 32-deep decode steps run at 0.77x to 1.0x cuBLAS there), groups of 64 1.24x to 1.45x at M =
 1 and 0.99x to 1.32x at M = 16 (w4_decode_sweep_g64_h100.txt).
 
@@ -49,7 +50,7 @@ from .plan import _get_device, contiguous_strides, extent_bytes, kernel_tail, ov
 
 DECODE_MAX_M = 8  # INT4 groups of 128 or more: LONG 1.04x to 1.23x the tl kernel at M = 4, 1.01x to 1.20x at
 # M = 8 on every layer; at M = 12 0.95x to 1.17x (w4_decode_sweep_rows128_m8_12_h100.txt, the tuned table's tl picks)
-MX_DECODE_MAX_M = 64  # MXFP4: 1.3x to 2.6x the tl kernel at M = 1 to 64 on every layer measured
+MX_DECODE_MAX_M = 64  # MXFP4: 1.3x to 3.0x the tl kernel at M = 1 to 64 on every layer measured
 SMALL_GROUPS = (32, 64)  # INT4 groups applied before the product (a thread's values of a step lie in one)
 SMALL_DECODE_MAX_M = 16  # groups of 32: 1.7x to 3.3x the tl kernel at M = 1 and 16
 
