@@ -6,9 +6,12 @@ widened for the probe (every M <= 64).
 
 With --box: the (KS, stages, programs per SM, steps per TMA load, PDL finish) variants of BOX_VARIANTS
 instead (core/hopper_w4.py BOX_STEPS, PDL); --rows128: ROWS128_VARIANTS, the same plus weight rows per
-tile (Split.bn: 128, two warp groups sharing the staged x).
+tile (Split.bn: 128, two warp groups sharing the staged x); --finish: the shipped split with the sliced
+epilogue run by the last program of each tile group (FINISH_HERE forced, at any number of round trips) against
+finish_sums launched after the kernel (PDL); --wide: WIDE (KS 8, 2 stages, 128-row tiles) with 2 programs
+per SM and with 1 (one fits an SM's shared memory at 64 rows of x); --short: SHORT_VARIANTS.
 
-Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box | --rows128] [--m 1 4 16] (--m last)
+Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box | --rows128 | --wide | --finish | --short] [--m 1 4 16] (--m last)
 """
 
 import os
@@ -20,6 +23,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from gemmkit.core import hopper_w4  # noqa: E402
+from gemmkit.core.device import device_info  # noqa: E402
 from gemmkit.ops import a16w4, fp4  # noqa: E402
 from gemmkit.tools import registry, tune  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
@@ -51,6 +55,22 @@ if "--box" in sys.argv:
     VARIANTS = BOX_VARIANTS
 if "--rows128" in sys.argv:
     VARIANTS = ROWS128_VARIANTS
+WIDE_VARIANTS = [(8, 2, 2, 2, True, 128), (8, 2, 1, 2, True, 128)]  # --wide: WIDE at 2 programs per SM and 1
+if "--wide" in sys.argv:
+    VARIANTS = WIDE_VARIANTS
+FINISH_VARIANTS = ["finish launch (PDL)", "finish here"]
+SHORT_VARIANTS = [  # --short: where SHORT_INT4's sums are finished, at 6 and 5 programs per SM
+    dict(name="shipped rule"), dict(name="finish launch (PDL)", FINISH_HERE=False),
+    dict(name="finish launch (PDL), SHORT 6/SM", FINISH_HERE=False, SHORT_INT4=hopper_w4.Split(2, 2, 6)),
+    dict(name="finish here, SHORT 6/SM", FINISH_HERE=True, SHORT_INT4=hopper_w4.Split(2, 2, 6)),
+    dict(name="finish launch (PDL), SHORT 5/SM", FINISH_HERE=False, SHORT_INT4=hopper_w4.Split(2, 2, 5)),
+    dict(name="finish here, SHORT 5/SM", FINISH_HERE=True, SHORT_INT4=hopper_w4.Split(2, 2, 5))]
+if "--short" in sys.argv:
+    VARIANTS = SHORT_VARIANTS
+DEFAULTS = {k: getattr(hopper_w4, k) for k in ("SHORT", "SHORT_INT4", "LONG", "WIDE", "BOX_STEPS", "PDL",
+                                              "FINISH_HERE")}
+if "--finish" in sys.argv:
+    VARIANTS = FINISH_VARIANTS
 ROTATE = 3
 hopper_w4.DECODE_MAX_M, hopper_w4.MX_DECODE_MAX_M = 64, 64
 real_ok = hopper_w4.w4_decode_ok
@@ -61,10 +81,17 @@ def calls_for(inps, variant):
     op = fp4 if FP4 else a16w4
     if variant is None:
         op.w4_decode_ok = lambda *a, **k: False
+    elif isinstance(variant, dict):
+        op.w4_decode_ok = real_ok
+        for k, v in DEFAULTS.items():
+            setattr(hopper_w4, k, variant.get(k, v))
+    elif isinstance(variant, str):
+        op.w4_decode_ok = real_ok
+        hopper_w4.FINISH_HERE = variant == "finish here"
     else:
         op.w4_decode_ok = real_ok
         ks, stages, per_sm, hopper_w4.BOX_STEPS, hopper_w4.PDL, *bn = variant
-        hopper_w4.SHORT = hopper_w4.LONG = hopper_w4.Split(ks, stages, per_sm, *bn)
+        hopper_w4.SHORT = hopper_w4.SHORT_INT4 = hopper_w4.LONG = hopper_w4.Split(ks, stages, per_sm, *bn)
     calls = []
     for inp in inps:  # plans built now, with this variant's constants, and held
         if FP4:
@@ -91,10 +118,14 @@ for N, K in SHAPES:
         wbytes = N * K / 2 + (N * K / 32 if FP4 else N * (K // GROUP) * (inps[0]["ws"].element_size() + 1))
         named = {"F.linear bf16": [lambda inp=inp: F.linear(inp["x"], inp["w16"]) for inp in inps]}
         for variant in [None] + VARIANTS:
-            name = ("tl kernel (own pick)" if variant is None
+            name = ("tl kernel (own pick)" if variant is None else variant if isinstance(variant, str)
+                    else variant["name"] if isinstance(variant, dict)
                     else "decode KS~%d stages %d %d/SM box %d pdl %d" % variant[:5]
                     + (f" rows {variant[5]}" if len(variant) > 5 else ""))
             calls = calls_for(inps, variant)
+            if isinstance(variant, str):
+                split = hopper_w4.decode_split(M, N, K, device_info(inps[0]["x"].device), GROUP, FP4)
+                name += f" ({split.slices} slices, {hopper_w4.finish_rounds(split, M, N)} round trips)"
             err = tune.rel_error(calls[0](), ref)
             if err > 1e-2:
                 print(f"  {name}: wrong result (rel err {err:.2e})", file=out, flush=True)

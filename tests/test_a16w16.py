@@ -221,8 +221,44 @@ def test_split_k_counters_left_zero():
         x, w = randn(M, 96, dtype=FP16), randn(N, 96, dtype=FP16)
         out = gemmkit.gemm_a16w16(x, w, config=PATHS["ptr_splitk"])
         assert_close(out, reference(x, w))
-        assert plan_mod._zeroed and all(int(c.abs().sum()) == 0 for c in plan_mod._zeroed.values())
+        assert plan_mod._zeroed and all(int(c.abs().sum()) == 0 for _, c in plan_mod._zeroed.values())
 
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs")
+def test_split_k_counters_under_capture():
+    """Under graph capture the split-K calls of one graph share one counter buffer, zeroed once
+    where the capture first needs it (the driver names the capture); two graphs get two buffers
+    and replay right in any order, with new inputs, several times."""
+    from gemmkit.core import plan as plan_mod
+
+    shapes = ((5, 40, 96), (33, 70, 96), (1, 200, 96))
+    xs = [randn(M, K, dtype=FP16) for M, _, K in shapes]
+    ws = [randn(N, K, dtype=FP16) for _, N, K in shapes]
+    for x, w in zip(xs, ws):  # plans built and compiled outside the capture
+        gemmkit.gemm_a16w16(x, w, config=PATHS["ptr_splitk"])
+    torch.cuda.synchronize()
+    graphs, outs, buffers = [], [], []
+    stream = torch.cuda.Stream()
+    for _ in range(2):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            assert plan_mod.capture_id(stream.cuda_stream) is not None
+            first = plan_mod.split_k_counters(xs[0].device, xs[0].device.index or 0, 8)
+            outs.append([gemmkit.gemm_a16w16(x, w, config=PATHS["ptr_splitk"]) for x, w in zip(xs, ws)])
+            assert plan_mod.split_k_counters(xs[0].device, xs[0].device.index or 0, 8).data_ptr() == first.data_ptr()
+            buffers.append(first.data_ptr())
+        graphs.append(graph)
+    assert buffers[0] != buffers[1] and plan_mod.capture_id(stream.cuda_stream) is None
+    for order in ((1, 0), (0, 1, 1)):
+        for x in xs:
+            x.copy_(randn(*x.shape, dtype=FP16))
+        for g in order:
+            graphs[g].replay()
+        torch.cuda.synchronize()
+        for g in set(order):
+            for x, w, out in zip(xs, ws, outs[g]):
+                assert_close(out, reference(x, w))
 
 @pytest.mark.parametrize("block,split_k", [((32, 32, 16), 11), ((64, 64, 16), 5), ((16, 32, 16), 16)])
 def test_split_k_many_pieces(block, split_k):
@@ -270,7 +306,7 @@ def test_stream_k_schedules(path, M, N, K):
     assert plan.stream_k == (split > 1)
     if plan.stream_k:
         assert plan.ws_shape[0] == ragged * split and plan.launch.grid[0] == min(sms, max(tiles - ragged, ragged * split))
-    assert all(int(c.abs().sum()) == 0 for c in plan_mod._zeroed.values())
+    assert all(int(c.abs().sum()) == 0 for _, c in plan_mod._zeroed.values())
 
 
 def test_nan_propagates_through_relu():

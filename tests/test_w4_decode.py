@@ -160,7 +160,8 @@ def test_box_steps(ks, box):
 
 
 @pytest.mark.parametrize("M,N,K,group,mxfp4,kind", [
-    (1, 4096, 4096, 128, False, "SHORT"), (1, 8192, 8192, 128, False, "SHORT"),
+    (1, 4096, 4096, 128, False, "SHORT_INT4"), (1, 8192, 8192, 128, False, "SHORT_INT4"),
+    (2, 6144, 4096, 256, False, "SHORT_INT4"), (1, 6144, 4096, 64, False, "SHORT"),
     (1, 28672, 4096, 128, False, "LONG"), (2, 57344, 8192, 128, False, "LONG"),
     (1, 8192, 28672, 4096 * 7, False, "LONG"), (3, 4096, 4096, 128, False, "LONG"),
     (1, 57344, 8192, 32, False, "SHORT"), (1, 57344, 8192, 32, True, "SHORT"), (16, 4096, 4096, 32, True, "LONG"),
@@ -178,6 +179,30 @@ def test_split_kind(M, N, K, group, mxfp4, kind):
     assert sp.slices * sp.ks == K // 128 and sp.programs % sp.slices == 0 and sp.ks % sp.box == 0
     assert sp.programs <= sp.slices * max(1, sp.per_sm * h100.num_sms // sp.slices)
     assert sp.bn == getattr(hopper_w4, kind).bn
+
+
+@pytest.mark.parametrize("M,N,K,group,mxfp4", [(1, 4096, 4096, 128, False), (1, 57344, 8192, 128, False),
+                                              (7, 3000, 2048, 128, False), (64, 8192, 8192, 32, True),
+                                              (33, 100, 1024, 32, True), (16, 28672, 4096, 32, False),
+                                              (2, 8192, 8192, 128, False)])
+def test_finish_rounds(M, N, K, group, mxfp4):
+    """finish_rounds: the round trips of the largest tile group's epilogue, counted tile by tile the
+    way the kernel assigns them (program p: tiles p // SLICES, + programs / SLICES, ...), FIN_V values
+    per thread; the plan finishes in the kernel for INT4 groups of 128 or more under SHORT, where
+    that is at most FINISH_MAX_ROUNDS, else launches finish_sums (as a programmatic dependent)."""
+    from gemmkit.core.device import known_device
+
+    h100 = known_device("NVIDIA_H100_80GB_HBM3")
+    sp = hopper_w4.decode_split(M, N, K, h100, group, mxfp4)
+    groups, tiles = sp.programs // sp.slices, -(-N // sp.bn)
+    per_round = hopper_w4.FIN_V * 32 * (sp.bn // 16)
+    worst = max(-(-M * len(range(g, tiles, groups)) * sp.bn // per_round) for g in range(groups))
+    assert hopper_w4.finish_rounds(sp, M, N) == worst
+    x, w_q = torch.empty(M, K, dtype=BF16), torch.empty(N, K // 2, dtype=torch.uint8)
+    plan = hopper_w4.W4DecodePlan(h100, x, w_q, None, None, M, N, K, group, None, None, BF16, (M, N), False, mxfp4)
+    short = hopper_w4.split_kind(M, N, K, h100, group, mxfp4) is hopper_w4.SHORT_INT4
+    assert plan.finish_here == (sp.slices > 1 and short and M >= 2 and worst <= hopper_w4.FINISH_MAX_ROUNDS)
+    assert plan.values["PDL"] == (sp.slices > 1 and not plan.finish_here and hopper_w4.pdl_ok())
 
 
 @pytest.mark.parametrize("M,N,K,ok", [(1, 57344, 8192, True), (2, 8192, 28672, True), (4, 6144, 4096, True),
@@ -209,7 +234,7 @@ def test_slices_fit_shared_memory():
     assert hopper_w4.max_slice_steps(64, h100, stages) < 13
     assert hopper_w4.slice_steps(13, 8, hopper_w4.max_slice_steps(64, h100, stages)) == 1
     for bm in (16, 32, 64):
-        for split in (hopper_w4.SHORT, hopper_w4.LONG):
+        for split in (hopper_w4.SHORT, hopper_w4.SHORT_INT4, hopper_w4.LONG):
             ks = hopper_w4.max_slice_steps(bm, h100, split.stages)
             box = hopper_w4.BOX_STEPS
             used = ks * bm * (2 * 128 + 4) + split.stages * box * 64 * 64 + hopper_w4.SMEM_RESERVE
@@ -222,11 +247,13 @@ def test_configs_show_route():
     from gemmkit.tools.configs import w4_route
 
     h100 = known_device("NVIDIA_H100_80GB_HBM3")
-    assert ("K in 16 slices of 2 x 128, up to 6 programs per SM, 2 loads of 2 x 128 in flight"
-            in w4_route("a16w4", 1, 4096, 4096, h100))
+    assert ("64-row weight tiles, K in 16 slices of 2 x 128, up to 5 programs per SM, 2 loads of 2 x 128 in flight, "
+            "the slices' sums finished by a second launch" in w4_route("a16w4", 1, 4096, 4096, h100))
+    assert "sums finished by their last program" in w4_route("a16w4", 2, 4096, 4096, h100)
     assert w4_route("a16w4", 16, 4096, 4096, h100) is None
     assert ("K in 8 slices of 4 x 128, up to 4 programs per SM, 4 loads of 2 x 128 in flight"
             in w4_route("a16wfp4", 16, 4096, 4096, h100))
+    assert w4_route("a16wfp4", 64, 8192, 8192, h100).startswith("128-row weight tiles, K in 8 slices of 8 x 128")
     assert w4_route("a16wfp4", 65, 4096, 4096, h100) is None and w4_route("a16w16", 1, 4096, 4096, h100) is None
     assert w4_route("a16w4", 1, 4096, 4096, device_info(torch.device("cpu"))) is None
 
@@ -319,27 +346,66 @@ SPLITS = {"SHORT": hopper_w4.SHORT, "LONG": hopper_w4.LONG, "128 rows": hopper_w
           "128 rows, 2 steps": hopper_w4.Split(2, 2, 3, 128)}
 
 
+FINISHES = {"launch": (False, False), "launch, PDL": (False, True), "here": (True, False)}
+
+
 @needs_hopper
 @pytest.mark.parametrize("kind", list(SPLITS))
 @pytest.mark.parametrize("box", [1, 2])
-@pytest.mark.parametrize("pdl", [False, True])
+@pytest.mark.parametrize("finish", list(FINISHES))
 @pytest.mark.parametrize("M", [3, 33])
-def test_split_variants(built, monkeypatch, kind, box, pdl, M):
-    """Each split (64- and 128-row tiles) with one- and two-step weight loads, finish_sums launched
-    plainly or as a programmatic dependent, repeated (the sums buffer reused), ragged N."""
+def test_split_variants(built, monkeypatch, kind, box, finish, M):
+    """Each split (64- and 128-row tiles) with one- and two-step weight loads, the K slices' sums
+    finished by finish_sums (launched plainly or as a programmatic dependent) or by the last
+    program of each tile group, repeated (the sums buffer and counters reused), ragged N."""
     split = SPLITS[kind]
-    monkeypatch.setattr(hopper_w4, "SHORT", split)
-    monkeypatch.setattr(hopper_w4, "LONG", split)
+    here, pdl = FINISHES[finish]
+    for kind in ("SHORT", "SHORT_INT4", "LONG"):
+        monkeypatch.setattr(hopper_w4, kind, split)
     monkeypatch.setattr(hopper_w4, "BOX_STEPS", box)
     monkeypatch.setattr(hopper_w4, "PDL", pdl)
+    monkeypatch.setattr(hopper_w4, "FINISH_HERE", here)
     x = randn(M, 4096, dtype=BF16)
     q, s, z, wd = int4_weight(2000, 4096, 128)
     for _ in range(2):
         y = poisoned((M, 2000), BF16)
         assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=128, y=y), reference(x, wd))
     plan = built[0]
-    assert plan.slices > 1 and plan.values["BOX"] == box and plan.values["PDL"] == (pdl and hopper_w4.pdl_ok())
+    assert plan.slices > 1 and plan.values["BOX"] == box and plan.finish_here == here
+    assert plan.values["PDL"] == (pdl and not here and hopper_w4.pdl_ok())
     assert plan.values["BN"] == split.bn and plan.num_warps == split.bn // 16
+
+
+@needs_hopper
+@pytest.mark.parametrize("fmt", ["int4 g128", "mxfp4"])
+@pytest.mark.parametrize("M", [3, 7, 40])
+def test_finish_here_many_round_trips(built, monkeypatch, fmt, M):
+    """The last program of each tile group finishes its sums FIN_V values per thread at a time: with
+    one value per thread, many round trips (tiles of a group and x's rows across them), bias,
+    activation, a strided fp32 y; repeated, counters and sums left zero."""
+    monkeypatch.setattr(hopper_w4, "FIN_V", 1)
+    monkeypatch.setattr(hopper_w4, "FINISH_HERE", True)
+    N, K = 3000, 2048
+    x = randn(M, K, dtype=BF16)
+    bias = randn(N, dtype=BF16)
+    for _ in range(2):
+        buf = poisoned((M, N + 8), FP32)
+        y = buf[:, :N]
+        if fmt == "mxfp4":
+            w, sc = quant.quantize_mxfp4(randn(N, K, dtype=FP32, scale=K**-0.5))
+            out = gemmkit.gemm_a16wfp4(x, w, sc, bias=bias, activation="silu", out_dtype=FP32, y=y)
+            wd = quant.dequantize_mxfp4(w, sc, torch.float64)
+        else:
+            q, s, z, wd = int4_weight(N, K, 128)
+            out = gemmkit.gemm_a16w4(x, q, s, z, group_size=128, bias=bias, activation="silu", out_dtype=FP32, y=y)
+        assert out is y
+        assert_close(out, reference(x, wd, bias, "silu"))
+        assert torch.isnan(buf[:, N:]).all()
+    plan = built[-1]
+    split = hopper_w4.decode_split(M, N, K, device_info(x.device), 32 if fmt == "mxfp4" else 128, fmt == "mxfp4")
+    assert plan.finish_here and hopper_w4.finish_rounds(split, M, N) > 1
+    torch.cuda.synchronize()
+    assert all(int(b.abs().sum()) == 0 for _, b in plan_mod._zeroed.values())
 
 
 @needs_hopper
@@ -351,7 +417,7 @@ def test_zero_buffers_left_zero_and_repeat_calls(built):
         assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=128), reference(x, wd))
     assert built[0].slices > 1
     torch.cuda.synchronize()
-    assert all(int(b.abs().sum()) == 0 for b in plan_mod._zeroed.values())
+    assert all(int(b.abs().sum()) == 0 for _, b in plan_mod._zeroed.values())
 
 
 @needs_hopper
@@ -393,7 +459,7 @@ def test_mxfp4(built, M, N, K):
 def test_rows128_formats(built, monkeypatch, fmt, M):
     """128-row tiles (two warp groups) with every scale form: MXFP4 blocks, small INT4 groups applied
     before the product, groups of 128 or more after it (fp16 x)."""
-    for kind in ("SHORT", "LONG"):
+    for kind in ("SHORT", "SHORT_INT4", "LONG"):
         monkeypatch.setattr(hopper_w4, kind, hopper_w4.Split(4, 3, 2, 128))
     N, K = 1000, 2048
     if fmt == "mxfp4":

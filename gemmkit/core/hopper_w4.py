@@ -66,15 +66,20 @@ class Split:
 
 
 SHORT = Split(ks_target=2, stages=2, per_sm=6)
+SHORT_INT4 = Split(ks_target=2, stages=2, per_sm=5)  # INT4 groups >= 128: register room beside them (docstring)
 LONG = Split(ks_target=4, stages=4, per_sm=4)
-WIDE = Split(ks_target=8, stages=2, per_sm=2, bn=128)
+WIDE = Split(ks_target=8, stages=2, per_sm=1, bn=128)
 SHORT_MAX_M = 2
 WIDE_MIN_M = 33  # MXFP4 from here (64-row x tiles): WIDE
 LONG_WORK = 96  # 64 x 128 weight tile-steps per SM from which INT4 g >= 128 takes LONG at one or two rows
 BOX_STEPS = 2  # K steps per TMA load: 128 contiguous bytes of each of 64 rows
 PDL = True  # finish_sums launched as a programmatic dependent of the decode kernel (kernels/gdc.py)
+FINISH_HERE = None  # True / False: force where the K slices' sums are finished (probes, tests); None: finish_in_kernel
+FINISH_MAX_ROUNDS = 1  # the in-kernel epilogue's L2 round trips (finish_rounds) at most
+FINISH_MIN_M = 2
+FIN_V = 8  # fp32 values per thread in one round trip of that epilogue
 BLOCK_N, BLOCK_K = 64, 128
-PER_CALL = ("w_desc", "x", "ws", "wz", "y", "bias", "sums")
+PER_CALL = ("w_desc", "x", "ws", "wz", "y", "bias", "sums", "counters")
 SMEM_RESERVE = 1024  # barriers and alignment
 FINISH_BLOCK = (16, 128)
 
@@ -163,14 +168,16 @@ class DecodeSplit:
 
 
 def split_kind(M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: bool) -> Split:
-    """SHORT, LONG or WIDE (module docstring)."""
+    """SHORT, SHORT_INT4, LONG or WIDE (module docstring)."""
     if mxfp4 and M >= WIDE_MIN_M:
         return WIDE
     if M > SHORT_MAX_M:
         return LONG
     after_scale = not mxfp4 and group not in SMALL_GROUPS  # INT4 groups of 128 or more
     work = -(-N // BLOCK_N) * (K // BLOCK_K)
-    return LONG if after_scale and work >= LONG_WORK * dev.num_sms else SHORT
+    if not after_scale:
+        return SHORT
+    return LONG if work >= LONG_WORK * dev.num_sms else SHORT_INT4
 
 
 def decode_split(M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: bool) -> DecodeSplit:
@@ -181,6 +188,25 @@ def decode_split(M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: boo
     slices = steps // ks
     programs = slices * max(1, min(-(-N // kind.bn), kind.per_sm * dev.num_sms // slices))
     return DecodeSplit(ks, slices, programs, kind.per_sm, kind.stages, box_steps(ks), kind.bn)
+
+
+def finish_rounds(split: DecodeSplit, M: int, N: int) -> int:
+    """L2 round trips of the in-kernel epilogue (FINISH_HERE): a tile group's M x rows sums, FIN_V
+    per thread of its bn // 16 warps at a time."""
+    tiles = -(-N // split.bn)
+    group_rows = -(-tiles // (split.programs // split.slices)) * split.bn
+    return -(-M * group_rows // (FIN_V * 32 * (split.bn // 16)))
+
+
+def finish_in_kernel(split: DecodeSplit, M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: bool) -> bool:
+    """Whether the last program of each tile group runs the sliced epilogue (no finish_sums launch;
+    module docstring): under SHORT_INT4 from two rows, where one round trip does it."""
+    if split.slices == 1:
+        return False
+    if FINISH_HERE is not None:
+        return FINISH_HERE
+    return (M >= FINISH_MIN_M and split_kind(M, N, K, dev, group, mxfp4) is SHORT_INT4
+            and finish_rounds(split, M, N) <= FINISH_MAX_ROUNDS)
 
 
 def pdl_ok() -> bool:
@@ -224,7 +250,9 @@ class W4DecodePlan:
 
         from .hopper_ws import _Descriptors
 
-        pdl = self.slices > 1 and pdl_ok()
+        self.finish_here = finish_in_kernel(split, M, N, K, dev, group, mxfp4)
+        pdl = self.slices > 1 and not self.finish_here and pdl_ok()
+        self.groups = split.programs // split.slices
         self.w_desc = _Descriptors((N, K // 8), (w_q.stride(0) // 4, 1), (split.bn, 16 * split.box),
                                    gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
         small = not mxfp4 and group in SMALL_GROUPS
@@ -234,8 +262,9 @@ class W4DecodePlan:
                            FP16=x2.dtype == torch.float16, HAS_ZERO=self.has_zero, HAS_BIAS=bias is not None,
                            ACTIVATION=activation, SLICED=self.slices > 1, MXFP4=mxfp4,
                            GROUP_WORDS=group // 8 if small else 0, BOX=split.box, PDL=pdl, BN=split.bn,
-                           WORDS=decode_words_layout(split.bn))
-        if self.slices > 1:
+                           WORDS=decode_words_layout(split.bn), FINISH_HERE=self.finish_here,
+                           FIN_V=FIN_V)
+        if self.slices > 1 and not self.finish_here:
             self.finish = CachedLaunch(finish_kernel(), (-(-M // FINISH_BLOCK[0]), -(-N // FINISH_BLOCK[1])), 4, 1,
                                        self.device_index, pdl=pdl)
             self.finish_tail = (M, N, *self.y_strides, bias is not None, activation, *FINISH_BLOCK, pdl)
@@ -270,10 +299,15 @@ class W4DecodePlan:
                                  "(other programs would still read what one has written)")
         w_desc = self.w_desc(w_q.view(torch.int32))
         if self.slices == 1:
-            self.launch((w_desc, x, w_scale, w_zero, c, bias, None), self.tail)
+            self.launch((w_desc, x, w_scale, w_zero, c, bias, None, None), self.tail)
             return out
-        sums = zeroed_buffer(self.device, self.device_index, M * N, torch.float32)  # (finish_sums leaves it zero)
-        self.launch((w_desc, x, w_scale, w_zero, c, bias, sums), self.tail)
+        # (left zero by the launch that finishes them)
+        sums = zeroed_buffer(self.device, self.device_index, M * N, torch.float32)
+        if self.finish_here:
+            counters = zeroed_buffer(self.device, self.device_index, self.groups, torch.int32)
+            self.launch((w_desc, x, w_scale, w_zero, c, bias, sums, counters), self.tail)
+            return out
+        self.launch((w_desc, x, w_scale, w_zero, c, bias, sums, None), self.tail)
         self.finish((sums, c, bias), self.finish_tail)
         return out
 

@@ -167,24 +167,68 @@ def split_k_counters(device: torch.device, device_index: int, n: int) -> torch.T
     """n int32 zeros for the split-K arrival counters of one launch (the kernel leaves them zero).
 
     Eagerly: one buffer per (device, stream), reused; launches on one stream run in order, and
-    launches on different streams get different buffers. Under graph capture: a fresh zeroed
-    buffer per call (its zeroing is captured with the GEMM), so graphs share nothing."""
+    launches on different streams get different buffers. Under graph capture: one buffer per
+    (capture, stream), zeroed where the capture first needs it (a memset captured once per graph,
+    not once per call: the launches after it on that stream leave it zero), or, where the
+    driver cannot name the capture, a fresh zeroed buffer per call; graphs share nothing."""
     return zeroed_buffer(device, device_index, n, torch.int32)
+
+
+def _driver_capture_info():
+    """cuStreamGetCaptureInfo from the CUDA driver (ctypes), or None."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    for name in ("cuStreamGetCaptureInfo_v3", "cuStreamGetCaptureInfo_v2", "cuStreamGetCaptureInfo"):
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.restype = ctypes.c_int
+            return fn
+    return None
+
+
+_capture_info = None
+_capture_info_tried = False
+
+
+def capture_id(stream: int) -> int | None:
+    """The driver's id of the graph capture under way on the raw stream `stream` (unique within
+    the process), None when it cannot say. (Every version of the call takes the stream, then
+    the status and id out-pointers; the optional out-pointers after them are passed as NULL.)"""
+    global _capture_info, _capture_info_tried
+    import ctypes
+
+    if not _capture_info_tried:
+        _capture_info_tried = True
+        _capture_info = _driver_capture_info()
+    if _capture_info is None:
+        return None
+    status, ident = ctypes.c_int(0), ctypes.c_ulonglong(0)
+    rc = _capture_info(ctypes.c_void_p(stream), ctypes.byref(status), ctypes.byref(ident), None, None, None, None)
+    return ident.value if rc == 0 and status.value == 1 else None  # 1: CU_STREAM_CAPTURE_STATUS_ACTIVE
 
 
 def zeroed_buffer(device: torch.device, device_index: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     """n zeros of dtype that the launch using them leaves zero (split_k_counters' contract: one
-    buffer per device, stream and dtype, or a fresh one under graph capture)."""
+    buffer per device, stream and dtype, and per capture under graph capture)."""
     if device.type != "cuda":
-        key = (device.type, 0, dtype)
-    elif capturing():
-        return torch.zeros(n, dtype=dtype, device=device)
+        key, tag = (device.type, 0, dtype), None
     else:
-        key = (device_index, torch._C._cuda_getCurrentRawStream(device_index), dtype)
-    buf = _zeroed.get(key)
-    if buf is None or buf.numel() < n:
-        buf = _zeroed[key] = torch.zeros(max(n, 4096), dtype=dtype, device=device)
-    return buf
+        stream = torch._C._cuda_getCurrentRawStream(device_index)
+        key, tag = (device_index, stream, dtype), None
+        if capturing():
+            tag = capture_id(stream)
+            if tag is None:
+                return torch.zeros(n, dtype=dtype, device=device)
+            key = key + ("capture",)
+    entry = _zeroed.get(key)
+    if entry is None or entry[0] != tag or entry[1].numel() < n:
+        # under capture the memset is recorded here, once per graph (and where a call needs more)
+        entry = _zeroed[key] = (tag, torch.zeros(max(n, 4096), dtype=dtype, device=device))
+    return entry[1]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -270,6 +270,34 @@ def _finish(acc, y, bias, off_n, rm, M, N, stride_ym, stride_yn, ROWS: gl.conste
 
 
 @gluon.jit
+def _finish_group(sums, y, bias, first_tile, tile_stride, M, N, stride_ym, stride_yn, HAS_BIAS: gl.constexpr,
+                  ACTIVATION: gl.constexpr, BN: gl.constexpr, FIN_V: gl.constexpr):
+    """The epilogue of a tile group's sums (tiles first_tile, + tile_stride, ...; the last of its
+    SLICES programs runs it): y = ACTIVATION(sums + bias) cast, sums put back to zero. Its M x rows
+    values are taken as one flat range, FIN_V per thread at a time (one L2 round trip for many
+    tiles, none for x's padding rows)."""
+    warps: gl.constexpr = BN // 16
+    fin_l: gl.constexpr = gl.BlockedLayout([FIN_V], [32], [warps], [0])
+    e = gl.arange(0, FIN_V * 32 * warps, layout=fin_l)
+    n_rows = gl.cdiv(gl.cdiv(N, BN) - first_tile, tile_stride) * BN
+    total = M * n_rows
+    for e0 in range(0, total, FIN_V * 32 * warps):
+        ee = e0 + e
+        m = ee // n_rows
+        idx = ee - m * n_rows
+        rn = (first_tile + (idx // BN) * tile_stride) * BN + idx % BN
+        mask = (ee < total) & (rn < N)
+        at = sums + m * N + rn
+        # .cg: the other programs' sums are at L2, never in this SM's L1
+        acc = gl.load(at, mask=mask, other=0.0, cache_modifier=".cg")
+        gl.store(at, gl.zeros([FIN_V * 32 * warps], gl.float32, fin_l), mask=mask)
+        if HAS_BIAS:
+            acc += gl.load(bias + rn, mask=mask, other=0.0).to(gl.float32)
+        acc = activation(acc, ACTIVATION)
+        gl.store(y + m * stride_ym + rn * stride_yn, acc.to(y.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
 def _step(acc, words, xs, xsum, s0, z0, st, a_l: gl.constexpr, COLS: gl.constexpr, FP16: gl.constexpr,
           MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr, BM: gl.constexpr):
     """acc + one 128-deep step's product of the decoded words with x's step st (its scales s0, z0)."""
@@ -286,12 +314,12 @@ def _step(acc, words, xs, xsum, s0, z0, st, a_l: gl.constexpr, COLS: gl.constexp
 
 
 @gluon.jit
-def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_xm, stride_sn, stride_sk, stride_zn,
+def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, counters, M, N, K, SLICES, stride_xm, stride_sn, stride_sk, stride_zn,
                      stride_zk, stride_ym, stride_yn, group_shift,
                      BM: gl.constexpr, KS: gl.constexpr, STAGES: gl.constexpr, FP16: gl.constexpr,
                      HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, SLICED: gl.constexpr,
                      MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr, BOX: gl.constexpr, PDL: gl.constexpr,
-                     BN: gl.constexpr, WORDS: gl.constexpr):
+                     BN: gl.constexpr, WORDS: gl.constexpr, FINISH_HERE: gl.constexpr, FIN_V: gl.constexpr):
     """y (M, N) = ACTIVATION(x @ ((q - z) s)^T + bias) for x (M <= BM, K) bf16 (fp16: FP16), unit
     stride along K; w_desc: a TMA descriptor of the packed weight (gemmkit's INT4 layout, uint8
     (N, K // 2)) viewed as int32 (N, K // 8), block (BN, 16 BOX): BOX consecutive K steps of a BN-row
@@ -299,7 +327,9 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
     words_layout(BN)); ws (N, G) scales, wz (N, G) uint8
     zero points (HAS_ZERO), K step k in group k >> group_shift; K a multiple of 128 and of
     KS * SLICES steps. SLICED (SLICES > 1): the tiles' fp32 sums are added to sums (M, N), zeros,
-    and reduce.finish_sums stores y; else y is stored here. Programs: a multiple of SLICES.
+    and y is stored by reduce.finish_sums or, FINISH_HERE, by the last of the SLICES programs of a
+    tile group to arrive (counters: one int32 per group, zeros, left zero; FIN_V values per thread
+    per load); else y is stored here. Programs: a multiple of SLICES.
     MXFP4 (bf16 x): the weight's codes are e2m1 and ws (N, K // 32) its uint8 e8m0 scales, applied
     to the decoded values before the product (a thread's values of a row and step share one
     32-wide scale block: its words 4q .. 4q + 3); wz, group_shift unused. GROUP_WORDS (4 or 8):
@@ -387,3 +417,11 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, M, N, K, SLICES, stride_x
             z0 = z1
             s1 = s2
             z1 = z2
+    if SLICED and FINISH_HERE:
+        # every thread's atomics are issued before the release below publishes them at GPU scope
+        _cta_barrier()
+        arrived = gl.atomic_add(counters + first_tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SLICES - 1:
+            _finish_group(sums, y, bias, first_tile, tile_stride, M, N, stride_ym, stride_yn, HAS_BIAS, ACTIVATION,
+                          BN, FIN_V)
+            gl.store(counters + first_tile, 0)

@@ -285,8 +285,9 @@ def compile_w4_decode(M: int, N: int, K: int, dtype=torch.bfloat16, group: int =
     plan = hw.W4DecodePlan(dev, x, w_q, wz, None, M, N, K, group, b, activation, dtype, (M, N), False, mxfp4)
     kernel = hw.decode_kernel()
     sums = torch.empty(M * N, dtype=torch.float32) if plan.slices > 1 else None
-    return _compile_gluon(kernel, (plan.w_desc(w_q.view(torch.int32)), x, ws, wz, y, b, sums, *plan._tail(ws, wz)),
-                          plan.num_warps)
+    counters = torch.empty(plan.groups, dtype=torch.int32) if plan.finish_here else None
+    return _compile_gluon(kernel, (plan.w_desc(w_q.view(torch.int32)), x, ws, wz, y, b, sums, counters,
+                                   *plan._tail(ws, wz)), plan.num_warps)
 
 
 def _compile(kernel, args, cfg: GemmConfig) -> Binary:
@@ -561,11 +562,14 @@ def check_ws(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
                    f"UTMASTG {stores}")
 
 
+SM90_REGISTERS, SM90_SMEM = 65536, 233472  # per SM (each program also holds 1 KB of shared memory)
 W4_CHECKS = {  # (M, N, K, compile_w4_decode keywords)
     "gluon int4 decode, one row, K slices summed by atomics": (1, 4096, 4096, dict()),
+    "gluon int4 decode, two rows, the slices' sums finished by their last program": (2, 8192, 8192, dict()),
     "gluon int4 decode, fp16, per-channel scales, symmetric, bias + silu, one slice": (
         4, 1000, 256, dict(dtype=torch.float16, group=256, zero=False, bias=True, activation="silu")),
-    "gluon int4 decode, 64 rows (the widest x tile), groups of 256": (64, 8192, 8192, dict(group=256)),
+    "gluon int4 decode, 8 rows (the most it takes), groups of 256": (8, 8192, 8192, dict(group=256)),
+    "gluon mxfp4 decode, 64 rows (the widest x tile: 128-row weight tiles)": (64, 8192, 8192, dict(group=32, mxfp4=True)),
     "gluon mxfp4 decode, two rows": (2, 4096, 4096, dict(group=32, mxfp4=True)),
     "gluon int4 decode, groups of 32 (applied before the product)": (1, 4096, 4096, dict(group=32)),
 }
@@ -573,13 +577,20 @@ W4_CHECKS = {  # (M, N, K, compile_w4_decode keywords)
 
 def check_w4(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
     """Compile one of W4_CHECKS: (passed, binary, one-line report): no local memory, the
-    registers and shared memory fit, HGMMA from registers, TMA loads of the weight."""
+    registers and shared memory fit (the split's programs per SM resident at once), HGMMA from
+    registers, TMA loads of the weight."""
+    from ..core import hopper_w4 as hw
+
     M, N, K, kw = W4_CHECKS[name]
     b = compile_w4_decode(M, N, K, **kw)
+    sp = hw.decode_split(M, N, K, dev, kw.get("group", 128), kw.get("mxfp4", False))
+    regs = -(-max(b.registers, 24) // 8) * 8  # (allocated per thread in 8s)
+    resident = min(SM90_REGISTERS // (regs * 32 * (sp.bn // 16)), SM90_SMEM // (b.shared_bytes + 1024))
     ok = (b.local_bytes == 0 and b.count("HGMMA") > 0 and b.count("UTMALDG") > 0
-          and b.shared_bytes <= dev.smem_per_block and b.registers <= 255)
+          and b.shared_bytes <= dev.smem_per_block and b.registers <= 255 and resident >= sp.per_sm)
     return ok, b, (f"{'ok ' if ok else 'BAD'} {name}: {b.registers} registers, {b.local_bytes} B local, "
-                   f"{b.shared_bytes} B shared, HGMMA {b.count('HGMMA')}, UTMALDG {b.count('UTMALDG')}")
+                   f"{b.shared_bytes} B shared, {resident} resident per SM ({sp.per_sm} wanted), "
+                   f"HGMMA {b.count('HGMMA')}, UTMALDG {b.count('UTMALDG')}")
 
 
 def main(argv=None) -> int:

@@ -83,9 +83,12 @@ def w4_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | None:
     mxfp4 = table == "a16wfp4"
     if not h4.decode_sizes_ok(M, N, K, 32 if mxfp4 else 128, mxfp4):
         return None
-    sp = h4.decode_split(M, N, K, dev, 32 if mxfp4 else 128, mxfp4)
-    return (f"{h4.BLOCK_N}-row weight tiles, K in {sp.slices} slices of {sp.ks} x 128, up to {sp.per_sm} programs "
-            f"per SM, {sp.stages} loads of {sp.box} x 128 in flight"
+    group = 32 if mxfp4 else 128
+    sp = h4.decode_split(M, N, K, dev, group, mxfp4)
+    finish = ("" if sp.slices == 1 else ", the slices' sums finished by their last program"
+              if h4.finish_in_kernel(sp, M, N, K, dev, group, mxfp4) else ", the slices' sums finished by a second launch")
+    return (f"{sp.bn}-row weight tiles, K in {sp.slices} slices of {sp.ks} x 128, up to {sp.per_sm} programs "
+            f"per SM, {sp.stages} loads of {sp.box} x 128 in flight{finish}"
             + ("" if mxfp4 else " (INT4 groups of 128; groups of 32 / 64 up to 16 rows)"))
 
 
