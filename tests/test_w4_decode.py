@@ -27,6 +27,7 @@ def built(monkeypatch):
     widened to every M <= 64, N and K the kernel can take, so that its results are checked
     beyond the sizes it is routed (test_size_rule checks the rule itself)."""
     monkeypatch.setattr(hopper_w4, "DECODE_MAX_M", 64)
+    monkeypatch.setattr(hopper_w4, "WIDE_LAYER_MAX_M", 64)
     monkeypatch.setattr(hopper_w4, "MX_DECODE_MAX_M", 64)
     monkeypatch.setattr(hopper_w4, "SMALL_DECODE_MAX_M", 64)
     yield from spy_plans(monkeypatch, hopper_w4.W4DecodePlan, config_mod.clear_caches)
@@ -208,10 +209,11 @@ def test_finish_rounds(M, N, K, group, mxfp4):
 @pytest.mark.parametrize("M,N,K,ok", [(1, 57344, 8192, True), (2, 8192, 28672, True), (4, 6144, 4096, True),
                                       (3, 8192, 16384, True), (3, 8192, 28672, True), (8, 4096, 4096, True),
                                       (9, 4096, 4096, False),
-                                      (16, 57344, 8192, False), (65, 4096, 4096, False), (1, 100, 256, True),
+                                      (16, 57344, 8192, True), (12, 10240, 8192, True), (12, 8192, 8192, False),
+                                      (17, 57344, 8192, False), (65, 4096, 4096, False), (1, 100, 256, True),
                                       (1, 8192, 8000, False)])
 def test_size_rule(monkeypatch, M, N, K, ok):
-    """The sizes gemm_a16w4 routes to the kernel (up to 8 rows, K a multiple of 128), with the
+    """The sizes gemm_a16w4 routes to the kernel (up to 8 rows, 16 where N >= 10240, K a multiple of 128), with the
     device checks passing; MXFP4 (gemm_a16wfp4): up to 64 rows, bf16 x;
     INT4 groups of 32: up to 16 rows."""
     monkeypatch.setattr(hopper_w4, "ws_enabled", lambda dev, device: True)
@@ -406,6 +408,31 @@ def test_finish_here_many_round_trips(built, monkeypatch, fmt, M):
     assert plan.finish_here and hopper_w4.finish_rounds(split, M, N) > 1
     torch.cuda.synchronize()
     assert all(int(b.abs().sum()) == 0 for _, b in plan_mod._zeroed.values())
+
+
+@pytest.mark.parametrize("regs,shared,warps,n", [(80, 24720, 4, 6), (81, 24592, 4, 5), (96, 24720, 4, 5),
+                                                 (182, 163856, 8, 1), (24, 0, 4, 16), (1, 0, 4, 16)])
+def test_resident_programs(regs, shared, warps, n):
+    """Programs per SM: 64K registers allocated in 8s per thread, 228 KB of shared memory (1 KB each
+    beside the kernel's), 2048 threads."""
+    assert hopper_w4.resident_programs(regs, shared, warps) == n
+
+
+@needs_hopper
+def test_programs_cut_to_what_an_sm_holds(built, monkeypatch):
+    """A split asking for more programs per SM than the compiled kernel's registers allow: from the
+    second call, the plan launches as many as are resident at once; results right before and after."""
+    monkeypatch.setattr(hopper_w4, "SHORT_INT4", hopper_w4.Split(2, 2, 16))
+    x = randn(1, 4096, dtype=BF16)
+    q, s, z, wd = int4_weight(8192, 4096, 128)
+    for _ in range(3):
+        assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=128, y=poisoned((1, 8192), BF16)), reference(x, wd))
+    plan = built[0]
+    kernel = plan.launch.kernel
+    resident = hopper_w4.resident_programs(kernel.n_regs, kernel.metadata.shared, plan.num_warps)
+    assert plan.fitted and resident < 16
+    assert plan.launch.grid[0] == plan.slices * min(128, resident * plan.num_sms // plan.slices)
+    assert plan.groups == plan.launch.grid[0] // plan.slices
 
 
 @needs_hopper

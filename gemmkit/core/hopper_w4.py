@@ -1,15 +1,16 @@
 """Where gemm_a16w4 runs the Hopper INT4 decode kernel (kernels/gemm_w4_decode.py), and its launch.
 
 The kernel takes decode-sized calls on sm_90 (CUDA, Gluon, GEMMKIT_GLUON not 0): M <= DECODE_MAX_M
-rows of bf16 / fp16 x, K a multiple of 128, INT4 scale groups of 32, 64 (up to SMALL_DECODE_MAX_M
-rows), 128 or a multiple of 128 (or one per channel), or MXFP4 weights with bf16 x (gemm_a16wfp4; up
-to MX_DECODE_MAX_M rows), no explicit config. Everything else runs the tl kernel
-(core/config._derive_packed). Measured with scripts/w4_decode_sweep.py (tuning/w4_gluon/, 7 Llama-3
-layers, weights rotated through 3 copies, against the tl kernel in the same process): at M = 1 this
-kernel ran 1.05x to 1.18x the tl kernel on every layer with one-step loads
-(w4_decode_sweep_h100.txt); from 9 rows INT4 in groups of 128 stays with the tl kernel (LONG at M =
-12 0.95x to 1.17x it, w4_decode_sweep_rows128_m8_12_h100.txt; at M = 16 0.91x to 1.17x,
-w4_decode_sweep_box_h100.txt). MXFP4 (`--fp4`): 1.3x to 3.0x the tl kernel at 1 to 64 rows (its tl
+rows of bf16 / fp16 x (up to WIDE_LAYER_MAX_M where N >= WIDE_LAYER_N), K a multiple of 128, INT4
+scale groups of 32, 64 (up to SMALL_DECODE_MAX_M rows), 128 or a multiple of 128 (or one per
+channel), or MXFP4 weights with bf16 x (gemm_a16wfp4; up to MX_DECODE_MAX_M rows), no explicit
+config. Everything else runs the tl kernel (core/config._derive_packed). Measured with
+scripts/w4_decode_sweep.py (tuning/w4_gluon/, 7 Llama-3 layers, weights rotated through 3 copies,
+against the tl kernel in the same process): at M = 1 this kernel ran 1.05x to 1.18x the tl kernel
+on every layer with one-step loads (w4_decode_sweep_h100.txt); INT4 in groups of 128 at 12 and 16
+rows (w4_decode_sweep_short_m12_16_h100.txt, both with graph-captured zeroing once per graph):
+1.11x to 1.21x the tl kernel's table picks on the layers of N >= 10240, 0.89x to 1.02x on the others,
+which keep the tl kernel from 9 rows. MXFP4 (`--fp4`): 1.3x to 3.0x the tl kernel at 1 to 64 rows (its tl
 loop decodes e2m1 in 32-wide groups; the box sweeps with SHORT / LONG, at 64 rows WIDE in
 w4_decode_sweep_rows128_fp4_h100.txt); INT4 in groups of 32 (`--group 32`): 1.7x to 3.3x (the tl
 kernel's 32-deep decode steps run at 0.77x to 1.0x cuBLAS there), groups of 64 1.24x to 1.45x at M =
@@ -20,21 +21,38 @@ memory once per program: the divisor of the step count nearest the split's KS ta
 shared memory holds), SLICES = steps / KS slices, and up to the split's programs per SM, each taking
 one slice and every (programs / SLICES)-th weight tile of it (64 rows, one warp group; or 128, two),
 its weight loaded BOX_STEPS steps (128 contiguous bytes of each row) per TMA load, the split's
-stages of them in flight. Three splits (`--box` sweeps,
+stages of them in flight. Four splits (`--box` sweeps,
 tuning/w4_gluon/w4_decode_sweep_box*_h100.txt): SHORT (KS 2, 2 stages, 6 per SM) up to SHORT_MAX_M
-rows, LONG (KS 4, 4 stages, 4 per SM) from there and for INT4 groups of 128 or more at one or two
+rows, SHORT_INT4 (5 per SM) in its place for INT4 groups of 128 or more (below), LONG (KS 4, 4
+stages, 4 per SM) from there and for INT4 groups of 128 or more at one or two
 rows where a layer gives each SM LONG_WORK or more weight tile-steps of 64 x 128 (the large layers:
 there fewer, longer programs were 1.05x to 1.13x SHORT; below it SHORT was 1.05x to 1.06x LONG), and
-WIDE (KS 8, 2 stages, 2 per SM, 128-row tiles: two warp groups sharing the staged x) for MXFP4 from
+WIDE (KS 8, 2 stages, 1 per SM, 128-row tiles: two warp groups sharing the staged x) for MXFP4 from
 WIDE_MIN_M rows (M = 64: 1.03x to 1.18x LONG, geomean 1.09; w4_decode_sweep_rows128*_h100.txt:
 128-row tiles measured level with LONG at 1 and 16 rows, and for INT4 groups of 128 at 64 rows 1.02x
-the tl kernel, which keeps them). Against the one-step loads before (KS 2 or 4, 4 stages, 6 or 4 per
+the tl kernel, which keeps them; one program per SM is all its 160 KB of shared memory allows, and
+asking for 2 measured the same, w4_decode_sweep_wide_fp4_h100.txt). Against the one-step loads before (KS 2 or 4, 4 stages, 6 or 4 per
 SM): INT4 g128 M = 1 1.02x to 1.11x, M = 4 0.98x to 1.13x; MXFP4 and INT4 groups of 32 at M = 1
-1.15x to 1.29x that split (KS 2, 4 stages, 6 per SM) with one-step loads. The finish_sums launch is
-a programmatic dependent of the decode kernel (PDL, kernels/gdc.py): 0.98x to 1.04x at M = 1
-(geomean 1.01). scripts/w4_overhead_probe.py (w4_overhead_h100.txt) splits a call's time:
-finish_sums and the gap before it cost 2.7 to 4 us of every sliced call (1.4 us of it the launch
-alone).
+1.15x to 1.29x that split (KS 2, 4 stages, 6 per SM) with one-step loads. Where a Triton version's
+registers hold fewer programs per SM than the split asks, the plan launches fewer
+(W4DecodePlan._fit_residency).
+
+The K slices' sums. Each program adds its tiles' fp32 sums to a zeroed (M, N) buffer by atomics;
+then either finish_sums, launched as a programmatic dependent of the decode kernel (PDL,
+kernels/gdc.py; 0.98x to 1.04x a plain launch at M = 1), runs the epilogue, or the last program of
+each tile group to arrive does (FINISH_HERE; the kernel's docstring). scripts/w4_overhead_probe.py
+(w4_overhead_h100.txt) split a sliced call's time: finish_sums and the gap before it 2.7 to 4 us,
+of which about 2.3 us was the buffer's zeroing, captured before every call until the graphs were
+given one zeroing each (core/plan.zeroed_buffer; capture_zeroing_h100.txt: 1.02x to 1.31x on
+every sliced INT4 call). The finish launch overlaps the decode kernel only where PDL can place its
+programs beside the decode kernel's: not where those fill the register file (the INT4 SHORT kernel:
+80 registers x 128 threads x 6 programs). Measured (`--finish`, `--short`,
+w4_decode_sweep_finish*_h100.txt, w4_decode_sweep_short*_h100.txt): at one row SHORT_INT4's 5
+programs per SM with the finish launch ran 1.09x to 1.15x the 6 per SM of SHORT (the in-kernel finish
+1.01x to 1.10x); at two rows the in-kernel finish ran 1.10x to 1.16x the launch; under LONG, WIDE
+and the other formats' SHORT (70 to 80 registers) the launch was faster everywhere (the in-kernel
+finish 0.5x to 0.97x, more so the more round trips its epilogue takes). Hence finish_in_kernel:
+SHORT_INT4 from FINISH_MIN_M rows where its epilogue takes one round trip.
 """
 
 from __future__ import annotations
@@ -50,6 +68,8 @@ from .plan import _get_device, contiguous_strides, extent_bytes, kernel_tail, ov
 
 DECODE_MAX_M = 8  # INT4 groups of 128 or more: LONG 1.04x to 1.23x the tl kernel at M = 4, 1.01x to 1.20x at
 # M = 8 on every layer; at M = 12 0.95x to 1.17x (w4_decode_sweep_rows128_m8_12_h100.txt, the tuned table's tl picks)
+WIDE_LAYER_N, WIDE_LAYER_MAX_M = 10240, 16  # and up to 16 rows where N >= 10240: at M = 12 and 16 1.11x to 1.21x
+# the tl kernel's table picks on the layers of N >= 10240, 0.89x to 1.02x below (w4_decode_sweep_short_m12_16_h100.txt)
 MX_DECODE_MAX_M = 64  # MXFP4: 1.3x to 3.0x the tl kernel at M = 1 to 64 on every layer measured
 SMALL_GROUPS = (32, 64)  # INT4 groups applied before the product (a thread's values of a step lie in one)
 SMALL_DECODE_MAX_M = 16  # groups of 32: 1.7x to 3.3x the tl kernel at M = 1 and 16
@@ -143,7 +163,8 @@ def decode_sizes_ok(M: int, N: int, K: int, group: int, mxfp4: bool) -> bool:
         return M <= MX_DECODE_MAX_M
     if group in SMALL_GROUPS:
         return M <= SMALL_DECODE_MAX_M
-    return M <= DECODE_MAX_M and group_shift(group, K) is not None
+    rows_ok = M <= DECODE_MAX_M or (M <= WIDE_LAYER_MAX_M and N >= WIDE_LAYER_N)
+    return rows_ok and group_shift(group, K) is not None
 
 
 def box_steps(ks: int) -> int:
@@ -209,6 +230,15 @@ def finish_in_kernel(split: DecodeSplit, M: int, N: int, K: int, dev: DeviceInfo
             and finish_rounds(split, M, N) <= FINISH_MAX_ROUNDS)
 
 
+SM90_REGISTERS, SM90_SMEM, SM90_THREADS = 65536, 233472, 2048  # per SM; each program also holds 1 KB of shared memory
+
+
+def resident_programs(registers: int, shared_bytes: int, warps: int) -> int:
+    """Programs of `warps` warps an sm_90 SM holds at once (registers allocated per thread in 8s)."""
+    regs = -(-max(registers, 24) // 8) * 8
+    return min(SM90_REGISTERS // (regs * 32 * warps), SM90_SMEM // (shared_bytes + 1024), SM90_THREADS // (32 * warps))
+
+
 def pdl_ok() -> bool:
     """Whether finish_sums is launched as a programmatic dependent (this Triton has grid dependency control)."""
     from ..kernels.gdc import PDL_AVAILABLE
@@ -240,6 +270,7 @@ class W4DecodePlan:
         self.device = x2.device
         self.device_index = x2.device.index or 0
         split = decode_split(M, N, K, dev, group, mxfp4)
+        self.split, self.num_sms, self.fitted = split, dev.num_sms, False
         self.slices = split.slices
         self.has_zero = w_zero is not None
         self.y_strides = (N, 1) if y2 is None else y2.stride()
@@ -298,6 +329,8 @@ class W4DecodePlan:
                 raise ValueError(f"y shares memory with {clash}: the output must not overlap an input "
                                  "(other programs would still read what one has written)")
         w_desc = self.w_desc(w_q.view(torch.int32))
+        if not self.fitted and self.launch.kernel is not None:
+            self._fit_residency()
         if self.slices == 1:
             self.launch((w_desc, x, w_scale, w_zero, c, bias, None, None), self.tail)
             return out
@@ -310,5 +343,23 @@ class W4DecodePlan:
         self.launch((w_desc, x, w_scale, w_zero, c, bias, sums, None), self.tail)
         self.finish((sums, c, bias), self.finish_tail)
         return out
+
+    def _fit_residency(self):
+        """After the first launch: fewer programs where the compiled kernel's registers or shared
+        memory hold fewer per SM than the split's per_sm (they differ between Triton versions:
+        Triton 3.6 gives the MXFP4 SHORT kernel 81 registers, 5 programs per SM), so that all run
+        at once instead of a second, thin wave. (The program count is a runtime value.)"""
+        self.fitted = True
+        kernel = self.launch.kernel
+        regs, shared = getattr(kernel, "n_regs", 0), getattr(kernel.metadata, "shared", 0)
+        if not regs:
+            return
+        resident = max(1, resident_programs(regs, shared, self.num_warps))
+        if resident >= self.split.per_sm:
+            return
+        tiles = -(-self.N // self.split.bn)
+        programs = self.slices * max(1, min(tiles, resident * self.num_sms // self.slices))
+        self.launch.grid = (programs, 1, 1)
+        self.groups = programs // self.slices
 
     __call__ = run

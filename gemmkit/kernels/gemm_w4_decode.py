@@ -28,12 +28,14 @@ thread's values of a row and step are its words 4q .. 4q + 3, one block of 32.
 Work split: program p takes K slice p % SLICES (KS steps; x of the slice staged once) and the
 64-row weight tiles p // SLICES, + P / SLICES, ... as one stream of (tile, step) iterations,
 STAGES - 1 loads of BOX steps in flight (KS a multiple of BOX: a load never crosses tiles). With
-SLICES > 1 each finished tile's fp32 sum is added to a zeroed (M, N) workspace by atomics, and a
-second launch (kernels/reduce.py finish_sums) runs the
-epilogue (bias, activation, cast) and puts the workspace back to zero for the next launch. (A
-per-tile arrival counter instead, the last program running the epilogue as kernels/reduce.py's
-split-K does, measured slower on the H100, tuning/w4_gluon/bench_counter_h100.md: the GPU-scope
-release on every tile's counter stalls each program once per tile.)
+SLICES > 1 each finished tile's fp32 sum is added to a zeroed (M, N) workspace by atomics, and
+either a second launch (kernels/reduce.py finish_sums) runs the epilogue (bias, activation, cast)
+and puts the workspace back to zero for the next launch, or (FINISH_HERE) the last of the SLICES
+programs sharing a tile group to arrive at the group's counter does: one GPU-scope release per
+program, after its last tile, then the group's M x rows sums read in a flat range (FIN_V values per
+thread per L2 round trip), the epilogue, and zeros and the counter put back. (A counter per tile,
+released after every tile, measured slower on the H100, tuning/w4_gluon/bench_counter_h100.md: the
+release stalls each program once per tile.) core/hopper_w4.py says where each is used.
 
 PDL: finish_sums is launched as a programmatic dependent of this kernel (kernels/gdc.py), which
 lets it start as soon as every program here has started; it then waits for this grid to complete.

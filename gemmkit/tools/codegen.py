@@ -562,7 +562,6 @@ def check_ws(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
                    f"UTMASTG {stores}")
 
 
-SM90_REGISTERS, SM90_SMEM = 65536, 233472  # per SM (each program also holds 1 KB of shared memory)
 W4_CHECKS = {  # (M, N, K, compile_w4_decode keywords)
     "gluon int4 decode, one row, K slices summed by atomics": (1, 4096, 4096, dict()),
     "gluon int4 decode, two rows, the slices' sums finished by their last program": (2, 8192, 8192, dict()),
@@ -577,17 +576,17 @@ W4_CHECKS = {  # (M, N, K, compile_w4_decode keywords)
 
 def check_w4(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
     """Compile one of W4_CHECKS: (passed, binary, one-line report): no local memory, the
-    registers and shared memory fit (the split's programs per SM resident at once), HGMMA from
+    registers and shared memory fit (the report says how many programs an SM holds against the
+    split's per_sm: where fewer, W4DecodePlan launches fewer programs), HGMMA from
     registers, TMA loads of the weight."""
     from ..core import hopper_w4 as hw
 
     M, N, K, kw = W4_CHECKS[name]
     b = compile_w4_decode(M, N, K, **kw)
     sp = hw.decode_split(M, N, K, dev, kw.get("group", 128), kw.get("mxfp4", False))
-    regs = -(-max(b.registers, 24) // 8) * 8  # (allocated per thread in 8s)
-    resident = min(SM90_REGISTERS // (regs * 32 * (sp.bn // 16)), SM90_SMEM // (b.shared_bytes + 1024))
+    resident = hw.resident_programs(b.registers, b.shared_bytes, sp.bn // 16)
     ok = (b.local_bytes == 0 and b.count("HGMMA") > 0 and b.count("UTMALDG") > 0
-          and b.shared_bytes <= dev.smem_per_block and b.registers <= 255 and resident >= sp.per_sm)
+          and b.shared_bytes <= dev.smem_per_block and b.registers <= 255 and resident >= 1)
     return ok, b, (f"{'ok ' if ok else 'BAD'} {name}: {b.registers} registers, {b.local_bytes} B local, "
                    f"{b.shared_bytes} B shared, {resident} resident per SM ({sp.per_sm} wanted), "
                    f"HGMMA {b.count('HGMMA')}, UTMALDG {b.count('UTMALDG')}")
