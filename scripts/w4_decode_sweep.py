@@ -9,9 +9,10 @@ instead (core/hopper_w4.py BOX_STEPS, PDL); --rows128: ROWS128_VARIANTS, the sam
 tile (Split.bn: 128, two warp groups sharing the staged x); --finish: the shipped split with the sliced
 epilogue run by the last program of each tile group (FINISH_HERE forced, at any number of round trips) against
 finish_sums launched after the kernel (PDL); --wide: WIDE (KS 8, 2 stages, 128-row tiles) with 2 programs
-per SM and with 1 (one fits an SM's shared memory at 64 rows of x); --short: SHORT_VARIANTS.
+per SM and with 1 (one fits an SM's shared memory at 64 rows of x); --short: SHORT_VARIANTS; --sums: the
+K slices' sums kept (N, BM) and added by vector atomics against (M, N) one value per atomic (SUMS_T).
 
-Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box | --rows128 | --wide | --finish | --short] [--m 1 4 16] (--m last)
+Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box | --rows128 | --wide | --finish | --short | --sums] [--m 1 4 16] (--m last)
 """
 
 import os
@@ -67,8 +68,12 @@ SHORT_VARIANTS = [  # --short: where SHORT_INT4's sums are finished, at 6 and 5 
     dict(name="finish here, SHORT 5/SM", FINISH_HERE=True, SHORT_INT4=hopper_w4.Split(2, 2, 5))]
 if "--short" in sys.argv:
     VARIANTS = SHORT_VARIANTS
+SUMS_VARIANTS = [dict(name="sums (N, BM), vector atomics", SUMS_T=True),
+                 dict(name="sums (M, N), one atomic per value", SUMS_T=False)]  # --sums
+if "--sums" in sys.argv:
+    VARIANTS = SUMS_VARIANTS
 DEFAULTS = {k: getattr(hopper_w4, k) for k in ("SHORT", "SHORT_INT4", "LONG", "WIDE", "BOX_STEPS", "PDL",
-                                              "FINISH_HERE")}
+                                              "FINISH_HERE", "SUMS_T")}
 if "--finish" in sys.argv:
     VARIANTS = FINISH_VARIANTS
 ROTATE = 3

@@ -197,7 +197,9 @@ def test_finish_rounds(M, N, K, group, mxfp4):
     sp = hopper_w4.decode_split(M, N, K, h100, group, mxfp4)
     groups, tiles = sp.programs // sp.slices, -(-N // sp.bn)
     per_round = hopper_w4.FIN_V * 32 * (sp.bn // 16)
-    worst = max(-(-M * len(range(g, tiles, groups)) * sp.bn // per_round) for g in range(groups))
+    rows = hopper_w4.x_rows(M) if M > hopper_w4.x_rows(M) // 2 else M  # transposed sums: x's padding rows too
+    assert hopper_w4.sums_transposed(M) == (rows != M or M == hopper_w4.x_rows(M) > 1)
+    worst = max(-(-rows * len(range(g, tiles, groups)) * sp.bn // per_round) for g in range(groups))
     assert hopper_w4.finish_rounds(sp, M, N) == worst
     x, w_q = torch.empty(M, K, dtype=BF16), torch.empty(N, K // 2, dtype=torch.uint8)
     plan = hopper_w4.W4DecodePlan(h100, x, w_q, None, None, M, N, K, group, None, None, BF16, (M, N), False, mxfp4)

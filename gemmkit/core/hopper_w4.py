@@ -98,6 +98,7 @@ FINISH_HERE = None  # True / False: force where the K slices' sums are finished 
 FINISH_MAX_ROUNDS = 1  # the in-kernel epilogue's L2 round trips (finish_rounds) at most
 FINISH_MIN_M = 2
 FIN_V = 8  # fp32 values per thread in one round trip of that epilogue
+SUMS_T = True  # the sums (N, BM) by vector atomics where x's padding rows are under half of BM (sums_transposed)
 BLOCK_N, BLOCK_K = 64, 128
 PER_CALL = ("w_desc", "x", "ws", "wz", "y", "bias", "sums", "counters")
 SMEM_RESERVE = 1024  # barriers and alignment
@@ -211,12 +212,20 @@ def decode_split(M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: boo
     return DecodeSplit(ks, slices, programs, kind.per_sm, kind.stages, box_steps(ks), kind.bn)
 
 
+def sums_transposed(M: int) -> bool:
+    """Whether the K slices' sums are kept (N, BM), whole rows of x_rows(M) added by vector atomics
+    (x's padding rows' zeros with them), rather than (M, N) with one atomic per value: where the
+    padding is under half (module docstring)."""
+    return SUMS_T and 2 * M > x_rows(M)
+
+
 def finish_rounds(split: DecodeSplit, M: int, N: int) -> int:
-    """L2 round trips of the in-kernel epilogue (FINISH_HERE): a tile group's M x rows sums, FIN_V
-    per thread of its bn // 16 warps at a time."""
+    """L2 round trips of the in-kernel epilogue (FINISH_HERE): a tile group's M (transposed sums:
+    x_rows(M)) x rows sums, FIN_V per thread of its bn // 16 warps at a time."""
     tiles = -(-N // split.bn)
     group_rows = -(-tiles // (split.programs // split.slices)) * split.bn
-    return -(-M * group_rows // (FIN_V * 32 * (split.bn // 16)))
+    rows = x_rows(M) if sums_transposed(M) else M
+    return -(-rows * group_rows // (FIN_V * 32 * (split.bn // 16)))
 
 
 def finish_in_kernel(split: DecodeSplit, M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: bool) -> bool:
@@ -294,11 +303,15 @@ class W4DecodePlan:
                            ACTIVATION=activation, SLICED=self.slices > 1, MXFP4=mxfp4,
                            GROUP_WORDS=group // 8 if small else 0, BOX=split.box, PDL=pdl, BN=split.bn,
                            WORDS=decode_words_layout(split.bn), FINISH_HERE=self.finish_here,
-                           FIN_V=FIN_V)
+                           FIN_V=FIN_V, SUMS_T=sums_transposed(M))
+        # the sums' rows (x's padding rows too where transposed: they are zeroed with the others)
+        self.sums_rows = x_rows(M) if sums_transposed(M) else M
         if self.slices > 1 and not self.finish_here:
-            self.finish = CachedLaunch(finish_kernel(), (-(-M // FINISH_BLOCK[0]), -(-N // FINISH_BLOCK[1])), 4, 1,
-                                       self.device_index, pdl=pdl)
-            self.finish_tail = (M, N, *self.y_strides, bias is not None, activation, *FINISH_BLOCK, pdl)
+            sums_strides = (1, self.sums_rows) if sums_transposed(M) else (N, 1)
+            self.finish = CachedLaunch(finish_kernel(), (-(-self.sums_rows // FINISH_BLOCK[0]),
+                                                         -(-N // FINISH_BLOCK[1])), 4, 1, self.device_index, pdl=pdl)
+            self.finish_tail = (M, N, self.sums_rows, *sums_strides, *self.y_strides, bias is not None, activation,
+                                *FINISH_BLOCK, pdl)
         self.tail = None
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w_q)
         self.y_extent = 0 if y2 is None else extent_bytes(y2)
@@ -335,7 +348,7 @@ class W4DecodePlan:
             self.launch((w_desc, x, w_scale, w_zero, c, bias, None, None), self.tail)
             return out
         # (left zero by the launch that finishes them)
-        sums = zeroed_buffer(self.device, self.device_index, M * N, torch.float32)
+        sums = zeroed_buffer(self.device, self.device_index, self.sums_rows * N, torch.float32)
         if self.finish_here:
             counters = zeroed_buffer(self.device, self.device_index, self.groups, torch.int32)
             self.launch((w_desc, x, w_scale, w_zero, c, bias, sums, counters), self.tail)

@@ -273,7 +273,8 @@ def _finish(acc, y, bias, off_n, rm, M, N, stride_ym, stride_yn, ROWS: gl.conste
 
 @gluon.jit
 def _finish_group(sums, y, bias, first_tile, tile_stride, M, N, stride_ym, stride_yn, HAS_BIAS: gl.constexpr,
-                  ACTIVATION: gl.constexpr, BN: gl.constexpr, FIN_V: gl.constexpr):
+                  ACTIVATION: gl.constexpr, BN: gl.constexpr, FIN_V: gl.constexpr, SUMS_T: gl.constexpr,
+                  BM: gl.constexpr):
     """The epilogue of a tile group's sums (tiles first_tile, + tile_stride, ...; the last of its
     SLICES programs runs it): y = ACTIVATION(sums + bias) cast, sums put back to zero. Its M x rows
     values are taken as one flat range, FIN_V per thread at a time (one L2 round trip for many
@@ -282,21 +283,27 @@ def _finish_group(sums, y, bias, first_tile, tile_stride, M, N, stride_ym, strid
     fin_l: gl.constexpr = gl.BlockedLayout([FIN_V], [32], [warps], [0])
     e = gl.arange(0, FIN_V * 32 * warps, layout=fin_l)
     n_rows = gl.cdiv(gl.cdiv(N, BN) - first_tile, tile_stride) * BN
-    total = M * n_rows
+    if SUMS_T:  # x's padding rows too: zeros, or NaN from a NaN scale, put back to zero all the same
+        total = BM * n_rows
+    else:
+        total = M * n_rows
     for e0 in range(0, total, FIN_V * 32 * warps):
         ee = e0 + e
         m = ee // n_rows
         idx = ee - m * n_rows
         rn = (first_tile + (idx // BN) * tile_stride) * BN + idx % BN
         mask = (ee < total) & (rn < N)
-        at = sums + m * N + rn
+        if SUMS_T:
+            at = sums + rn * BM + m
+        else:
+            at = sums + m * N + rn
         # .cg: the other programs' sums are at L2, never in this SM's L1
         acc = gl.load(at, mask=mask, other=0.0, cache_modifier=".cg")
         gl.store(at, gl.zeros([FIN_V * 32 * warps], gl.float32, fin_l), mask=mask)
         if HAS_BIAS:
             acc += gl.load(bias + rn, mask=mask, other=0.0).to(gl.float32)
         acc = activation(acc, ACTIVATION)
-        gl.store(y + m * stride_ym + rn * stride_yn, acc.to(y.dtype.element_ty), mask=mask)
+        gl.store(y + m * stride_ym + rn * stride_yn, acc.to(y.dtype.element_ty), mask=mask & (m < M))
 
 
 @gluon.jit
@@ -321,14 +328,16 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, counters, M, N, K, SLICES
                      BM: gl.constexpr, KS: gl.constexpr, STAGES: gl.constexpr, FP16: gl.constexpr,
                      HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, SLICED: gl.constexpr,
                      MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr, BOX: gl.constexpr, PDL: gl.constexpr,
-                     BN: gl.constexpr, WORDS: gl.constexpr, FINISH_HERE: gl.constexpr, FIN_V: gl.constexpr):
+                     BN: gl.constexpr, WORDS: gl.constexpr, FINISH_HERE: gl.constexpr, FIN_V: gl.constexpr,
+                     SUMS_T: gl.constexpr):
     """y (M, N) = ACTIVATION(x @ ((q - z) s)^T + bias) for x (M <= BM, K) bf16 (fp16: FP16), unit
     stride along K; w_desc: a TMA descriptor of the packed weight (gemmkit's INT4 layout, uint8
     (N, K // 2)) viewed as int32 (N, K // 8), block (BN, 16 BOX): BOX consecutive K steps of a BN-row
     tile per load (KS a multiple of BOX; BN 64 or 128 rows, one warp group per 64, WORDS =
     words_layout(BN)); ws (N, G) scales, wz (N, G) uint8
     zero points (HAS_ZERO), K step k in group k >> group_shift; K a multiple of 128 and of
-    KS * SLICES steps. SLICED (SLICES > 1): the tiles' fp32 sums are added to sums (M, N), zeros,
+    KS * SLICES steps. SLICED (SLICES > 1): the tiles' fp32 sums are added to sums, zeros, (M, N)
+    or, SUMS_T, (N, BM) (x's padding rows' zeros included: vector atomics, for M near BM),
     and y is stored by reduce.finish_sums or, FINISH_HERE, by the last of the SLICES programs of a
     tile group to arrive (counters: one int32 per group, zeros, left zero; FIN_V values per thread
     per load); else y is stored here. Programs: a multiple of SLICES.
@@ -410,8 +419,12 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, counters, M, N, K, SLICES
             if st == KS - 1:
                 if SLICED:
                     rn = t * BN + gl.arange(0, BN, layout=ROWS)
-                    gl.atomic_add(sums + rm[None, :] * N + rn[:, None], acc,
-                                  mask=(rm < M)[None, :] & (rn < N)[:, None], sem="relaxed")
+                    if SUMS_T:  # whole rows of BM: a thread's two neighbouring columns in one vector atomic
+                        gl.atomic_add(sums + rn[:, None] * BM + rm[None, :], acc, mask=(rn < N)[:, None],
+                                      sem="relaxed")
+                    else:
+                        gl.atomic_add(sums + rm[None, :] * N + rn[:, None], acc,
+                                      mask=(rm < M)[None, :] & (rn < N)[:, None], sem="relaxed")
                 else:
                     _finish(acc, y, bias, t * BN, rm, M, N, stride_ym, stride_yn, ROWS, HAS_BIAS, ACTIVATION)
                 acc = gl.zeros([BN, BM], gl.float32, acc_l)
@@ -425,5 +438,5 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, counters, M, N, K, SLICES
         arrived = gl.atomic_add(counters + first_tile, 1, sem="acq_rel", scope="gpu")
         if arrived == SLICES - 1:
             _finish_group(sums, y, bias, first_tile, tile_stride, M, N, stride_ym, stride_yn, HAS_BIAS, ACTIVATION,
-                          BN, FIN_V)
+                          BN, FIN_V, SUMS_T, BM)
             gl.store(counters + first_tile, 0)

@@ -154,10 +154,16 @@ def mxfp4_halves(p, e, DTYPE: tl.constexpr, FAST_UNPACK: tl.constexpr):
 
 
 @triton.jit
-def group_value(src, off_r, off_k, R, stride_r, stride_k, BLOCK_R: tl.constexpr, GROUP: tl.constexpr):
-    """(BLOCK_R, 1) per-row values of the K group holding column off_k (stride_k 0: one per row)."""
+def group_value(src, off_r, off_k, R, K, stride_r, stride_k, BLOCK_R: tl.constexpr, GROUP: tl.constexpr,
+                EVEN_K: tl.constexpr):
+    """(BLOCK_R, 1) per-row values of the K group holding column off_k (stride_k 0: one per row);
+    0 past K (a K tile wider than K would otherwise read the next row's scales: an e8m0 255 there,
+    NaN, times the masked zeros is NaN)."""
     rr = off_r + tl.arange(0, BLOCK_R)
-    return tl.load(src + rr * stride_r + (off_k // GROUP) * stride_k, mask=rr < R, other=0)[:, None]
+    mask = rr < R
+    if not EVEN_K:
+        mask = mask & (rr * 0 + off_k < K)
+    return tl.load(src + rr * stride_r + (off_k // GROUP) * stride_k, mask=mask, other=0)[:, None]
 
 
 @triton.jit
@@ -170,15 +176,15 @@ def packed_b_halves(b, b_scale, b_zero, off_n, off_k, N, K, stride_bn, stride_bs
     e8m0 scales `b_scale`."""
     p = load_packed(b, off_n, off_k, N, K, stride_bn, BLOCK_N, SUB, EVEN_K, INDEX_64)
     if INT4:
-        s = group_value(b_scale, off_n, off_k, N, stride_bsn, stride_bsk, BLOCK_N, GROUP).to(tl.float32)
+        s = group_value(b_scale, off_n, off_k, N, K, stride_bsn, stride_bsk, BLOCK_N, GROUP, EVEN_K).to(tl.float32)
         if b_zero is None:
             z = tl.full((BLOCK_N, 1), 8.0, tl.float32)
         else:
-            z = group_value(b_zero, off_n, off_k, N, stride_bzn, stride_bzk, BLOCK_N, GROUP).to(tl.float32)
+            z = group_value(b_zero, off_n, off_k, N, K, stride_bzn, stride_bzk, BLOCK_N, GROUP, EVEN_K).to(tl.float32)
         lo, hi = int4_halves(p, s, z, DTYPE, FAST_UNPACK)
     else:
-        lo, hi = mxfp4_halves(p, group_value(b_scale, off_n, off_k, N, stride_bsn, stride_bsk, BLOCK_N, 32), DTYPE,
-                              FAST_UNPACK)
+        e = group_value(b_scale, off_n, off_k, N, K, stride_bsn, stride_bsk, BLOCK_N, 32, EVEN_K)
+        lo, hi = mxfp4_halves(p, e, DTYPE, FAST_UNPACK)
     return lo, hi
 
 
@@ -188,8 +194,8 @@ def packed_a_halves(a, a_scale, off_m, off_k, M, K, stride_am, stride_asm, strid
     """The even-column and odd-column halves (BLOCK_M, SUB // 2) of the SUB columns at off_k of a
     packed MXFP4 A (SUB <= 32: one e8m0 scale per row), decoded to bf16."""
     p = load_packed(a, off_m, off_k, M, K, stride_am, BLOCK_M, SUB, EVEN_K, INDEX_64)
-    return mxfp4_halves(p, group_value(a_scale, off_m, off_k, M, stride_asm, stride_ask, BLOCK_M, 32), tl.bfloat16,
-                        FAST_UNPACK)
+    e = group_value(a_scale, off_m, off_k, M, K, stride_asm, stride_ask, BLOCK_M, 32, EVEN_K)
+    return mxfp4_halves(p, e, tl.bfloat16, FAST_UNPACK)
 
 
 @triton.jit

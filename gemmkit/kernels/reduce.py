@@ -74,16 +74,18 @@ def sum_k_slices(ws, y, bias, M, N, splits, split_rows, stride_wm, stride_ym, st
 
 
 @triton.jit
-def finish_sums(sums, y, bias, M, N, stride_ym, stride_yn, HAS_BIAS: tl.constexpr, ACTIVATION: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
-    """y (M, N) = ACTIVATION(sums + bias) cast to y's dtype, for sums (M, N) fp32 (contiguous) that
-    a kernel's K slices added up by atomics; sums is put back to zero for the next launch. PDL:
-    launched as a programmatic dependent of that kernel (kernels/gdc.py): wait for it first."""
+def finish_sums(sums, y, bias, M, N, M_SUMS, stride_sm, stride_sn, stride_ym, stride_yn, HAS_BIAS: tl.constexpr,
+                ACTIVATION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr):
+    """y (M, N) = ACTIVATION(sums + bias) cast to y's dtype, for fp32 sums (M_SUMS >= M rows, strides
+    stride_sm, stride_sn: (M, N) row-major, or (N, M_SUMS) transposed) that a kernel's K slices added
+    up by atomics; all of sums is put back to zero for the next launch (the grid covers M_SUMS rows).
+    PDL: launched as a programmatic dependent of that kernel (kernels/gdc.py): wait for it first."""
     if PDL:
         gdc_wait()
     off_m = tl.program_id(0) * BLOCK_M
     off_n = tl.program_id(1) * BLOCK_N
-    acc = load_k_tile(sums, off_m, off_n, M, N, N, 1, BLOCK_M, BLOCK_N, False, True, False, True)
+    acc = load_k_tile(sums, off_m, off_n, M_SUMS, N, stride_sm, stride_sn, BLOCK_M, BLOCK_N, False, True, False,
+                      True)
     out = finish_tile(acc, off_m, off_n, M, N, bias if HAS_BIAS else None, None, None, None, None, 0, 0, 0, 0,
                       BLOCK_M, BLOCK_N, SCALE_NONE, SCALE_NONE, ACTIVATION)
     store_tile(y, out.to(y.dtype.element_ty), off_m, off_n, M, N, stride_ym, stride_yn, BLOCK_M, BLOCK_N, False,
@@ -91,5 +93,5 @@ def finish_sums(sums, y, bias, M, N, stride_ym, stride_yn, HAS_BIAS: tl.constexp
     # every thread's load is done (its value stored above) before any thread overwrites: the
     # zeros' layout need not be the load's
     tl.debug_barrier()
-    store_tile(sums, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), off_m, off_n, M, N, N, 1, BLOCK_M, BLOCK_N,
-               False, True)
+    store_tile(sums, tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), off_m, off_n, M_SUMS, N, stride_sm, stride_sn,
+               BLOCK_M, BLOCK_N, False, True)
