@@ -197,8 +197,8 @@ def test_finish_rounds(M, N, K, group, mxfp4):
     sp = hopper_w4.decode_split(M, N, K, h100, group, mxfp4)
     groups, tiles = sp.programs // sp.slices, -(-N // sp.bn)
     per_round = hopper_w4.FIN_V * 32 * (sp.bn // 16)
-    rows = hopper_w4.x_rows(M) if M > hopper_w4.x_rows(M) // 2 else M  # transposed sums: x's padding rows too
-    assert hopper_w4.sums_transposed(M) == (rows != M or M == hopper_w4.x_rows(M) > 1)
+    assert hopper_w4.sums_transposed(M) == (12 <= M <= 16)
+    rows = hopper_w4.x_rows(M) if hopper_w4.sums_transposed(M) else M  # transposed sums: x's padding rows too
     worst = max(-(-rows * len(range(g, tiles, groups)) * sp.bn // per_round) for g in range(groups))
     assert hopper_w4.finish_rounds(sp, M, N) == worst
     x, w_q = torch.empty(M, K, dtype=BF16), torch.empty(N, K // 2, dtype=torch.uint8)
@@ -357,7 +357,7 @@ FINISHES = {"launch": (False, False), "launch, PDL": (False, True), "here": (Tru
 @pytest.mark.parametrize("kind", list(SPLITS))
 @pytest.mark.parametrize("box", [1, 2])
 @pytest.mark.parametrize("finish", list(FINISHES))
-@pytest.mark.parametrize("M", [3, 33])
+@pytest.mark.parametrize("M", [3, 14, 33])
 def test_split_variants(built, monkeypatch, kind, box, finish, M):
     """Each split (64- and 128-row tiles) with one- and two-step weight loads, the K slices' sums
     finished by finish_sums (launched plainly or as a programmatic dependent) or by the last
@@ -382,7 +382,7 @@ def test_split_variants(built, monkeypatch, kind, box, finish, M):
 
 @needs_hopper
 @pytest.mark.parametrize("fmt", ["int4 g128", "mxfp4"])
-@pytest.mark.parametrize("M", [3, 7, 40])
+@pytest.mark.parametrize("M", [3, 13, 40])
 def test_finish_here_many_round_trips(built, monkeypatch, fmt, M):
     """The last program of each tile group finishes its sums FIN_V values per thread at a time: with
     one value per thread, many round trips (tiles of a group and x's rows across them), bias,
@@ -435,6 +435,27 @@ def test_programs_cut_to_what_an_sm_holds(built, monkeypatch):
     assert plan.fitted and resident < 16
     assert plan.launch.grid[0] == plan.slices * min(128, resident * plan.num_sms // plan.slices)
     assert plan.groups == plan.launch.grid[0] // plan.slices
+
+
+@needs_hopper
+@pytest.mark.parametrize("here", [False, True])
+def test_transposed_sums_padding_rows_put_back_to_zero(built, monkeypatch, here):
+    """Transposed sums (12 to 16 rows: x's padding rows summed too): a NaN scale makes the padding
+    rows' sums NaN; they are put back to zero, so that a following call with more rows through the
+    same buffer sees NaN only in the NaN scale's output column."""
+    monkeypatch.setattr(hopper_w4, "FINISH_HERE", here)
+    N, K = 1000, 2048
+    wq, ws = quant.quantize_mxfp4(randn(N, K, dtype=FP32, scale=K**-0.5))
+    ws_nan = ws.clone()
+    ws_nan[5, 3] = 255
+    out = gemmkit.gemm_a16wfp4(randn(12, K, dtype=BF16), wq, ws_nan)
+    assert out[:, 5].isnan().all() and not out[:, :5].isnan().any()
+    x = randn(16, K, dtype=BF16)
+    out = gemmkit.gemm_a16wfp4(x, wq, ws)
+    assert_close(out, reference(x, quant.dequantize_mxfp4(wq, ws, torch.float64)))
+    assert all(p.values["SUMS_T"] and p.finish_here == here for p in built)
+    torch.cuda.synchronize()
+    assert all(int(b.abs().sum()) == 0 for _, b in plan_mod._zeroed.values())
 
 
 @needs_hopper

@@ -53,6 +53,14 @@ programs per SM with the finish launch ran 1.09x to 1.15x the 6 per SM of SHORT 
 and the other formats' SHORT (70 to 80 registers) the launch was faster everywhere (the in-kernel
 finish 0.5x to 0.97x, more so the more round trips its epilogue takes). Hence finish_in_kernel:
 SHORT_INT4 from FINISH_MIN_M rows where its epilogue takes one round trip.
+
+The sums' layout (`--sums`, w4_decode_sweep_sums*_h100.txt): (M, N) takes one atomic per value
+(masked to x's M rows); (N, BM), whole rows of x's BM rows, lets each thread add its two
+neighbouring columns in one vector atomic (F32x2) at the price of x's padding rows (zeros; put
+back to zero by the finish all the same, in case a NaN scale made them NaN). At M = 16 (no padding)
+1.065x (INT4, geomean of 7 layers, 1.0x to 1.21x) and 1.079x (MXFP4); at 12 rows 1.01x, at 9 0.99x;
+at 32 rows 1.0x and at 64 0.87x (the finish's reads of the transposed sums are strided by 64 values):
+hence SUMS_T_ROWS, 12 to 16.
 """
 
 from __future__ import annotations
@@ -98,7 +106,8 @@ FINISH_HERE = None  # True / False: force where the K slices' sums are finished 
 FINISH_MAX_ROUNDS = 1  # the in-kernel epilogue's L2 round trips (finish_rounds) at most
 FINISH_MIN_M = 2
 FIN_V = 8  # fp32 values per thread in one round trip of that epilogue
-SUMS_T = True  # the sums (N, BM) by vector atomics where x's padding rows are under half of BM (sums_transposed)
+SUMS_T = True  # the sums (N, BM) by vector atomics at SUMS_T_ROWS rows (sums_transposed) ...
+SUMS_T_ROWS = range(12, 17)  # ... 16-row x tiles with at most a quarter of padding
 BLOCK_N, BLOCK_K = 64, 128
 PER_CALL = ("w_desc", "x", "ws", "wz", "y", "bias", "sums", "counters")
 SMEM_RESERVE = 1024  # barriers and alignment
@@ -214,9 +223,9 @@ def decode_split(M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: boo
 
 def sums_transposed(M: int) -> bool:
     """Whether the K slices' sums are kept (N, BM), whole rows of x_rows(M) added by vector atomics
-    (x's padding rows' zeros with them), rather than (M, N) with one atomic per value: where the
-    padding is under half (module docstring)."""
-    return SUMS_T and 2 * M > x_rows(M)
+    (x's padding rows' zeros with them), rather than (M, N) with one atomic per value: at
+    SUMS_T_ROWS rows (module docstring)."""
+    return SUMS_T and M in SUMS_T_ROWS
 
 
 def finish_rounds(split: DecodeSplit, M: int, N: int) -> int:
