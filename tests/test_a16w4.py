@@ -1,6 +1,10 @@
 """Correctness of gemm_a16w4 (INT4 weights in groups, bf16/fp16 activations), Int4Linear and the
 4-bit configs, against float64 references of the dequantized weights."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -11,7 +15,7 @@ from gemmkit import quant
 from gemmkit.core.config import GemmConfig, derive_config
 from gemmkit.core.device import known_device
 from gemmkit.core.formats import Scale, check_block_k, dense, packed4
-from conftest import DEVICE, assert_close, kernel_paths, poisoned, randn, reference, sizes
+from conftest import DEVICE, ON_GPU, assert_close, kernel_paths, poisoned, randn, reference, sizes
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 H100 = known_device("NVIDIA_H100_80GB_HBM3")
@@ -252,3 +256,18 @@ def test_x_layouts(layout):
     assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=64), reference(x, wd))
     qm, sm = quant.quantize_mxfp4(wd.float())
     assert_close(gemmkit.gemm_a16wfp4(x, qm, sm), reference(x, quant.dequantize_mxfp4(qm, sm, torch.float64)))
+
+
+@pytest.mark.skipif(ON_GPU, reason="the CPU interpreter's fixes")
+def test_prefill_dequantization_first_in_a_fresh_process():
+    """The prefill route's dequantization pass, launched directly (not through the launcher), as the
+    first kernel of a process: the interpreter's fixes must be in place for it too."""
+    code = ("import torch; from gemmkit import quant; from gemmkit.ops import packed_prefill\n"
+            "w = torch.randn(40, 256) / 16\n"
+            "q, s, z = quant.quantize_int4(w.bfloat16(), 128, False)\n"
+            "ref = quant.dequantize_int4(q, s, z, 128, torch.float64)\n"
+            "out = packed_prefill.dequantize_packed(q, s, z, 128, True, torch.bfloat16)\n"
+            "assert (out.double() - ref).abs().max() < 1e-2, (out.double() - ref).abs().max()\n")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]

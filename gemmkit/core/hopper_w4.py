@@ -49,7 +49,8 @@ programs beside the decode kernel's: not where those fill the register file (the
 80 registers x 128 threads x 6 programs). Measured (`--finish`, `--short`,
 w4_decode_sweep_finish*_h100.txt, w4_decode_sweep_short*_h100.txt): at one row SHORT_INT4's 5
 programs per SM with the finish launch ran 1.09x to 1.15x the 6 per SM of SHORT (the in-kernel finish
-1.01x to 1.10x); at two rows the in-kernel finish ran 1.10x to 1.16x the launch; under LONG, WIDE
+1.00x to 1.10x); at two rows the in-kernel finish ran 1.10x to 1.15x the launch at 5 per SM (1.02x
+to 1.11x the launch at 6); under LONG, WIDE
 and the other formats' SHORT (70 to 80 registers) the launch was faster everywhere (the in-kernel
 finish 0.5x to 0.97x, more so the more round trips its epilogue takes). Hence finish_in_kernel:
 SHORT_INT4 from FINISH_MIN_M rows where its epilogue takes one round trip.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..core.device import interpreter_active
+from ..core.interpreter import apply_interpreter_fixes
 from .a16w16 import gemm_a16w16
 
 DEQUANT_MIN_M = 256
@@ -34,6 +35,8 @@ class DequantizeLaunch:
         z_sn, z_sk = (0, 0) if w_zero is None else w_zero.stride()
         one_group = w_scale.shape[1] == 1  # per channel: stride 0 along K
         self.shape, self.dtype, self.device = (N, K), dtype, w.device
+        # launched directly, not through core/launcher.launch_jit: the interpreter's fixes first
+        apply_interpreter_fixes()
         self.kernel = dequantize_kernel[(-(-N // 128), -(-K // sub))]
         self.strides = (w.stride(0), s_sn, 0 if one_group else s_sk, z_sn, 0 if one_group else z_sk, K)
         self.flags = dict(BLOCK_N=128, SUB=sub, GROUP=group, INT4=int4, FAST_UNPACK=w.is_cuda and not interpreter_active(),
