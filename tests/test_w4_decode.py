@@ -167,11 +167,12 @@ def test_box_steps(ks, box):
     (1, 8192, 28672, 4096 * 7, False, "LONG"), (3, 4096, 4096, 128, False, "LONG"),
     (1, 57344, 8192, 32, False, "SHORT"), (1, 57344, 8192, 32, True, "SHORT"), (16, 4096, 4096, 32, True, "LONG"),
     (32, 8192, 8192, 32, True, "LONG"), (33, 8192, 8192, 32, True, "WIDE"), (64, 8192, 8192, 32, True, "WIDE"),
-    (16, 8192, 8192, 32, False, "LONG")])
+    (16, 8192, 8192, 32, False, "LONG"), (17, 8192, 8192, 128, False, "WIDE"), (64, 8192, 8192, 256, False, "WIDE"),
+    (16, 57344, 8192, 128, False, "LONG")])
 def test_split_kind(M, N, K, group, mxfp4, kind):
     """SHORT up to 2 rows, LONG from 3; INT4 groups of 128 or more at 1-2 rows: LONG on layers that give
-    each of the H100's SMs 96 or more 64 x 128 weight tile-steps (Llama-3-8B gate_up: 108); MXFP4 from
-    33 rows: WIDE (128-row tiles)."""
+    each of the H100's SMs 96 or more 64 x 128 weight tile-steps (Llama-3-8B gate_up: 108), else
+    SHORT_INT4; MXFP4 from 33 rows and INT4 groups of 128 or more from 17: WIDE (128-row tiles)."""
     from gemmkit.core.device import known_device
 
     h100 = known_device("NVIDIA_H100_80GB_HBM3")
@@ -212,10 +213,13 @@ def test_finish_rounds(M, N, K, group, mxfp4):
                                       (3, 8192, 16384, True), (3, 8192, 28672, True), (8, 4096, 4096, True),
                                       (9, 4096, 4096, False),
                                       (16, 57344, 8192, True), (12, 10240, 8192, True), (12, 8192, 8192, False),
-                                      (17, 57344, 8192, False), (65, 4096, 4096, False), (1, 100, 256, True),
+                                      (17, 57344, 8192, True), (32, 6144, 4096, True), (33, 6144, 4096, False),
+                                      (64, 8192, 4096, True), (64, 57344, 8192, True), (65, 4096, 4096, False),
+                                      (1, 100, 256, True),
                                       (1, 8192, 8000, False)])
 def test_size_rule(monkeypatch, M, N, K, ok):
-    """The sizes gemm_a16w4 routes to the kernel (up to 8 rows, 16 where N >= 10240, K a multiple of 128), with the
+    """The sizes gemm_a16w4 routes to the kernel (up to 8 rows, 16 where N >= 10240, 17 to 32 rows, 33 to
+    64 where the weight has 2^25 elements or more; K a multiple of 128), with the
     device checks passing; MXFP4 (gemm_a16wfp4): up to 64 rows, bf16 x;
     INT4 groups of 32: up to 16 rows."""
     monkeypatch.setattr(hopper_w4, "ws_enabled", lambda dev, device: True)

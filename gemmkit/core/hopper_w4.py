@@ -1,7 +1,9 @@
 """Where gemm_a16w4 runs the Hopper INT4 decode kernel (kernels/gemm_w4_decode.py), and its launch.
 
 The kernel takes decode-sized calls on sm_90 (CUDA, Gluon, GEMMKIT_GLUON not 0): M <= DECODE_MAX_M
-rows of bf16 / fp16 x (up to WIDE_LAYER_MAX_M where N >= WIDE_LAYER_N), K a multiple of 128, INT4
+rows of bf16 / fp16 x (up to WIDE_LAYER_MAX_M where N >= WIDE_LAYER_N; INT4 groups of 128 or more also
+from INT4_WIDE_MIN_M to INT4_WIDE_MAX_M rows, above INT4_WIDE_ANY_MAX_M only on weights of
+INT4_WIDE_MIN_WEIGHT elements or more, with the WIDE split), K a multiple of 128, INT4
 scale groups of 32, 64 (up to SMALL_DECODE_MAX_M rows), 128 or a multiple of 128 (or one per
 channel), or MXFP4 weights with bf16 x (gemm_a16wfp4; up to MX_DECODE_MAX_M rows), no explicit
 config. Everything else runs the tl kernel (core/config._derive_packed). Measured with
@@ -10,7 +12,9 @@ against the tl kernel in the same process): at M = 1 this kernel ran 1.05x to 1.
 on every layer with one-step loads (w4_decode_sweep_h100.txt); INT4 in groups of 128 at 12 and 16
 rows (w4_decode_sweep_short_m12_16_h100.txt, both with graph-captured zeroing once per graph):
 1.11x to 1.21x the tl kernel's table picks on the layers of N >= 10240, 0.89x to 1.02x on the others,
-which keep the tl kernel from 9 rows. MXFP4 (`--fp4`): 1.3x to 3.0x the tl kernel at 1 to 64 rows (its tl
+which keep the tl kernel from 9 to 16 rows. From 17 rows (w4_decode_sweep_wide_int4_h100.txt, WIDE):
+1.3x to 2.1x the tl kernel at M = 32 on all 7 layers, 1.05x to 1.28x at M = 64 on the layers of 2^25
+weights or more and 0.85x on Llama-3-8B qkv (6144 x 4096). MXFP4 (`--fp4`): 1.3x to 3.0x the tl kernel at 1 to 64 rows (its tl
 loop decodes e2m1 in 32-wide groups; the box sweeps with SHORT / LONG, at 64 rows WIDE in
 w4_decode_sweep_rows128_fp4_h100.txt); INT4 in groups of 32 (`--group 32`): 1.7x to 3.3x (the tl
 kernel's 32-deep decode steps run at 0.77x to 1.0x cuBLAS there), groups of 64 1.24x to 1.45x at M =
@@ -28,7 +32,7 @@ stages, 4 per SM) from there and for INT4 groups of 128 or more at one or two
 rows where a layer gives each SM LONG_WORK or more weight tile-steps of 64 x 128 (the large layers:
 there fewer, longer programs were 1.05x to 1.13x SHORT; below it SHORT was 1.05x to 1.06x LONG), and
 WIDE (KS 8, 2 stages, 1 per SM, 128-row tiles: two warp groups sharing the staged x) for MXFP4 from
-WIDE_MIN_M rows (M = 64: 1.03x to 1.18x LONG, geomean 1.09; w4_decode_sweep_rows128*_h100.txt:
+WIDE_MIN_M rows and INT4 groups of 128 or more from INT4_WIDE_MIN_M (M = 64: 1.03x to 1.18x LONG, geomean 1.09; w4_decode_sweep_rows128*_h100.txt:
 128-row tiles measured level with LONG at 1 and 16 rows, and for INT4 groups of 128 at 64 rows 1.02x
 the tl kernel, which keeps them; one program per SM is all its 160 KB of shared memory allows, and
 asking for 2 measured the same, w4_decode_sweep_wide_fp4_h100.txt). Against the one-step loads before (KS 2 or 4, 4 stages, 6 or 4 per
@@ -79,6 +83,10 @@ DECODE_MAX_M = 8  # INT4 groups of 128 or more: LONG 1.04x to 1.23x the tl kerne
 # M = 8 on every layer; at M = 12 0.95x to 1.17x (w4_decode_sweep_rows128_m8_12_h100.txt, the tuned table's tl picks)
 WIDE_LAYER_N, WIDE_LAYER_MAX_M = 10240, 16  # and up to 16 rows where N >= 10240: at M = 12 and 16 1.11x to 1.21x
 # the tl kernel's table picks on the layers of N >= 10240, 0.89x to 1.02x below (w4_decode_sweep_short_m12_16_h100.txt)
+# INT4 groups of 128 or more from 17 to 64 rows: WIDE, 1.3x to 2.1x the tl kernel's table picks at M = 32
+# and 1.05x to 1.28x at M = 64 on the layers from 2^25 weights, 0.85x on the smaller Llama-3-8B qkv
+# (6144 x 4096; 1.3x at M = 32) (w4_decode_sweep_wide_int4_h100.txt)
+INT4_WIDE_MIN_M, INT4_WIDE_MAX_M, INT4_WIDE_ANY_MAX_M, INT4_WIDE_MIN_WEIGHT = 17, 64, 32, 1 << 25
 MX_DECODE_MAX_M = 64  # MXFP4: 1.3x to 3.0x the tl kernel at M = 1 to 64 on every layer measured
 SMALL_GROUPS = (32, 64)  # INT4 groups applied before the product (a thread's values of a step lie in one)
 SMALL_DECODE_MAX_M = 16  # groups of 32: 1.7x to 3.3x the tl kernel at M = 1 and 16
@@ -174,7 +182,8 @@ def decode_sizes_ok(M: int, N: int, K: int, group: int, mxfp4: bool) -> bool:
         return M <= MX_DECODE_MAX_M
     if group in SMALL_GROUPS:
         return M <= SMALL_DECODE_MAX_M
-    rows_ok = M <= DECODE_MAX_M or (M <= WIDE_LAYER_MAX_M and N >= WIDE_LAYER_N)
+    rows_ok = (M <= DECODE_MAX_M or (M <= WIDE_LAYER_MAX_M and N >= WIDE_LAYER_N)
+               or INT4_WIDE_MIN_M <= M <= INT4_WIDE_MAX_M and (M <= INT4_WIDE_ANY_MAX_M or N * K >= INT4_WIDE_MIN_WEIGHT))
     return rows_ok and group_shift(group, K) is not None
 
 
@@ -201,11 +210,11 @@ class DecodeSplit:
 
 def split_kind(M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: bool) -> Split:
     """SHORT, SHORT_INT4, LONG or WIDE (module docstring)."""
-    if mxfp4 and M >= WIDE_MIN_M:
+    after_scale = not mxfp4 and group not in SMALL_GROUPS  # INT4 groups of 128 or more
+    if (mxfp4 and M >= WIDE_MIN_M) or (after_scale and M >= INT4_WIDE_MIN_M):
         return WIDE
     if M > SHORT_MAX_M:
         return LONG
-    after_scale = not mxfp4 and group not in SMALL_GROUPS  # INT4 groups of 128 or more
     work = -(-N // BLOCK_N) * (K // BLOCK_K)
     if not after_scale:
         return SHORT

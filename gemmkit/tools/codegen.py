@@ -567,7 +567,8 @@ W4_CHECKS = {  # (M, N, K, compile_w4_decode keywords)
     "gluon int4 decode, two rows, the slices' sums finished by their last program": (2, 8192, 8192, dict()),
     "gluon int4 decode, fp16, per-channel scales, symmetric, bias + silu, one slice": (
         4, 1000, 256, dict(dtype=torch.float16, group=256, zero=False, bias=True, activation="silu")),
-    "gluon int4 decode, 8 rows (the most it takes), groups of 256": (8, 8192, 8192, dict(group=256)),
+    "gluon int4 decode, 8 rows, groups of 256": (8, 8192, 8192, dict(group=256)),
+    "gluon int4 decode, 64 rows (the widest x tile: 128-row weight tiles)": (64, 8192, 8192, dict()),
     "gluon mxfp4 decode, 64 rows (the widest x tile: 128-row weight tiles)": (64, 8192, 8192, dict(group=32, mxfp4=True)),
     "gluon mxfp4 decode, two rows": (2, 4096, 4096, dict(group=32, mxfp4=True)),
     "gluon int4 decode, groups of 32 (applied before the product)": (1, 4096, 4096, dict(group=32)),
