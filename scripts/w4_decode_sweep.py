@@ -96,7 +96,8 @@ def calls_for(inps, variant):
     else:
         op.w4_decode_ok = real_ok
         ks, stages, per_sm, hopper_w4.BOX_STEPS, hopper_w4.PDL, *bn = variant
-        hopper_w4.SHORT = hopper_w4.SHORT_INT4 = hopper_w4.LONG = hopper_w4.Split(ks, stages, per_sm, *bn)
+        split = hopper_w4.Split(ks, stages, per_sm, *bn)
+        hopper_w4.SHORT = hopper_w4.SHORT_INT4 = hopper_w4.LONG = hopper_w4.WIDE = split
     calls = []
     for inp in inps:  # plans built now, with this variant's constants, and held
         if FP4:

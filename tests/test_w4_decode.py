@@ -368,7 +368,7 @@ def test_split_variants(built, monkeypatch, kind, box, finish, M):
     program of each tile group, repeated (the sums buffer and counters reused), ragged N."""
     split = SPLITS[kind]
     here, pdl = FINISHES[finish]
-    for kind in ("SHORT", "SHORT_INT4", "LONG"):
+    for kind in ("SHORT", "SHORT_INT4", "LONG", "WIDE"):
         monkeypatch.setattr(hopper_w4, kind, split)
     monkeypatch.setattr(hopper_w4, "BOX_STEPS", box)
     monkeypatch.setattr(hopper_w4, "PDL", pdl)
@@ -513,7 +513,7 @@ def test_mxfp4(built, M, N, K):
 def test_rows128_formats(built, monkeypatch, fmt, M):
     """128-row tiles (two warp groups) with every scale form: MXFP4 blocks, small INT4 groups applied
     before the product, groups of 128 or more after it (fp16 x)."""
-    for kind in ("SHORT", "SHORT_INT4", "LONG"):
+    for kind in ("SHORT", "SHORT_INT4", "LONG", "WIDE"):
         monkeypatch.setattr(hopper_w4, kind, hopper_w4.Split(4, 3, 2, 128))
     N, K = 1000, 2048
     if fmt == "mxfp4":
