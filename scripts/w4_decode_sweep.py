@@ -11,8 +11,9 @@ epilogue run by the last program of each tile group (FINISH_HERE forced, at any 
 finish_sums launched after the kernel (PDL); --wide: WIDE (KS 8, 2 stages, 128-row tiles) with 2 programs
 per SM and with 1 (one fits an SM's shared memory at 64 rows of x); --short: SHORT_VARIANTS; --sums: the
 K slices' sums kept (N, BM) and added by vector atomics against (M, N) one value per atomic (SUMS_T).
+--small: smaller layers (held-out ones under 2^25 weights, Llama-3-8B o) instead of the Llama-3 set.
 
-Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box | --rows128 | --wide | --finish | --short | --sums] [--m 1 4 16] (--m last)
+Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box | --rows128 | --wide | --finish | --short | --sums] [--small] [--m 1 4 16] (--m last)
 """
 
 import os
@@ -34,6 +35,8 @@ out = open(args[0], "w") if args and not args[0].isdigit() else sys.stdout
 M_LIST = ([int(a) for a in sys.argv[sys.argv.index("--m") + 1:] if a.isdigit()] if "--m" in sys.argv
           else [1, 4, 16])
 SHAPES = [(28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192), (57344, 8192), (8192, 28672), (6144, 4096)]
+if "--small" in sys.argv:  # the held-out layers of fewer than 2^25 weights (and Llama-3-8B o)
+    SHAPES = [(4096, 4096), (3072, 3072), (2560, 8192), (8192, 2048), (4608, 4096), (5120, 4096), (9216, 3072)]
 FP4 = "--fp4" in sys.argv
 GROUP = int(sys.argv[sys.argv.index("--group") + 1]) if "--group" in sys.argv else 128
 

@@ -85,7 +85,8 @@ WIDE_LAYER_N, WIDE_LAYER_MAX_M = 10240, 16  # and up to 16 rows where N >= 10240
 # the tl kernel's table picks on the layers of N >= 10240, 0.89x to 1.02x below (w4_decode_sweep_short_m12_16_h100.txt)
 # INT4 groups of 128 or more from 17 to 64 rows: WIDE, 1.3x to 2.1x the tl kernel's table picks at M = 32
 # and 1.05x to 1.28x at M = 64 on the layers from 2^25 weights, 0.85x on the smaller Llama-3-8B qkv
-# (6144 x 4096; 1.3x at M = 32) (w4_decode_sweep_wide_int4_h100.txt)
+# (6144 x 4096; 1.3x at M = 32) (w4_decode_sweep_wide_int4_h100.txt); on smaller layers 1.16x to 1.68x at 20
+# and 32 rows, 0.80x to 1.13x at 48 and 64 (w4_decode_sweep_wide_int4_small_h100.txt)
 INT4_WIDE_MIN_M, INT4_WIDE_MAX_M, INT4_WIDE_ANY_MAX_M, INT4_WIDE_MIN_WEIGHT = 17, 64, 32, 1 << 25
 MX_DECODE_MAX_M = 64  # MXFP4: 1.3x to 3.0x the tl kernel at M = 1 to 64 on every layer measured
 SMALL_GROUPS = (32, 64)  # INT4 groups applied before the product (a thread's values of a step lie in one)
