@@ -11,9 +11,10 @@ epilogue run by the last program of each tile group (FINISH_HERE forced, at any 
 finish_sums launched after the kernel (PDL); --wide: WIDE (KS 8, 2 stages, 128-row tiles) with 2 programs
 per SM and with 1 (one fits an SM's shared memory at 64 rows of x); --short: SHORT_VARIANTS; --sums: the
 K slices' sums kept (N, BM) and added by vector atomics against (M, N) one value per atomic (SUMS_T).
+--deep: LONG against longer K slices (KS 8 to 32: fewer slices, fewer atomics, x staged deeper).
 --small: smaller layers (held-out ones under 2^25 weights, Llama-3-8B o) instead of the Llama-3 set.
 
-Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box | --rows128 | --wide | --finish | --short | --sums] [--small] [--m 1 4 16] (--m last)
+Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box | --rows128 | --wide | --deep | --finish | --short | --sums] [--small] [--m 1 4 16] (--m last)
 """
 
 import os
@@ -62,6 +63,10 @@ if "--rows128" in sys.argv:
 WIDE_VARIANTS = [(8, 2, 2, 2, True, 128), (8, 2, 1, 2, True, 128)]  # --wide: WIDE at 2 programs per SM and 1
 if "--wide" in sys.argv:
     VARIANTS = WIDE_VARIANTS
+DEEP_VARIANTS = [(4, 4, 4, 2, True, 64), (8, 2, 1, 2, True, 128), (16, 2, 1, 2, True, 128), (32, 2, 1, 2, True, 128),
+                 (16, 3, 1, 2, True, 128), (16, 2, 2, 2, True, 64)]  # --deep: longer K slices (fewer atomics)
+if "--deep" in sys.argv:
+    VARIANTS = DEEP_VARIANTS
 FINISH_VARIANTS = ["finish launch (PDL)", "finish here"]
 SHORT_VARIANTS = [  # --short: where SHORT_INT4's sums are finished, at 6 and 5 programs per SM
     dict(name="shipped rule"), dict(name="finish launch (PDL)", FINISH_HERE=False),
