@@ -212,14 +212,15 @@ def test_finish_rounds(M, N, K, group, mxfp4):
 @pytest.mark.parametrize("M,N,K,ok", [(1, 57344, 8192, True), (2, 8192, 28672, True), (4, 6144, 4096, True),
                                       (3, 8192, 16384, True), (3, 8192, 28672, True), (8, 4096, 4096, True),
                                       (9, 4096, 4096, False),
-                                      (16, 57344, 8192, True), (12, 10240, 8192, True), (12, 8192, 8192, False),
+                                      (16, 57344, 8192, True), (12, 10240, 8192, True), (12, 8192, 8192, True),
+                                      (12, 6144, 4096, False), (16, 14336, 2048, True),
                                       (17, 57344, 8192, True), (32, 6144, 4096, True), (33, 6144, 4096, False),
                                       (64, 8192, 4096, True), (64, 57344, 8192, True), (65, 4096, 4096, False),
                                       (1, 100, 256, True),
                                       (1, 8192, 8000, False)])
 def test_size_rule(monkeypatch, M, N, K, ok):
-    """The sizes gemm_a16w4 routes to the kernel (up to 8 rows, 16 where N >= 10240, 17 to 32 rows, 33 to
-    64 where the weight has 2^25 elements or more; K a multiple of 128), with the
+    """The sizes gemm_a16w4 routes to the kernel (up to 8 rows, 16 where N >= 10240 or the weight has 2^25
+    elements or more, 17 to 32 rows, 33 to 64 on weights of 2^25 or more; K a multiple of 128), with the
     device checks passing; MXFP4 (gemm_a16wfp4): up to 64 rows, bf16 x;
     INT4 groups of 32: up to 16 rows."""
     monkeypatch.setattr(hopper_w4, "ws_enabled", lambda dev, device: True)

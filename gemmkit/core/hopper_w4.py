@@ -1,9 +1,10 @@
 """Where gemm_a16w4 runs the Hopper INT4 decode kernel (kernels/gemm_w4_decode.py), and its launch.
 
 The kernel takes decode-sized calls on sm_90 (CUDA, Gluon, GEMMKIT_GLUON not 0): M <= DECODE_MAX_M
-rows of bf16 / fp16 x (up to WIDE_LAYER_MAX_M where N >= WIDE_LAYER_N; INT4 groups of 128 or more also
-from INT4_WIDE_MIN_M to INT4_WIDE_MAX_M rows, above INT4_WIDE_ANY_MAX_M only on weights of
-INT4_WIDE_MIN_WEIGHT elements or more, with the WIDE split), K a multiple of 128, INT4
+rows of bf16 / fp16 x (up to WIDE_LAYER_MAX_M where N >= WIDE_LAYER_N or N * K >=
+INT4_WIDE_MIN_WEIGHT; INT4 groups of 128 or more also from INT4_WIDE_MIN_M to INT4_WIDE_MAX_M rows,
+above INT4_WIDE_ANY_MAX_M only on weights of INT4_WIDE_MIN_WEIGHT elements or more, with the WIDE
+split), K a multiple of 128, INT4
 scale groups of 32, 64 (up to SMALL_DECODE_MAX_M rows), 128 or a multiple of 128 (or one per
 channel), or MXFP4 weights with bf16 x (gemm_a16wfp4; up to MX_DECODE_MAX_M rows), no explicit
 config. Everything else runs the tl kernel (core/config._derive_packed). Measured with
@@ -11,8 +12,10 @@ scripts/w4_decode_sweep.py (tuning/w4_gluon/, 7 Llama-3 layers, weights rotated 
 against the tl kernel in the same process): at M = 1 this kernel ran 1.05x to 1.18x the tl kernel
 on every layer with one-step loads (w4_decode_sweep_h100.txt); INT4 in groups of 128 at 12 and 16
 rows (w4_decode_sweep_short_m12_16_h100.txt, both with graph-captured zeroing once per graph):
-1.11x to 1.21x the tl kernel's table picks on the layers of N >= 10240, 0.89x to 1.02x on the others,
-which keep the tl kernel from 9 to 16 rows. From 17 rows (w4_decode_sweep_wide_int4_h100.txt, WIDE):
+1.11x to 1.21x the tl kernel's table picks on the layers of N >= 10240, 0.89x to 1.02x on the others;
+with the sums' vector atomics (below; w4_decode_sweep_sums_h100.txt) 1.02x to 1.23x at 9, 12 and 16
+rows on every layer of 2^25 weights or more and 0.96x to 0.99x on the smaller Llama-3-8B qkv, which
+keeps the tl kernel from 9 to 16 rows (as do all layers under 2^25 weights and N < 10240). From 17 rows (w4_decode_sweep_wide_int4_h100.txt, WIDE):
 1.3x to 2.1x the tl kernel at M = 32 on all 7 layers, 1.05x to 1.28x at M = 64 on the layers of 2^25
 weights or more and 0.85x on Llama-3-8B qkv (6144 x 4096). MXFP4 (`--fp4`): 1.3x to 3.0x the tl kernel at 1 to 64 rows (its tl
 loop decodes e2m1 in 32-wide groups; the box sweeps with SHORT / LONG, at 64 rows WIDE in
@@ -81,8 +84,10 @@ from .plan import _get_device, contiguous_strides, extent_bytes, kernel_tail, ov
 
 DECODE_MAX_M = 8  # INT4 groups of 128 or more: LONG 1.04x to 1.23x the tl kernel at M = 4, 1.01x to 1.20x at
 # M = 8 on every layer; at M = 12 0.95x to 1.17x (w4_decode_sweep_rows128_m8_12_h100.txt, the tuned table's tl picks)
-WIDE_LAYER_N, WIDE_LAYER_MAX_M = 10240, 16  # and up to 16 rows where N >= 10240: at M = 12 and 16 1.11x to 1.21x
-# the tl kernel's table picks on the layers of N >= 10240, 0.89x to 1.02x below (w4_decode_sweep_short_m12_16_h100.txt)
+WIDE_LAYER_N, WIDE_LAYER_MAX_M = 10240, 16  # and up to 16 rows where N >= 10240 or the weight has 2^25 elements or
+# more: at M = 12 and 16 1.11x to 1.21x the tl kernel's table picks on the layers of N >= 10240, 0.89x to 1.02x below
+# (w4_decode_sweep_short_m12_16_h100.txt); with the vector atomics of SUMS_T 1.02x to 1.23x on every layer from 2^25
+# weights at 9, 12 and 16 rows, 0.96x to 0.99x on Llama-3-8B qkv (6144 x 4096) (w4_decode_sweep_sums_h100.txt)
 # INT4 groups of 128 or more from 17 to 64 rows: WIDE, 1.3x to 2.1x the tl kernel's table picks at M = 32
 # and 1.05x to 1.28x at M = 64 on the layers from 2^25 weights, 0.85x on the smaller Llama-3-8B qkv
 # (6144 x 4096; 1.3x at M = 32) (w4_decode_sweep_wide_int4_h100.txt); on smaller layers 1.16x to 1.68x at 20
@@ -183,7 +188,7 @@ def decode_sizes_ok(M: int, N: int, K: int, group: int, mxfp4: bool) -> bool:
         return M <= MX_DECODE_MAX_M
     if group in SMALL_GROUPS:
         return M <= SMALL_DECODE_MAX_M
-    rows_ok = (M <= DECODE_MAX_M or (M <= WIDE_LAYER_MAX_M and N >= WIDE_LAYER_N)
+    rows_ok = (M <= DECODE_MAX_M or (M <= WIDE_LAYER_MAX_M and (N >= WIDE_LAYER_N or N * K >= INT4_WIDE_MIN_WEIGHT))
                or INT4_WIDE_MIN_M <= M <= INT4_WIDE_MAX_M and (M <= INT4_WIDE_ANY_MAX_M or N * K >= INT4_WIDE_MIN_WEIGHT))
     return rows_ok and group_shift(group, K) is not None
 
