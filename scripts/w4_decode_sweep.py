@@ -11,10 +11,11 @@ epilogue run by the last program of each tile group (FINISH_HERE forced, at any 
 finish_sums launched after the kernel (PDL); --wide: WIDE (KS 8, 2 stages, 128-row tiles) with 2 programs
 per SM and with 1 (one fits an SM's shared memory at 64 rows of x); --short: SHORT_VARIANTS; --sums: the
 K slices' sums kept (N, BM) and added by vector atomics against (M, N) one value per atomic (SUMS_T).
+--short-rows: SHORT_INT4 (5 per SM, in-kernel finish or not) up to 8 rows against LONG.
 --deep: LONG against longer K slices (KS 8 to 32: fewer slices, fewer atomics, x staged deeper).
 --small: smaller layers (held-out ones under 2^25 weights, Llama-3-8B o) instead of the Llama-3 set.
 
-Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box | --rows128 | --wide | --deep | --finish | --short | --sums] [--small] [--m 1 4 16] (--m last)
+Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box | --rows128 | --wide | --deep | --finish | --short | --short-rows | --sums] [--small] [--m 1 4 16] (--m last)
 """
 
 import os
@@ -80,8 +81,14 @@ SUMS_VARIANTS = [dict(name="sums (N, BM), vector atomics", SUMS_T=True),
                  dict(name="sums (M, N), one atomic per value", SUMS_T=False)]  # --sums
 if "--sums" in sys.argv:
     VARIANTS = SUMS_VARIANTS
+ROWS_VARIANTS = [  # --short-rows: SHORT_INT4 (and its in-kernel finish) beyond two rows
+    dict(name="shipped rule"), dict(name="SHORT_INT4 to 8 rows", SHORT_MAX_M=8),
+    dict(name="SHORT_INT4 to 8 rows, finish here", SHORT_MAX_M=8, FINISH_HERE=True),
+    dict(name="SHORT_INT4 to 8 rows, finish launch", SHORT_MAX_M=8, FINISH_HERE=False)]
+if "--short-rows" in sys.argv:
+    VARIANTS = ROWS_VARIANTS
 DEFAULTS = {k: getattr(hopper_w4, k) for k in ("SHORT", "SHORT_INT4", "LONG", "WIDE", "BOX_STEPS", "PDL",
-                                              "FINISH_HERE", "SUMS_T")}
+                                              "FINISH_HERE", "SUMS_T", "SHORT_MAX_M")}
 if "--finish" in sys.argv:
     VARIANTS = FINISH_VARIANTS
 ROTATE = 3

@@ -30,8 +30,8 @@ one slice and every (programs / SLICES)-th weight tile of it (64 rows, one warp 
 its weight loaded BOX_STEPS steps (128 contiguous bytes of each row) per TMA load, the split's
 stages of them in flight. Four splits (`--box` sweeps,
 tuning/w4_gluon/w4_decode_sweep_box*_h100.txt): SHORT (KS 2, 2 stages, 6 per SM) up to SHORT_MAX_M
-rows, SHORT_INT4 (5 per SM) in its place for INT4 groups of 128 or more (below), LONG (KS 4, 4
-stages, 4 per SM) from there and for INT4 groups of 128 or more at one or two
+rows, SHORT_INT4 (5 per SM) in its place for INT4 groups of 128 or more, up to SHORT_INT4_MAX_M rows
+(below), LONG (KS 4, 4 stages, 4 per SM) from there and for INT4 groups of 128 or more at one to four
 rows where a layer gives each SM LONG_WORK or more weight tile-steps of 64 x 128 (the large layers:
 there fewer, longer programs were 1.05x to 1.13x SHORT; below it SHORT was 1.05x to 1.06x LONG), and
 WIDE (KS 8, 2 stages, 1 per SM, 128-row tiles: two warp groups sharing the staged x) for MXFP4 from
@@ -60,7 +60,10 @@ programs per SM with the finish launch ran 1.09x to 1.15x the 6 per SM of SHORT 
 to 1.11x the launch at 6); under LONG, WIDE
 and the other formats' SHORT (70 to 80 registers) the launch was faster everywhere (the in-kernel
 finish 0.5x to 0.97x, more so the more round trips its epilogue takes). Hence finish_in_kernel:
-SHORT_INT4 from FINISH_MIN_M rows where its epilogue takes one round trip.
+SHORT_INT4 at FINISH_MIN_M to FINISH_MAX_M rows where its epilogue takes one round trip. SHORT_INT4
+itself from 1 to SHORT_INT4_MAX_M rows (`--short-rows`, w4_decode_sweep_short_rows_h100.txt: at 3 and 4
+rows 1.0x to 1.09x LONG, 1.14x to 1.16x on the smallest layer with the finish launch, the in-kernel
+finish 0.87x to 1.04x there; at 8 rows 0.90x to 1.17x).
 
 The sums' layout (`--sums`, w4_decode_sweep_sums*_h100.txt): (M, N) takes one atomic per value
 (masked to x's M rows); (N, BM), whole rows of x's BM rows, lets each thread add its two
@@ -113,13 +116,15 @@ SHORT_INT4 = Split(ks_target=2, stages=2, per_sm=5)  # INT4 groups >= 128: regis
 LONG = Split(ks_target=4, stages=4, per_sm=4)
 WIDE = Split(ks_target=8, stages=2, per_sm=1, bn=128)
 SHORT_MAX_M = 2
+SHORT_INT4_MAX_M = 4  # INT4 groups >= 128: SHORT_INT4 up to 4 rows (1.0x to 1.16x LONG at 3 and 4 rows, 0.90x to
+# 1.17x at 8: w4_decode_sweep_short_rows_h100.txt)
 WIDE_MIN_M = 33  # MXFP4 from here (64-row x tiles): WIDE
 LONG_WORK = 96  # 64 x 128 weight tile-steps per SM from which INT4 g >= 128 takes LONG at one or two rows
 BOX_STEPS = 2  # K steps per TMA load: 128 contiguous bytes of each of 64 rows
 PDL = True  # finish_sums launched as a programmatic dependent of the decode kernel (kernels/gdc.py)
 FINISH_HERE = None  # True / False: force where the K slices' sums are finished (probes, tests); None: finish_in_kernel
 FINISH_MAX_ROUNDS = 1  # the in-kernel epilogue's L2 round trips (finish_rounds) at most
-FINISH_MIN_M = 2
+FINISH_MIN_M = FINISH_MAX_M = 2  # (from 3 rows the finish launch measured 1.09x to 1.6x the in-kernel one)
 FIN_V = 8  # fp32 values per thread in one round trip of that epilogue
 SUMS_T = True  # the sums (N, BM) by vector atomics at SUMS_T_ROWS rows (sums_transposed) ...
 SUMS_T_ROWS = range(12, 17)  # ... 16-row x tiles with at most a quarter of padding
@@ -219,7 +224,7 @@ def split_kind(M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: bool)
     after_scale = not mxfp4 and group not in SMALL_GROUPS  # INT4 groups of 128 or more
     if (mxfp4 and M >= WIDE_MIN_M) or (after_scale and M >= INT4_WIDE_MIN_M):
         return WIDE
-    if M > SHORT_MAX_M:
+    if M > (SHORT_INT4_MAX_M if after_scale else SHORT_MAX_M):
         return LONG
     work = -(-N // BLOCK_N) * (K // BLOCK_K)
     if not after_scale:
@@ -255,12 +260,12 @@ def finish_rounds(split: DecodeSplit, M: int, N: int) -> int:
 
 def finish_in_kernel(split: DecodeSplit, M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: bool) -> bool:
     """Whether the last program of each tile group runs the sliced epilogue (no finish_sums launch;
-    module docstring): under SHORT_INT4 from two rows, where one round trip does it."""
+    module docstring): under SHORT_INT4 at two rows, where one round trip does it."""
     if split.slices == 1:
         return False
     if FINISH_HERE is not None:
         return FINISH_HERE
-    return (M >= FINISH_MIN_M and split_kind(M, N, K, dev, group, mxfp4) is SHORT_INT4
+    return (FINISH_MIN_M <= M <= FINISH_MAX_M and split_kind(M, N, K, dev, group, mxfp4) is SHORT_INT4
             and finish_rounds(split, M, N) <= FINISH_MAX_ROUNDS)
 
 
