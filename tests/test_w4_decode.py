@@ -165,15 +165,16 @@ def test_box_steps(ks, box):
     (2, 6144, 4096, 256, False, "SHORT_INT4"), (1, 6144, 4096, 64, False, "SHORT"),
     (1, 28672, 4096, 128, False, "LONG"), (2, 57344, 8192, 128, False, "LONG"),
     (1, 8192, 28672, 4096 * 7, False, "LONG"), (3, 4096, 4096, 128, False, "SHORT_INT4"),
-    (4, 8192, 8192, 128, False, "SHORT_INT4"), (5, 4096, 4096, 128, False, "LONG"), (3, 4096, 4096, 32, True, "LONG"),
+    (4, 8192, 8192, 128, False, "SHORT_INT4"), (5, 4096, 4096, 128, False, "LONG"), (3, 4096, 4096, 32, True, "SHORT"),
+    (5, 4096, 4096, 32, True, "LONG"),
     (1, 57344, 8192, 32, False, "SHORT"), (1, 57344, 8192, 32, True, "SHORT"), (16, 4096, 4096, 32, True, "LONG"),
     (32, 8192, 8192, 32, True, "LONG"), (33, 8192, 8192, 32, True, "WIDE"), (64, 8192, 8192, 32, True, "WIDE"),
     (16, 8192, 8192, 32, False, "LONG"), (17, 8192, 8192, 128, False, "WIDE"), (64, 8192, 8192, 256, False, "WIDE"),
     (16, 57344, 8192, 128, False, "LONG")])
 def test_split_kind(M, N, K, group, mxfp4, kind):
-    """SHORT up to 2 rows, LONG from 3; INT4 groups of 128 or more at 1-4 rows: LONG on layers that give
+    """SHORT up to 4 rows, LONG from 5; INT4 groups of 128 or more at 1-4 rows: LONG on layers that give
     each of the H100's SMs 96 or more 64 x 128 weight tile-steps (Llama-3-8B gate_up: 108), else
-    SHORT_INT4, LONG from 5 rows; MXFP4 from 33 rows and INT4 groups of 128 or more from 17: WIDE (128-row tiles)."""
+    SHORT_INT4; MXFP4 from 33 rows and INT4 groups of 128 or more from 17: WIDE (128-row tiles)."""
     from gemmkit.core.device import known_device
 
     h100 = known_device("NVIDIA_H100_80GB_HBM3")

@@ -30,8 +30,7 @@ one slice and every (programs / SLICES)-th weight tile of it (64 rows, one warp 
 its weight loaded BOX_STEPS steps (128 contiguous bytes of each row) per TMA load, the split's
 stages of them in flight. Four splits (`--box` sweeps,
 tuning/w4_gluon/w4_decode_sweep_box*_h100.txt): SHORT (KS 2, 2 stages, 6 per SM) up to SHORT_MAX_M
-rows, SHORT_INT4 (5 per SM) in its place for INT4 groups of 128 or more, up to SHORT_INT4_MAX_M rows
-(below), LONG (KS 4, 4 stages, 4 per SM) from there and for INT4 groups of 128 or more at one to four
+rows, SHORT_INT4 (5 per SM) in its place for INT4 groups of 128 or more (below), LONG (KS 4, 4 stages, 4 per SM) from there and for INT4 groups of 128 or more at one to four
 rows where a layer gives each SM LONG_WORK or more weight tile-steps of 64 x 128 (the large layers:
 there fewer, longer programs were 1.05x to 1.13x SHORT; below it SHORT was 1.05x to 1.06x LONG), and
 WIDE (KS 8, 2 stages, 1 per SM, 128-row tiles: two warp groups sharing the staged x) for MXFP4 from
@@ -61,9 +60,10 @@ to 1.11x the launch at 6); under LONG, WIDE
 and the other formats' SHORT (70 to 80 registers) the launch was faster everywhere (the in-kernel
 finish 0.5x to 0.97x, more so the more round trips its epilogue takes). Hence finish_in_kernel:
 SHORT_INT4 at FINISH_MIN_M to FINISH_MAX_M rows where its epilogue takes one round trip. SHORT_INT4
-itself from 1 to SHORT_INT4_MAX_M rows (`--short-rows`, w4_decode_sweep_short_rows_h100.txt: at 3 and 4
-rows 1.0x to 1.09x LONG, 1.14x to 1.16x on the smallest layer with the finish launch, the in-kernel
-finish 0.87x to 1.04x there; at 8 rows 0.90x to 1.17x).
+and SHORT from 1 to SHORT_MAX_M rows (`--short-rows`, w4_decode_sweep_short_rows*_h100.txt: INT4
+g128 at 3 and 4 rows 1.0x to 1.09x LONG, 1.14x to 1.16x on the smallest layer with the finish
+launch, the in-kernel finish 0.87x to 1.04x there, at 8 rows 0.90x to 1.17x; MXFP4 and INT4 groups
+of 32 at 3 and 4 rows 1.03x to 1.30x on six layers, 0.94x to 1.02x on Llama-3-70B down).
 
 The sums' layout (`--sums`, w4_decode_sweep_sums*_h100.txt): (M, N) takes one atomic per value
 (masked to x's M rows); (N, BM), whole rows of x's BM rows, lets each thread add its two
@@ -115,9 +115,8 @@ SHORT = Split(ks_target=2, stages=2, per_sm=6)
 SHORT_INT4 = Split(ks_target=2, stages=2, per_sm=5)  # INT4 groups >= 128: register room beside them (docstring)
 LONG = Split(ks_target=4, stages=4, per_sm=4)
 WIDE = Split(ks_target=8, stages=2, per_sm=1, bn=128)
-SHORT_MAX_M = 2
-SHORT_INT4_MAX_M = 4  # INT4 groups >= 128: SHORT_INT4 up to 4 rows (1.0x to 1.16x LONG at 3 and 4 rows, 0.90x to
-# 1.17x at 8: w4_decode_sweep_short_rows_h100.txt)
+SHORT_MAX_M = 4  # SHORT / SHORT_INT4 up to 4 rows: at 3 and 4 rows 1.0x to 1.16x LONG (INT4 g128), 0.94x to 1.22x
+# (MXFP4, INT4 groups of 32), 0.90x to 1.17x at 8 rows (w4_decode_sweep_short_rows*_h100.txt)
 WIDE_MIN_M = 33  # MXFP4 from here (64-row x tiles): WIDE
 LONG_WORK = 96  # 64 x 128 weight tile-steps per SM from which INT4 g >= 128 takes LONG at one or two rows
 BOX_STEPS = 2  # K steps per TMA load: 128 contiguous bytes of each of 64 rows
@@ -224,7 +223,7 @@ def split_kind(M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: bool)
     after_scale = not mxfp4 and group not in SMALL_GROUPS  # INT4 groups of 128 or more
     if (mxfp4 and M >= WIDE_MIN_M) or (after_scale and M >= INT4_WIDE_MIN_M):
         return WIDE
-    if M > (SHORT_INT4_MAX_M if after_scale else SHORT_MAX_M):
+    if M > SHORT_MAX_M:
         return LONG
     work = -(-N // BLOCK_N) * (K // BLOCK_K)
     if not after_scale:
