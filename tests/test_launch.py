@@ -158,3 +158,41 @@ def test_launch_hooks_fall_back_to_triton(monkeypatch):
     for _ in range(3):
         assert_close(gemmkit.gemm_a16w16(x, w), reference(x, w))
     assert len(calls) == 3
+
+
+def test_zeroed_slot_per_stream_and_capture(monkeypatch):
+    """Which zeroed buffer a launch gets (core/plan.zeroed_slot), the CUDA side faked: one per device,
+    stream and dtype eagerly; under capture one per capture (the driver's id as the tag, so that a
+    new capture on the same stream gets a new buffer), and a fresh one where the capture has no id."""
+    cuda = torch.device("cuda", 1)
+    stream = {"raw": 77}
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: stream["raw"], raising=False)
+    monkeypatch.setattr(plan_mod, "capturing", lambda: False)
+    assert plan_mod.zeroed_slot(cuda, 1, torch.int32) == ((1, 77, torch.int32), None)
+    stream["raw"] = 78
+    assert plan_mod.zeroed_slot(cuda, 1, torch.float32) == ((1, 78, torch.float32), None)
+    ids = iter([5, 5, 6, None])
+    monkeypatch.setattr(plan_mod, "capturing", lambda: True)
+    monkeypatch.setattr(plan_mod, "capture_id", lambda raw: next(ids))
+    first, again, other = (plan_mod.zeroed_slot(cuda, 1, torch.int32) for _ in range(3))
+    assert first == again == ((1, 78, torch.int32, "capture"), 5) and other == (first[0], 6)
+    assert plan_mod.zeroed_slot(cuda, 1, torch.int32) is None
+    cpu = torch.device("cpu")
+    assert plan_mod.zeroed_slot(cpu, 0, torch.int32) == (("cpu", 0, torch.int32), None)
+
+
+def test_zeroed_buffer_reused_per_slot_and_tag(monkeypatch):
+    """zeroed_buffer hands out the slot's buffer while its tag matches and it is large enough,
+    a new zeroed one otherwise, and a fresh one (not cached) where the slot is None."""
+    slots = iter([(("k",), 5), (("k",), 5), (("k",), 5), (("k",), 6), None])
+    monkeypatch.setattr(plan_mod, "zeroed_slot", lambda device, index, dtype: next(slots))
+    monkeypatch.setattr(plan_mod, "_zeroed", {})
+    cpu = torch.device("cpu")
+    a = plan_mod.zeroed_buffer(cpu, 0, 10, torch.int32)
+    assert a.numel() >= 10 and int(a.abs().sum()) == 0
+    assert plan_mod.zeroed_buffer(cpu, 0, 100, torch.int32).data_ptr() == a.data_ptr()
+    big = plan_mod.zeroed_buffer(cpu, 0, 10000, torch.int32)
+    assert big.numel() >= 10000 and big.data_ptr() != a.data_ptr()
+    assert plan_mod.zeroed_buffer(cpu, 0, 10, torch.int32).data_ptr() != big.data_ptr()  # a new capture
+    fresh = plan_mod.zeroed_buffer(cpu, 0, 10, torch.int32)
+    assert fresh.numel() == 10 and all(fresh.data_ptr() != b.data_ptr() for _, b in plan_mod._zeroed.values())

@@ -211,19 +211,26 @@ def capture_id(stream: int) -> int | None:
     return ident.value if rc == 0 and status.value == 1 else None  # 1: CU_STREAM_CAPTURE_STATUS_ACTIVE
 
 
+def zeroed_slot(device: torch.device, device_index: int, dtype: torch.dtype):
+    """(cache key, capture tag) of the zeroed buffer a launch on the current stream uses: one per
+    device, stream and dtype, under graph capture one per capture too (tag: the capture's id, which
+    a cached buffer must match); None under a capture the driver cannot name (a fresh buffer)."""
+    if device.type != "cuda":
+        return (device.type, 0, dtype), None
+    stream = torch._C._cuda_getCurrentRawStream(device_index)
+    if not capturing():
+        return (device_index, stream, dtype), None
+    tag = capture_id(stream)
+    return None if tag is None else ((device_index, stream, dtype, "capture"), tag)
+
+
 def zeroed_buffer(device: torch.device, device_index: int, n: int, dtype: torch.dtype) -> torch.Tensor:
     """n zeros of dtype that the launch using them leaves zero (split_k_counters' contract: one
-    buffer per device, stream and dtype, and per capture under graph capture)."""
-    if device.type != "cuda":
-        key, tag = (device.type, 0, dtype), None
-    else:
-        stream = torch._C._cuda_getCurrentRawStream(device_index)
-        key, tag = (device_index, stream, dtype), None
-        if capturing():
-            tag = capture_id(stream)
-            if tag is None:
-                return torch.zeros(n, dtype=dtype, device=device)
-            key = key + ("capture",)
+    buffer per device, stream and dtype, and per capture under graph capture: zeroed_slot)."""
+    slot = zeroed_slot(device, device_index, dtype)
+    if slot is None:
+        return torch.zeros(n, dtype=dtype, device=device)
+    key, tag = slot
     entry = _zeroed.get(key)
     if entry is None or entry[0] != tag or entry[1].numel() < n:
         # under capture the memset is recorded here, once per graph (and where a call needs more)
