@@ -40,10 +40,15 @@ def per_call(device, device_index, n, dtype):
     return real_zeroed(device, device_index, n, dtype)
 
 
-def main():
-    import gemmkit.core.dense as dense
+def use(fn):
+    """Route every zeroed-buffer request through fn (the shared kernel's split-K counters call
+    plan.zeroed_buffer; the decode plan imported it by name)."""
     import gemmkit.core.hopper_w4 as hw
 
+    plan_mod.zeroed_buffer = hw.zeroed_buffer = fn
+
+
+def main():
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; CUDA-graph replay, {ROTATE} weight copies",
           file=out, flush=True)
     for op in ("a16w16", "a16w4"):
@@ -62,8 +67,7 @@ def main():
                     def call(i):
                         return gemmkit.gemm_a16w16(xs[i], w16[i])
                 zeroings.clear()
-                for fn_mod in (plan_mod, dense, hw):
-                    fn_mod.zeroed_buffer = counting
+                use(counting)
                 call(0)
                 torch.cuda.synchronize()
                 used = bool(zeroings)
@@ -73,15 +77,13 @@ def main():
                     runs = []
                     for mode, fn in modes.items():
                         def wrapped(i, fn=fn):
-                            for fn_mod in (plan_mod, dense, hw):
-                                fn_mod.zeroed_buffer = fn
+                            use(fn)
                             return call(i)
                         runs.append([lambda i=i, w=wrapped: w(i) for i in range(ROTATE)])
                     base = [lambda i=i: F.linear(xs[i], w16[i]) for i in range(ROTATE)]
                     t = time_graphs_us(base, *runs, rep_ms=10, retries=3)
                     times = dict(zip(["F.linear bf16", *modes], t))
-                for fn_mod in (plan_mod, dense, hw):
-                    fn_mod.zeroed_buffer = real_zeroed
+                use(real_zeroed)
                 if not used:
                     print(f"{op} M={M} N={N} K={K}: no zeroed buffer", file=out, flush=True)
                     continue

@@ -30,15 +30,17 @@ one slice and every (programs / SLICES)-th weight tile of it (64 rows, one warp 
 its weight loaded BOX_STEPS steps (128 contiguous bytes of each row) per TMA load, the split's
 stages of them in flight. Four splits (`--box` sweeps,
 tuning/w4_gluon/w4_decode_sweep_box*_h100.txt): SHORT (KS 2, 2 stages, 6 per SM) up to SHORT_MAX_M
-rows, SHORT_INT4 (5 per SM) in its place for INT4 groups of 128 or more (below), LONG (KS 4, 4 stages, 4 per SM) from there and for INT4 groups of 128 or more at one to four
-rows where a layer gives each SM LONG_WORK or more weight tile-steps of 64 x 128 (the large layers:
-there fewer, longer programs were 1.05x to 1.13x SHORT; below it SHORT was 1.05x to 1.06x LONG), and
-WIDE (KS 8, 2 stages, 1 per SM, 128-row tiles: two warp groups sharing the staged x) for MXFP4 from
-WIDE_MIN_M rows and INT4 groups of 128 or more from INT4_WIDE_MIN_M (M = 64: 1.03x to 1.18x LONG, geomean 1.09; w4_decode_sweep_rows128*_h100.txt:
-128-row tiles measured level with LONG at 1 and 16 rows, and for INT4 groups of 128 at 64 rows 1.02x
-the tl kernel, which keeps them; one program per SM is all its 160 KB of shared memory allows, and
-asking for 2 measured the same, w4_decode_sweep_wide_fp4_h100.txt). Against the one-step loads before (KS 2 or 4, 4 stages, 6 or 4 per
-SM): INT4 g128 M = 1 1.02x to 1.11x, M = 4 0.98x to 1.13x; MXFP4 and INT4 groups of 32 at M = 1
+rows, SHORT_INT4 (5 per SM) in its place for INT4 groups of 128 or more (below), LONG (KS 4, 4
+stages, 4 per SM) from there and for INT4 groups of 128 or more at one to four rows where a layer
+gives each SM LONG_WORK or more weight tile-steps of 64 x 128 (the large layers: there fewer, longer
+programs were 1.05x to 1.13x SHORT; below it SHORT was 1.05x to 1.06x LONG), and WIDE (KS 8, 2
+stages, 1 per SM, 128-row tiles: two warp groups sharing the staged x) for MXFP4 from WIDE_MIN_M
+rows and INT4 groups of 128 or more from INT4_WIDE_MIN_M (M = 64: 1.03x to 1.18x LONG, geomean 1.09;
+w4_decode_sweep_rows128*_h100.txt: 128-row tiles measured level with LONG at 1 and 16 rows; INT4
+from 17 rows: the first paragraph; one program per SM is all
+its 160 KB of shared memory allows, and asking for 2 measured the same,
+w4_decode_sweep_wide_fp4_h100.txt). Against the one-step loads before (KS 2 or 4, 4 stages, 6 or 4
+per SM): INT4 g128 M = 1 1.02x to 1.11x, M = 4 0.98x to 1.13x; MXFP4 and INT4 groups of 32 at M = 1
 1.15x to 1.29x that split (KS 2, 4 stages, 6 per SM) with one-step loads. Where a Triton version's
 registers hold fewer programs per SM than the split asks, the plan launches fewer
 (W4DecodePlan._fit_residency).
@@ -115,10 +117,10 @@ SHORT = Split(ks_target=2, stages=2, per_sm=6)
 SHORT_INT4 = Split(ks_target=2, stages=2, per_sm=5)  # INT4 groups >= 128: register room beside them (docstring)
 LONG = Split(ks_target=4, stages=4, per_sm=4)
 WIDE = Split(ks_target=8, stages=2, per_sm=1, bn=128)
-SHORT_MAX_M = 4  # SHORT / SHORT_INT4 up to 4 rows: at 3 and 4 rows 1.0x to 1.16x LONG (INT4 g128), 0.94x to 1.22x
+SHORT_MAX_M = 4  # SHORT / SHORT_INT4 up to 4 rows: at 3 and 4 rows 1.0x to 1.16x LONG (INT4 g128), 0.94x to 1.30x
 # (MXFP4, INT4 groups of 32), 0.90x to 1.17x at 8 rows (w4_decode_sweep_short_rows*_h100.txt)
 WIDE_MIN_M = 33  # MXFP4 from here (64-row x tiles): WIDE
-LONG_WORK = 96  # 64 x 128 weight tile-steps per SM from which INT4 g >= 128 takes LONG at one or two rows
+LONG_WORK = 96  # 64 x 128 weight tile-steps per SM from which INT4 g >= 128 takes LONG at one to four rows
 BOX_STEPS = 2  # K steps per TMA load: 128 contiguous bytes of each of 64 rows
 PDL = True  # finish_sums launched as a programmatic dependent of the decode kernel (kernels/gdc.py)
 FINISH_HERE = None  # True / False: force where the K slices' sums are finished (probes, tests); None: finish_in_kernel
