@@ -207,12 +207,7 @@ def _make_block_plan(t, block, dtype, scale_format, scale_layout):
 class BlockQuantizePlan:
     """Block-wise quantization of tensors with fixed facts (see gemmkit.core.dense.plan_key)."""
 
-    def __init__(self, t, block, qdtype, ue8m0, col, device, dependents=False):
-        """dependents: the next launch on the stream is a programmatic dependent that waits for
-        this one (a WSPlan with pdl): the kernel lets it start at once."""
-        from .core.device import interpreter_active
-
-        dependents = dependents and not interpreter_active()  # (no grid dependency control there)
+    def __init__(self, t, block, qdtype, ue8m0, col, device):
         from .kernels.quant import quantize_blocks_kernel
 
         self.shape, self.qdtype, self.device, self.col = t.shape, qdtype, device, col
@@ -236,7 +231,7 @@ class BlockQuantizePlan:
         self.launch = CachedLaunch(quantize_blocks_kernel, grid, warps, 1, device.index or 0)
         s_sr, s_sg = (1, self.scale_rows) if col else (G, 1)
         self.tail = (R, C, s_r, s_c, C, s_sr, s_sg, FP8_TARGETS[qdtype], block_r, group, row_scales, ue8m0,
-                     C % group == 0, index_64, dependents)
+                     C % group == 0, index_64)
 
     def __call__(self, t):
         q = torch.empty_strided(self.shape, self.q_strides, dtype=self.qdtype, device=self.device)

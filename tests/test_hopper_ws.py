@@ -175,11 +175,6 @@ def test_plan_binds_the_kernel_signature(scales, dtype, layout, out_dtype, parts
     plan = hopper_ws.WSPlan(x, w, None, M, N, K, scales, xs, ws, None, out_dtype, (M, N), False, 132, promote)
     assert (plan.parts, plan.xs_tma, plan.c_tma, plan.promote) == (parts, xs_tma, c_tma, promote)
     assert len(hopper_ws.PER_CALL) + len(plan.tail) == len(hopper_ws.gluon_kernel().gemm_ws_kernel.arg_names)
-    assert plan.tail[-1] is False and not plan.launch.pdl  # PDL: the last parameter
-    after_quantizer = hopper_ws.WSPlan(x, w, None, M, N, K, scales, xs, ws, None, out_dtype, (M, N), False, 132,
-                                       promote, pdl=True)
-    assert after_quantizer.tail[-1] is True and after_quantizer.launch.pdl
-    assert after_quantizer.tail[:-1] == plan.tail[:-1]
     # 256-wide tiles stored by TMA share one output buffer per warp group: 4 stages of 128 x 256 fit, not 3
     assert plan.share_c == (parts == (128, 128) and c_tma)
     if plan.share_c:
@@ -291,31 +286,7 @@ def test_blockscale_dynamic(built, M, N, K, x_dtype, w_dtype):
     y = poisoned((M, N), BF16)
     out = gemmkit.gemm_a8w8_blockscale(x, wq, None, ws, bias, y=y)
     assert out is y and len(built) == 1
-    # the GEMM runs as the quantizer's programmatic dependent: it must not read x before the quantizer is done
-    assert built[0].pdl == hopper_ws.pdl_ok() and built[0].launch.pdl == built[0].pdl
     assert_close(out, ref)
-    # the same kernel on the same quantized x, launched plainly: bit for bit the same result
-    static = gemmkit.gemm_a8w8_blockscale(xq, wq, col_major(xs), ws, bias)
-    assert len(built) == 2 and not built[1].pdl
-    assert torch.equal(out, static)
-
-
-@needs_hopper
-@pytest.mark.parametrize("M,N,K", [(4096, 2112, 7168), (256, 4096, 7168), (1000, 7168, 2048)])
-def test_blockscale_dynamic_cuda_graph(built, M, N, K):
-    """The quantizer and the GEMM it lets start early (PDL), captured in a CUDA graph and replayed
-    on new x: the GEMM waits for the replay's quantizer (a stale x would give the first result)."""
-    w = randn(N, K, dtype=FP32) / K**0.5
-    wq, ws = quantize_fp8_blockwise(w, (128, 128))
-    x = randn(M, K, dtype=BF16)
-    gemmkit.gemm_a8w8_blockscale(x, wq, None, ws)  # plans built and compiled outside the capture
-    x2 = randn(M, K, dtype=BF16, scale=3.0)
-    out = replay_with_new_inputs(lambda: gemmkit.gemm_a8w8_blockscale(x, wq, None, ws), lambda: x.copy_(x2),
-                                 replays=3)
-    xq, xs = quantize_fp8_blockwise(x2, (1, 128))
-    assert torch.equal(out, gemmkit.gemm_a8w8_blockscale(xq, wq, col_major(xs), ws))
-    assert_close(out, reference(dequantize_fp8_blockwise(xq, xs, dtype=torch.float64),
-                                dequantize_fp8_blockwise(wq, ws, (128, 128), dtype=torch.float64)))
 
 
 @needs_hopper

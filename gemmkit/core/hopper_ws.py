@@ -52,8 +52,6 @@ PER_CALL = ("a_desc", "b0_desc", "b1_desc", "xs_desc", "c", "c0_desc", "c1_desc"
             "b_scale")  # the kernel's leading parameters
 C_TMA = True  # 16-bit outputs stored by TMA from shared memory (off: pointer stores; scripts/ws_probe.py --no-c-tma)
 SHARE_C = True  # 128 x (128 + 128) tiles: one output buffer per warp group for both parts, a stage more
-QUANT_PDL = True  # after a dynamic quantizer: launched as its programmatic dependent (WSPlan's pdl)
-PDL_ENV = "GEMMKIT_PDL"  # "0": never (for A/B timings)
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,13 +63,6 @@ def gluon_kernel():
     except Exception:  # noqa: BLE001 - any Triton without this Gluon API: the tl kernel serves
         return None
     return gemm_ws if TensorDescriptor is not None else None
-
-
-def pdl_ok() -> bool:
-    """Whether a plan asked for pdl gets it (QUANT_PDL, and this Triton has grid dependency control)."""
-    from ..kernels.gdc import PDL_AVAILABLE
-
-    return QUANT_PDL and PDL_AVAILABLE and os.environ.get(PDL_ENV, "1") != "0"
 
 
 def _tma_operand(t: torch.Tensor) -> bool:
@@ -241,13 +232,13 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def ws_plan(dev: DeviceInfo, x2, w, y2, M: int, N: int, K: int, *, scales: str, x_scale, w_scale, bias, activation,
-            config, out_dtype, out_shape, flatten_x: bool, promote: bool = True, pdl: bool = False):
+            config, out_dtype, out_shape, flatten_x: bool, promote: bool = True):
     """A WSPlan for this problem if it qualifies (module docstring), else None. activation: as
     validate.check_activation returns it ("none"). scales: "kblock" (x_scale (M, G), w_scale
     (ceil(N / 128), G): the 2-D views run() will get), "rowcol" (x_scale one or M values,
     w_scale one or N values, contiguous), both FP8, or "none" (bf16 / fp16, promote=False).
     promote: FP8 products promoted to fp32 per K block (always with "kblock"), else the tensor
-    cores accumulate. pdl: see WSPlan (taken only where pdl_ok())."""
+    cores accumulate."""
     promote = promote or scales == "kblock"
     if scales == "none":
         dtypes_ok = not promote and x2.dtype in (torch.bfloat16, torch.float16)
@@ -260,7 +251,7 @@ def ws_plan(dev: DeviceInfo, x2, w, y2, M: int, N: int, K: int, *, scales: str, 
             or (M * N >= 2**31 and not _tma_output(y2, N, out_dtype))):  # pointer stores: 32-bit offsets
         return None
     return WSPlan(x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, dev.num_sms,
-                  promote, pdl=pdl and pdl_ok())
+                  promote)
 
 
 def ws_gated_plan(dev: DeviceInfo, x2, gate, up, y2, M: int, N: int, K: int, *, x_scale, w_scale, up_scale,
@@ -327,13 +318,10 @@ class WSPlan:
     for fixed tensor facts. Called as run(x, w, bias, y, x_scale, w_scale) like the ops' other
     plans; launched through Triton the first time, then directly (core/launcher.CachedLaunch).
     gated=(activation, (up scale offset, stride)): y = activation(x @ w.T) * (x @ w2.T), w the gate
-    and w2 the up weight (run(..., w2=up)), in tiles of ws_gated_width columns of each.
-    pdl: launched as a programmatic dependent of the kernel before it on the stream, which must be
-    the one that writes x and x_scale (the dynamic quantizers, launched with their PDL flag: they
-    let it start at once); the kernel loads its first weight tiles, then waits for that kernel."""
+    and w2 the up weight (run(..., w2=up)), in tiles of ws_gated_width columns of each."""
 
     def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms,
-                 promote=True, gated=None, pdl=False):
+                 promote=True, gated=None):
         from triton.experimental.gluon import language as gl
 
         from .launcher import CachedLaunch
@@ -429,12 +417,10 @@ class WSPlan:
             stride_asm=s_am, stride_ask=s_ak, stride_bsn=s_bn, stride_bsk=s_bk, up_scale_offset=up_offset,
             GROUP_M=GROUP_M, STAGES=self.stages, SCALES={"kblock": 0, "rowcol": 1, "none": 2}[scales],
             XS_TMA=self.xs_tma, PROMOTE=promote, TWO=n1 > 0, HAS_BIAS=bias is not None and self.splits == 1,
-            C_TMA=self.c_tma, GATED=self.gated, ACTIVATION=gated[0] if self.gated else "none", SHARE_C=self.share_c,
-            PDL=pdl))
+            C_TMA=self.c_tma, GATED=self.gated, ACTIVATION=gated[0] if self.gated else "none", SHARE_C=self.share_c))
         units = -(-M // BLOCK) * -(-N // self.block_n) * self.splits
-        self.pdl = pdl
         self.launch = CachedLaunch(kernel, (min(units, num_sms),), 4, 1,
-                                   self.device_index, pdl=pdl)  # persistent: at most one program per SM
+                                   self.device_index)  # persistent: at most one program per SM
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)
         self.y_extent = 0 if y2 is None else extent_bytes(y2)
 

@@ -39,7 +39,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from .epilogue import activation
-from .gdc import gdc_wait
 
 # Triton 3.6 names the TMA copies async_copy_global_to_shared / _shared_to_global; later versions
 # async_load / async_store
@@ -77,13 +76,10 @@ def _unit(unit, tiles, splits, k_tiles):
 @gluon.jit
 def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M, N,
               k_tiles, splits, xs_group_stride, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-              XS_TMA: gl.constexpr, TWO: gl.constexpr, GATED: gl.constexpr, PDL: gl.constexpr):
+              XS_TMA: gl.constexpr, TWO: gl.constexpr, GATED: gl.constexpr):
     """One warp: for each of the program's tiles, TMA loads of each K block's two A halves, B
     column part(s) and (XS_TMA) the tile's activation scales into the next stage, once both
-    consumers have released it; it runs ahead into the next tile while the consumers finish the last one.
-    PDL (launched as a programmatic dependent of the kernel that writes x and its scales, e.g. the
-    dynamic quantizer): the weight tiles of the program's first STAGES K blocks are loaded first,
-    then it waits for that kernel (gdc_wait) before loading anything of x."""
+    consumers have released it; it runs ahead into the next tile while the consumers finish the last one."""
     HALF: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     N0: gl.constexpr = b0_desc.block_type.shape[0]
@@ -100,46 +96,25 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
         nbytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_bytes + xs_desc.block_type.nbytes
     else:
         nbytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_bytes
-    tiles = gl.cdiv(M, 2 * HALF) * gl.cdiv(N, BLOCK_N)
-    if PDL:  # the first `pre` stages' weight tiles are on their way before the wait
-        tile, sp, k0, k1 = _unit(gl.program_id(0), tiles, splits, k_tiles)
-        off_m, off_n = _grouped_tile(tile, M, N, 2 * HALF, BLOCK_N, GROUP_M)
-        pre = gl.minimum(k1 - k0, STAGES)
-        for i in range(0, pre):  # (the stages' first round: free)
-            mbarrier.expect(ready.index(i), nbytes)
-            _load_b(b0_desc, b1_desc, b0_bufs, b1_bufs, ready, i, off_n, (k0 + i) * BLOCK_K, N0, TWO, GATED)
-        gdc_wait()
     it = 0
+    tiles = gl.cdiv(M, 2 * HALF) * gl.cdiv(N, BLOCK_N)
     for unit in range(gl.program_id(0), tiles * splits, gl.num_programs(0)):
         tile, sp, k0, k1 = _unit(unit, tiles, splits, k_tiles)
         off_m, off_n = _grouped_tile(tile, M, N, 2 * HALF, BLOCK_N, GROUP_M)
         for ki in range(k0, k1):
             s = it % STAGES
-            if PDL:
-                fresh = it >= pre
-            else:
-                fresh = True
-            if fresh:
-                mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # (the first round passes at once)
-                mbarrier.expect(ready.index(s), nbytes)
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # (the first round passes at once)
+            mbarrier.expect(ready.index(s), nbytes)
             if XS_TMA:  # x_scale column-major: group ki's scales of rows off_m.. are contiguous
                 _tma_load(xs_desc, [ki * xs_group_stride + off_m], ready.index(s), xs_bufs.index(s))
             _tma_load(a_desc, [off_m, ki * BLOCK_K], ready.index(s), a0_bufs.index(s))
             _tma_load(a_desc, [off_m + HALF, ki * BLOCK_K], ready.index(s), a1_bufs.index(s))
-            if fresh:
-                _load_b(b0_desc, b1_desc, b0_bufs, b1_bufs, ready, s, off_n, ki * BLOCK_K, N0, TWO, GATED)
+            _tma_load(b0_desc, [off_n, ki * BLOCK_K], ready.index(s), b0_bufs.index(s))
+            if GATED:
+                _tma_load(b1_desc, [off_n, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
+            elif TWO:
+                _tma_load(b1_desc, [off_n + N0, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
             it += 1
-
-
-@gluon.jit
-def _load_b(b0_desc, b1_desc, b0_bufs, b1_bufs, ready, s, off_n, k, N0: gl.constexpr, TWO: gl.constexpr,
-            GATED: gl.constexpr):
-    """TMA loads of a K block's weight tile (its column part(s); GATED: the gate and up tiles) into stage s."""
-    _tma_load(b0_desc, [off_n, k], ready.index(s), b0_bufs.index(s))
-    if GATED:
-        _tma_load(b1_desc, [off_n, k], ready.index(s), b1_bufs.index(s))
-    elif TWO:
-        _tma_load(b1_desc, [off_n + N0, k], ready.index(s), b1_bufs.index(s))
 
 
 @gluon.jit
@@ -192,7 +167,7 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
               stride_bsk, up_scale_offset, GROUP_M: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr,
               N0: gl.constexpr, N1: gl.constexpr, K_INSTR: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr,
               XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr,
-              GATED: gl.constexpr, ACTIVATION: gl.constexpr, SHARE_C: gl.constexpr, PDL: gl.constexpr):
+              GATED: gl.constexpr, ACTIVATION: gl.constexpr, SHARE_C: gl.constexpr):
     """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles, in
     column parts of N0 and (N1 > 0) N1 columns, each its own product and accumulator.
     PROMOTE: per K block and part, issue the product, wait for it, promote it (times the block's
@@ -202,10 +177,7 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
     would put its latency between two products.
     Else the tensor cores accumulate, one K block's products in flight while the next are issued.
     GATED: the two parts are the gate and up products of the same N0 columns; the tile stored is
-    ACTIVATION(gate) * up (each times its scales for SCALES_ROWCOL) in N0 columns.
-    PDL: waits for the kernel before it (which writes x's scales) before reading anything."""
-    if PDL:
-        gdc_wait()
+    ACTIVATION(gate) * up (each times its scales for SCALES_ROWCOL) in N0 columns."""
     mma0: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                    instr_shape=[16, N0, K_INSTR])
     rows_l: gl.constexpr = gl.SliceLayout(1, mma0)
@@ -332,7 +304,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                    up_scale_offset, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr,
                    XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, TWO: gl.constexpr, HAS_BIAS: gl.constexpr,
                    C_TMA: gl.constexpr, GATED: gl.constexpr = False, ACTIVATION: gl.constexpr = "none",
-                   SHARE_C: gl.constexpr = False, PDL: gl.constexpr = False):
+                   SHARE_C: gl.constexpr = False):
     """c (M, N) = x (a_desc: (M, K), boxes of HALF x BLOCK_K) @ w (b0_desc / b1_desc: (N, K), boxes
     of N0 / N1 x BLOCK_K) in (2 * HALF) x (N0 + N1) tiles (N1 = 0 unless TWO), persistent: program
     p takes work units p, p + programs, ... (4 warps launched: the first consumer; a second
@@ -344,9 +316,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     both parts, the second part waiting for the first's store (shared memory for a stage more).
     GATED (fused feed-forward, no promotion, one slice): b0_desc is the gate weight (N, K) and
     b1_desc the up weight (N, K, same box); c (M, N) = ACTIVATION(x @ gate^T) * (x @ up^T) in
-    2 * HALF x N0 tiles, no bias (SCALES_ROWCOL: the up weight's scales at b_scale + up_scale_offset).
-    PDL: launched as a programmatic dependent of the kernel that writes x and its scales (the
-    dynamic quantizer): the weight's first tiles load while that kernel finishes."""
+    2 * HALF x N0 tiles, no bias (SCALES_ROWCOL: the up weight's scales at b_scale + up_scale_offset)."""
     HALF: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     N0: gl.constexpr = b0_desc.block_type.shape[0]
@@ -394,12 +364,12 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                      b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
                      stride_bsk, up_scale_offset,
                      GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                     ACTIVATION, SHARE_C, PDL)),
+                     ACTIVATION, SHARE_C)),
         (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cB0, cB1, bias, a_scale,
                      b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
                      stride_bsk, up_scale_offset,
                      GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                     ACTIVATION, SHARE_C, PDL)),
+                     ACTIVATION, SHARE_C)),
         (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M,
-                     N, k_tiles, splits, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO, GATED, PDL)),
+                     N, k_tiles, splits, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO, GATED)),
     ], [4, 1], [232, 40])

@@ -6,7 +6,6 @@ standalone quantizer kernels. QUANT names the target: "e4m3" (float8_e4m3fn), "e
 import triton
 import triton.language as tl
 
-from .gdc import gdc_launch_dependents
 from .memory import load_k_tile
 
 
@@ -158,17 +157,13 @@ def pow2_scales(s):
 def quantize_blocks_kernel(
     x, q, scale, R, C, stride_xr, stride_xc, stride_qr, stride_sr, stride_sg,
     QUANT: tl.constexpr, BLOCK_R: tl.constexpr, GROUP: tl.constexpr, ROW_SCALES: tl.constexpr,
-    UE8M0: tl.constexpr, EVEN_C: tl.constexpr, INDEX_64: tl.constexpr, PDL: tl.constexpr = False,
+    UE8M0: tl.constexpr, EVEN_C: tl.constexpr, INDEX_64: tl.constexpr,
 ):
     """Block-wise quantization of x (R, C) to q (R, C) row-major; program (i, g) reads the
     (BLOCK_R, GROUP) block at (i * BLOCK_R, g * GROUP) once: absmax, scale, saturating convert.
     ROW_SCALES: one scale per row and group, scale[r, g] (1 x GROUP blocks, activations);
     else one per block, scale[i, g] (BLOCK_R x GROUP blocks, weights). Scales may have any
-    strides (row- or column-major). UE8M0: scales rounded up to powers of two.
-    PDL: the GEMM that reads q and scale is launched as this kernel's programmatic dependent
-    (kernels/gdc.py): let it start at once (it loads its weight tiles, then waits for this kernel)."""
-    if PDL:
-        gdc_launch_dependents()
+    strides (row- or column-major). UE8M0: scales rounded up to powers of two."""
     pid_r = tl.program_id(0)
     g = tl.program_id(1)
     off_r = pid_r * BLOCK_R

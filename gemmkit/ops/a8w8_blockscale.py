@@ -145,33 +145,29 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
         xs = torch.empty((G, M), dtype=torch.float32, device=device).t()  # column-major, as quantized
         gemm = ws_plan(dev, xq, w, y2, M, N, K, scales="kblock", x_scale=xs, w_scale=ws2, bias=bias,
                        activation=activation, config=config, out_dtype=out_dtype, out_shape=(*lead, N),
-                       flatten_x=False, pdl=True)
+                       flatten_x=False)
         if gemm is None:
             gemm = DensePlan(xq, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev, flatten_x=False,
                              inputs=dict(bias=bias, a_scale=xs, b_scale=ws2), **common)
-        from ..quant import BlockQuantizePlan
-
-        # quantize_fp8_blockwise(x2, (1, 128), w.dtype, scale_layout="col"); the sm_90 GEMM (WSPlan) is
-        # launched as its programmatic dependent (loads weight tiles while the quantizer runs)
-        quantizer = BlockQuantizePlan(x2, (1, GROUP), w.dtype, False, True, device,
-                                      dependents=getattr(gemm, "pdl", False))
-    return _Dynamic(gemm, fused, quantizer if dynamic_path != "fused" else None, M, K, x.ndim != 2,
-                    always_fused=dynamic_path == "fused")
+    return _Dynamic(gemm, fused, M, K, w.dtype, x.ndim != 2, always_fused=dynamic_path == "fused")
 
 
 class _Dynamic:
-    """x in 16 bits: quantized per 1x128 group inside the GEMM (`fused`), or by the block
-    quantizer (quantize_fp8_blockwise's plan, column-major scales) then the static GEMM (`gemm`)."""
+    """x in 16 bits: quantized per 1x128 group inside the GEMM (`fused`), or by
+    quantize_fp8_blockwise then the static GEMM (`gemm`)."""
 
-    def __init__(self, gemm, fused, quantizer, M, K, flatten_x, always_fused=False):
-        self.gemm, self.fused, self.quantizer, self.M, self.K = gemm, fused, quantizer, M, K
-        self.flatten_x, self.always_fused = flatten_x, always_fused
+    def __init__(self, gemm, fused, M, K, qdtype, flatten_x, always_fused=False):
+        self.gemm, self.fused, self.M, self.K, self.qdtype, self.flatten_x = gemm, fused, M, K, qdtype, flatten_x
+        self.always_fused = always_fused
         self.run = self.__call__
 
     def __call__(self, x, w, bias, y, x_scale, w_scale):
         if self.fused is not None and (self.always_fused or self.gemm is None or not capturing()):
             return self.fused.run(x, w, bias, y, None, w_scale)
-        xq, xs = self.quantizer(x.reshape(self.M, self.K) if self.flatten_x else x)
+        from ..quant import quantize_fp8_blockwise
+
+        xq, xs = quantize_fp8_blockwise(x.reshape(self.M, self.K) if self.flatten_x else x, (1, GROUP),
+                                        self.qdtype, scale_layout="col")
         return self.gemm.run(xq, w, bias, y, xs, w_scale)
 
 
