@@ -445,25 +445,21 @@ def test_a8w8_dynamic_fitted(built):
 
 # gated tiles (fused feed-forward) --------------------------------------------------------------
 
-@pytest.mark.parametrize("M,N,parts", [(256, 14336, (64, 32, 16)), (256, 18944, (128, 16)), (1024, 18944, (128,)),
-                                       (1024, 7168, (64,)), (128, 28672, (64,)), (512, 1000, (64,)),
-                                       (256, 28672, (64, 32, 16))])
-def test_gated_parts_rule(M, N, parts):
-    """The gated tiles' column parts: 64 for one row of tiles; else the least wave time: 256 x 14336
-    in 2 waves of 112 (64 + 32 + 16) rather than 2 of 128; 256 x 18944 in 2 waves of 144 (128 + 16)
-    rather than 3 of 128 or 5 of 64; 1024 x 7168: 7 waves of 64 rather than 4 of 128."""
-    assert hopper_ws.ws_gated_parts(M, N, 132) == parts
+@pytest.mark.parametrize("M,N,width", [(256, 14336, 128), (256, 18944, 64), (1024, 18944, 128), (1024, 7168, 64),
+                                       (128, 28672, 64), (512, 1000, 64)])
+def test_gated_width_rule(M, N, width):
+    """The gated tile width: 64 for one row of tiles; else the least wave time, 128 where its waves
+    fill as well (256 x 14336: 2 waves of 128 against 4 of 64), 64 where 128 leaves a ragged last
+    wave (256 x 18944: 3 waves of 128 against 5 of 64; 1024 x 7168: 4 of 128 against 7 of 64)."""
+    assert hopper_ws.ws_gated_width(M, N, 132) == width
 
 
 @pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")
 @pytest.mark.parametrize("dtype,out_dtype,scale_shape", [(BF16, BF16, None), (FP16, FP32, None), (E4M3, BF16, (2, 1)),
                                                          (E4M3, BF16, (1, 0))])
-@pytest.mark.parametrize("parts", [(64,), (64, 32), (64, 32, 16)])
-def test_gated_plan_binds_the_kernel_signature(monkeypatch, dtype, out_dtype, scale_shape, parts):
+def test_gated_plan_binds_the_kernel_signature(dtype, out_dtype, scale_shape):
     """A gated WSPlan's arguments against the kernel's signature, built on the CPU: the up weight's
-    descriptor over its own tensor, one K slice, the up weight's scales at their offset; tiles in
-    column parts: a gate and an up descriptor per part, an output descriptor per part."""
-    monkeypatch.setattr(hopper_ws, "ws_gated_parts", lambda *args: parts)
+    descriptor over its own tensor, one K slice, the up weight's scales at their offset."""
     M, N, K = 256, 3000, 2048
     x, gate, up = torch.empty(M, K, dtype=dtype), torch.empty(N, K, dtype=dtype), torch.empty(N, K, dtype=dtype)
     fp8 = dtype == E4M3
@@ -472,22 +468,15 @@ def test_gated_plan_binds_the_kernel_signature(monkeypatch, dtype, out_dtype, sc
     up_scale = (N * scale_shape[1], scale_shape[1]) if fp8 else None
     plan = hopper_ws.WSPlan(x, gate, None, M, N, K, "rowcol" if fp8 else "none", xs, ws, None, out_dtype, (M, N),
                             False, 132, promote=False, gated=("silu", up_scale))
-    width = sum(parts)
-    assert plan.gparts == parts and plan.block_n == width and plan.splits == 1
-    assert plan.stages == hopper_ws.ws_stages(2 * width, 0 if out_dtype == FP32 else 2, width)
+    width = hopper_ws.ws_gated_width(M, N, 132)
+    assert plan.parts == (width, width) and plan.block_n == width and plan.splits == 1
     names = hopper_ws.gluon_kernel().gemm_ws_kernel.arg_names[len(hopper_ws.PER_CALL):]
     tail = dict(zip(names, plan.tail))
     assert tail["GATED"] and tail["ACTIVATION"] == "silu" and not tail["HAS_BIAS"]
     if fp8:
         assert (tail["up_scale_offset"], tail["stride_bsn"]) == (up_scale if scale_shape[1] else (0, 0))
-    args = dict(zip(hopper_ws.PER_CALL, plan.arguments(x, gate, torch.empty(M, N, dtype=out_dtype), None, xs, ws, up)))
-    assert args["b0_desc"].base is gate and args["b1_desc"].base is up
-    assert tail["GPARTS"] == len(parts)
-    for i, w in enumerate(parts[1:]):  # part i + 1: gate and up descriptors of its width
-        g, u = args[f"b{2 + 2 * i}_desc"], args[f"b{3 + 2 * i}_desc"]
-        assert g.base is gate and u.base is up and g.block_shape[0] == u.block_shape[0] == w
-        if out_dtype != FP32:
-            assert args[f"c{1 + i}_desc"].block_shape == [64, w]
+    args = plan.arguments(x, gate, torch.empty(M, N, dtype=out_dtype), None, xs, ws, up)
+    assert args[1].base is gate and args[2].base is up
 
 
 def ff_operands(M, I, H, dtype=BF16, layout="concat"):
@@ -517,14 +506,14 @@ GATED_SHAPES = [(256, 14336, 4096), (300, 1000, 1040), (1000, 3000, 2048), (129,
 
 
 @needs_hopper
-@pytest.mark.parametrize("parts", [None, *hopper_ws.GATED_PARTS])
+@pytest.mark.parametrize("width", [None, 64, 128])
 @pytest.mark.parametrize("M,I,H", GATED_SHAPES)
 @pytest.mark.parametrize("dtype", [BF16, FP16])
-def test_gated(built, monkeypatch, dtype, M, I, H, parts):
+def test_gated(built, monkeypatch, dtype, M, I, H, width):
     from gemmkit.ops import fused
 
-    if parts is not None:
-        monkeypatch.setattr(hopper_ws, "ws_gated_parts", lambda *args: parts)
+    if width is not None:
+        monkeypatch.setattr(hopper_ws, "ws_gated_width", lambda *args: width)
     x, w, w_up, gate, up = ff_operands(M, I, H, dtype)
     y = poisoned((M, I), dtype)
     out = fused.gated_gemm(x, gate, up, y=y)

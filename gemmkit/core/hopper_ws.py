@@ -48,8 +48,8 @@ MIN_SLICE_K_BLOCKS = 4
 REDUCE_BLOCK = (32, 128)
 FITTED_GAIN = 0.85  # bf16 / fp16: ws_direct_ok's threshold
 GROUP_M = 8
-PER_CALL = ("a_desc", "b0_desc", "b1_desc", "b2_desc", "b3_desc", "b4_desc", "b5_desc", "xs_desc", "c", "c0_desc",
-            "c1_desc", "c2_desc", "bias", "a_scale", "b_scale")  # the kernel's leading parameters
+PER_CALL = ("a_desc", "b0_desc", "b1_desc", "xs_desc", "c", "c0_desc", "c1_desc", "bias", "a_scale",
+            "b_scale")  # the kernel's leading parameters
 C_TMA = True  # 16-bit outputs stored by TMA from shared memory (off: pointer stores; scripts/ws_probe.py --no-c-tma)
 SHARE_C = True  # 128 x (128 + 128) tiles: one output buffer per warp group for both parts, a stage more
 
@@ -180,36 +180,34 @@ def reduce_kernels():
     return reduce
 
 
-# column parts of the gated tiles' gate and up products (each part a power of two wide)
-GATED_PARTS = ((64,), (128,), (64, 32), (64, 32, 16), (128, 16))
+GATED_WIDTHS = (64, 128)
 GATED_MIN_M = 128
 GATED_PART_COST = 16  # (in columns) fitted to tuning/gated_ws/gated_ws_probe_h100.txt
 
 
-def ws_gated_parts(M: int, N: int, num_sms: int) -> tuple:
-    """Column parts of the gated tiles (128 rows x W gate + W up columns, W their sum). One row of
-    tiles (M <= 128, weight-bound): (64,), more programs streaming the weights (faster on 8 of 10
-    layers, at most 3% slower on the others). Else the width whose waves take the least time, a
-    tile's time taken as 2W + GATED_PART_COST, the wider on ties: of the 50 problems of M >= 256
-    in tuning/gated_ws/gated_ws_probe_h100.txt (widths 64 and 128) it picks the faster width, or
-    one within 2%, on 48 (e.g. 1024 x 7168 x 8192: 7 waves of 64 in 353 us against 4 of 128 in
-    393), the other two within 4%. Widths of two or three parts (96, 112, 144) fill waves where 64
-    and 128 leave a ragged last one (256 x 14336: 256 tiles of 112 in 2 waves, 224 of 128 too)."""
+def ws_gated_width(M: int, N: int, num_sms: int) -> int:
+    """Columns W of the gated tiles (128 rows x W gate + W up columns). One row of tiles (M <= 128,
+    weight-bound): 64, more programs streaming the weights (faster on 8 of 10 layers, at most 3%
+    slower on the others). Else the width whose waves take the least time, a tile's time taken as
+    2W + GATED_PART_COST, the wider on ties: of the 50 problems of M >= 256 in
+    tuning/gated_ws/gated_ws_probe_h100.txt it picks the faster width, or one within 2%, on 48 (e.g.
+    1024 x 7168 x 8192: 7 waves of 64 in 353 us against 4 of 128 in 393; PART_COST = 64, the
+    ungated kernel's fit, picked the slower one on 9), the other two within 4% (1024 x 13824 x
+    5120, where the same 128-wide plan also timed 397 us against 450 in that run)."""
     if M <= BLOCK:
-        return GATED_PARTS[0]
+        return GATED_WIDTHS[0]
 
-    def cost(parts):
-        w = sum(parts)
+    def cost(w):
         tiles = -(-M // BLOCK) * -(-N // w)
         return -(-tiles // num_sms) * (2 * w + GATED_PART_COST)
 
-    return min(GATED_PARTS, key=lambda p: (cost(p), -sum(p), len(p)))
+    return min(GATED_WIDTHS, key=lambda w: (cost(w), -w))
 
 
 def ws_gated_ok(M: int, N: int, K: int, num_sms: int) -> bool:
     """The gated problems (N: the intermediate size) this kernel takes: M >= GATED_MIN_M and
     K >= DIRECT_MIN_K. On 10 MLP shapes (7 held out) x M in 128..4096 (scripts/gated_ws_probe.py,
-    tuning/gated_ws/gated_ws_probe_h100.txt), at the width ws_gated_parts picks (64 or 128 then), it ran 0.98x
+    tuning/gated_ws/gated_ws_probe_h100.txt), at the width ws_gated_width picks, it ran 0.98x
     to 1.90x the tl kernel's gated GEMM (geomean 1.33: the tl gated tiles are not persistent,
     their two accumulators and two B tiles leave no room) and faster than the two-GEMM form
     (ops/fused._gated_two_gemms) at every problem."""
@@ -320,7 +318,7 @@ class WSPlan:
     for fixed tensor facts. Called as run(x, w, bias, y, x_scale, w_scale) like the ops' other
     plans; launched through Triton the first time, then directly (core/launcher.CachedLaunch).
     gated=(activation, (up scale offset, stride)): y = activation(x @ w.T) * (x @ w2.T), w the gate
-    and w2 the up weight (run(..., w2=up)), in tiles of ws_gated_parts' columns of each."""
+    and w2 the up weight (run(..., w2=up)), in tiles of ws_gated_width columns of each."""
 
     def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms,
                  promote=True, gated=None):
@@ -340,17 +338,16 @@ class WSPlan:
         self.a_desc = _Descriptors((M, K), (x2.stride(0), 1), (HALF, block_k),
                                    gl.NVMMASharedLayout.get_default_for([HALF, block_k], op_dtype))
         self.gated = gated is not None
-        self.gparts = ()
         if self.gated:
-            self.gparts = ws_gated_parts(M, N, num_sms)
-            self.parts = (self.gparts[0], self.gparts[0])
+            width = ws_gated_width(M, N, num_sms)
+            self.parts = (width, width)
         elif promote:
             wide = ws_block_n(M, N, num_sms, self.kblock) == 2 * BLOCK
             self.parts = (BLOCK, BLOCK) if wide else (BLOCK, 0)
         else:
             self.parts = ws_parts(M, N, num_sms, x2.dtype in _FP8)
         n0, n1 = self.parts
-        self.block_n = sum(self.gparts) if self.gated else n0 + n1  # (output columns per tile)
+        self.block_n = n0 if self.gated else n0 + n1  # (output columns per tile)
 
         def b_desc(rows):
             return _Descriptors((N, K), (w.stride(0), 1), (rows, block_k),
@@ -358,8 +355,6 @@ class WSPlan:
 
         self.b0_desc = b_desc(n0)
         self.b1_desc = b_desc(n1) if n1 else self.b0_desc  # (gated: over the up weight, a descriptor of its own)
-        # gated tiles' second and third column parts: (gate, up) descriptors of their widths
-        self.g_descs = [(b_desc(w), b_desc(w)) for w in self.gparts[1:]]
         xs_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
         xs_group_stride = 0
         if self.kblock:
@@ -412,24 +407,17 @@ class WSPlan:
 
         self.c0_desc = c_desc(n0)
         self.c1_desc = c_desc(n1) if n1 and not self.gated else self.c0_desc
-        self.c2_desc = self.c0_desc
-        if len(self.gparts) > 1:
-            self.c1_desc = c_desc(self.gparts[1])
-        if len(self.gparts) > 2:
-            self.c2_desc = c_desc(self.gparts[2])
         kernel = gluon_kernel().gemm_ws_kernel
         s_am, s_ak, s_bn, s_bk = scale_strides
         self.share_c = SHARE_C and n1 == n0 and self.c_tma and not self.gated
-        b_rows = 2 * self.block_n if self.gated else n0 + n1
-        self.stages = ws_stages(b_rows, c_dtype.itemsize if self.c_tma else 0, n0 if self.share_c else self.block_n)
+        self.stages = ws_stages(n0 + n1, c_dtype.itemsize if self.c_tma else 0, n0 if self.share_c else self.block_n)
         self.tail = kernel_tail(kernel, PER_CALL, dict(
             M=M, N=N, K=K, splits=self.splits, split_rows=self.split_rows, xs_group_stride=xs_group_stride,
             stride_cm=c_strides[0], stride_cn=c_strides[1],
             stride_asm=s_am, stride_ask=s_ak, stride_bsn=s_bn, stride_bsk=s_bk, up_scale_offset=up_offset,
             GROUP_M=GROUP_M, STAGES=self.stages, SCALES={"kblock": 0, "rowcol": 1, "none": 2}[scales],
             XS_TMA=self.xs_tma, PROMOTE=promote, TWO=n1 > 0, HAS_BIAS=bias is not None and self.splits == 1,
-            C_TMA=self.c_tma, GATED=self.gated, ACTIVATION=gated[0] if self.gated else "none", SHARE_C=self.share_c,
-            GPARTS=max(1, len(self.gparts))))
+            C_TMA=self.c_tma, GATED=self.gated, ACTIVATION=gated[0] if self.gated else "none", SHARE_C=self.share_c))
         units = -(-M // BLOCK) * -(-N // self.block_n) * self.splits
         self.launch = CachedLaunch(kernel, (min(units, num_sms),), 4, 1,
                                    self.device_index)  # persistent: at most one program per SM
@@ -445,14 +433,12 @@ class WSPlan:
             b1 = self.b1_desc(w2)
         else:
             b1 = self.b1_desc(w) if self.b1_desc is not self.b0_desc else b0
-        parts = [(g(w), u(w2)) for g, u in self.g_descs] + [(b0, b0)] * (2 - len(self.g_descs))
         if self.c_tma:
             c0 = self.c0_desc(c)
             c1 = self.c1_desc(c) if self.c1_desc is not self.c0_desc else c0
-            c2 = self.c2_desc(c) if self.c2_desc is not self.c0_desc else c0
         else:
-            c0, c1, c2 = self.c0_desc, self.c1_desc, self.c2_desc
-        return (self.a_desc(x), b0, b1, *parts[0], *parts[1], xs_desc, c, c0, c1, c2, bias, x_scale, w_scale)
+            c0, c1 = self.c0_desc, self.c1_desc
+        return self.a_desc(x), b0, b1, xs_desc, c, c0, c1, bias, x_scale, w_scale
 
     def run(self, x, w, bias, y, x_scale, w_scale, w2=None):
         if _get_device() != self.device_index:  # launches go to the current device

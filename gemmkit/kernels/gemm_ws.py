@@ -27,9 +27,8 @@ SCALES_ROWCOL: per-token (or per-tensor) x and per-channel (or per-tensor) w sca
 in the epilogue. SCALES_NONE: no scales (bf16 / fp16).
 The tile with an optional bias, cast to c's dtype, stored by TMA from shared memory (C_TMA) or
 through pointers.
-GATED (the fused feed-forward's gated GEMM, _gated_consumer): the gate and up products of the same
-columns, in up to three power-of-two column parts each, and the tile stored is act(gate) * up
-(kernels/epilogue.py's activation).
+GATED (the fused feed-forward's gated GEMM): the two column parts are the gate and up products
+of the same columns, and the tile stored is act(gate) * up (kernels/epilogue.py's activation).
 
 Only for CUDA sm_90 with Gluon (core/hopper_ws.py decides); everything else runs the tl kernel.
 """
@@ -75,28 +74,18 @@ def _unit(unit, tiles, splits, k_tiles):
 
 
 @gluon.jit
-def _producer(a_desc, b0_desc, b1_desc, b2_desc, b3_desc, b4_desc, b5_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs,
-              b1_bufs, b2_bufs, b3_bufs, b4_bufs, b5_bufs, xs_bufs, ready, empty, M, N, k_tiles, splits,
-              xs_group_stride, GROUP_M: gl.constexpr, STAGES: gl.constexpr, XS_TMA: gl.constexpr, TWO: gl.constexpr,
-              GATED: gl.constexpr, GPARTS: gl.constexpr):
+def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M, N,
+              k_tiles, splits, xs_group_stride, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+              XS_TMA: gl.constexpr, TWO: gl.constexpr, GATED: gl.constexpr):
     """One warp: for each of the program's tiles, TMA loads of each K block's two A halves, B
     column part(s) and (XS_TMA) the tile's activation scales into the next stage, once both
-    consumers have released it; it runs ahead into the next tile while the consumers finish the last one.
-    GATED: the gate (b0, b2, b4) and up (b1, b3, b5) tiles of each of the GPARTS column parts."""
+    consumers have released it; it runs ahead into the next tile while the consumers finish the last one."""
     HALF: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     N0: gl.constexpr = b0_desc.block_type.shape[0]
-    if GATED:  # the gate and up tiles of the same columns, in GPARTS parts
-        if GPARTS == 3:
-            BLOCK_N: gl.constexpr = N0 + b2_desc.block_type.shape[0] + b4_desc.block_type.shape[0]
-            b_bytes: gl.constexpr = 2 * (b0_desc.block_type.nbytes + b2_desc.block_type.nbytes
-                                         + b4_desc.block_type.nbytes)
-        elif GPARTS == 2:
-            BLOCK_N: gl.constexpr = N0 + b2_desc.block_type.shape[0]
-            b_bytes: gl.constexpr = 2 * (b0_desc.block_type.nbytes + b2_desc.block_type.nbytes)
-        else:
-            BLOCK_N: gl.constexpr = N0
-            b_bytes: gl.constexpr = 2 * b0_desc.block_type.nbytes
+    if GATED:  # the gate and up tiles of the same N0 columns
+        BLOCK_N: gl.constexpr = N0
+        b_bytes: gl.constexpr = 2 * b0_desc.block_type.nbytes
     elif TWO:
         BLOCK_N: gl.constexpr = N0 + b1_desc.block_type.shape[0]
         b_bytes: gl.constexpr = b0_desc.block_type.nbytes + b1_desc.block_type.nbytes
@@ -123,13 +112,6 @@ def _producer(a_desc, b0_desc, b1_desc, b2_desc, b3_desc, b4_desc, b5_desc, xs_d
             _tma_load(b0_desc, [off_n, ki * BLOCK_K], ready.index(s), b0_bufs.index(s))
             if GATED:
                 _tma_load(b1_desc, [off_n, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
-                if GPARTS >= 2:
-                    _tma_load(b2_desc, [off_n + N0, ki * BLOCK_K], ready.index(s), b2_bufs.index(s))
-                    _tma_load(b3_desc, [off_n + N0, ki * BLOCK_K], ready.index(s), b3_bufs.index(s))
-                if GPARTS == 3:
-                    n2 = off_n + N0 + b2_desc.block_type.shape[0]
-                    _tma_load(b4_desc, [n2, ki * BLOCK_K], ready.index(s), b4_bufs.index(s))
-                    _tma_load(b5_desc, [n2, ki * BLOCK_K], ready.index(s), b5_bufs.index(s))
             elif TWO:
                 _tma_load(b1_desc, [off_n + N0, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
             it += 1
@@ -185,7 +167,7 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
               stride_bsk, up_scale_offset, GROUP_M: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr,
               N0: gl.constexpr, N1: gl.constexpr, K_INSTR: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr,
               XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr,
-              SHARE_C: gl.constexpr):
+              GATED: gl.constexpr, ACTIVATION: gl.constexpr, SHARE_C: gl.constexpr):
     """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles, in
     column parts of N0 and (N1 > 0) N1 columns, each its own product and accumulator.
     PROMOTE: per K block and part, issue the product, wait for it, promote it (times the block's
@@ -194,7 +176,8 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
     the fence before each product waits for register loads in flight, so a load issued before it
     would put its latency between two products.
     Else the tensor cores accumulate, one K block's products in flight while the next are issued.
-    (The gated tiles have a consumer of their own: _gated_consumer.)"""
+    GATED: the two parts are the gate and up products of the same N0 columns; the tile stored is
+    ACTIVATION(gate) * up (each times its scales for SCALES_ROWCOL) in N0 columns."""
     mma0: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                    instr_shape=[16, N0, K_INSTR])
     rows_l: gl.constexpr = gl.SliceLayout(1, mma0)
@@ -208,8 +191,11 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
     rows1_l: gl.constexpr = gl.SliceLayout(1, mma1)
     # the stores a part's output buffer may leave in flight when it is written again: the other part's,
     # where each part has a buffer of its own
-    PEND: gl.constexpr = 1 if TWO and not SHARE_C else 0
-    BLOCK_N: gl.constexpr = N0 + N1
+    PEND: gl.constexpr = 1 if TWO and not GATED and not SHARE_C else 0
+    if GATED:
+        BLOCK_N: gl.constexpr = N0
+    else:
+        BLOCK_N: gl.constexpr = N0 + N1
     it = 0
     tiles = gl.cdiv(M, 2 * HALF) * gl.cdiv(N, BLOCK_N)
     for unit in range(gl.program_id(0), tiles * splits, gl.num_programs(0)):
@@ -296,9 +282,15 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
             sa = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)
         else:
             sa = rm.to(gl.float32)  # (unused)
-        _finish(acc0, c, c0_desc, c0_smem, bias, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
-                stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND)
-        if TWO:
+        if GATED:
+            out = _gate_tile(acc0, acc1, sa, b_scale, off_n, N, stride_bsn, up_scale_offset, N0, K_INSTR, SCALES,
+                             ACTIVATION)
+            _finish(out, c, c0_desc, c0_smem, bias, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
+                    stride_bsn, N0, K_INSTR, SCALES_NONE, False, C_TMA, PEND)
+        else:
+            _finish(acc0, c, c0_desc, c0_smem, bias, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
+                    stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND)
+        if TWO and not GATED:
             rm1 = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows1_l)
             _finish(acc1, c, c1_desc, c1_smem, bias, b_scale, gl.convert_layout(sa, rows1_l), row0, rm1, rm1 < M,
                     off_n + N0, N, stride_cm, stride_cn, stride_bsn, W1, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND)
@@ -307,114 +299,12 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
 
 
 @gluon.jit
-def _gated_part(gate, up, c, c_desc, c_smem, bias, b_scale, sa, row0, off_m, n0, M, N, stride_cm, stride_cn,
-                stride_bsn, up_scale_offset, HALF: gl.constexpr, SUB: gl.constexpr, K_INSTR: gl.constexpr,
-                ROLE: gl.constexpr, SCALES: gl.constexpr, ACTIVATION: gl.constexpr, C_TMA: gl.constexpr,
-                PENDING: gl.constexpr):
-    """ACTIVATION(gate) * up of one SUB-wide column part at n0, stored (_finish)."""
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, SUB, K_INSTR])
-    rm = off_m + ROLE * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, mma))
-    sa = gl.convert_layout(sa, gl.SliceLayout(1, mma))
-    out = _gate_tile(gate, up, sa, b_scale, n0, N, stride_bsn, up_scale_offset, SUB, K_INSTR, SCALES, ACTIVATION)
-    _finish(out, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, rm < M, n0, N, stride_cm, stride_cn, stride_bsn,
-            SUB, K_INSTR, SCALES_NONE, False, C_TMA, PENDING)
-
-
-@gluon.jit
-def _gated_consumer(a_bufs, b0_bufs, b1_bufs, b2_bufs, b3_bufs, b4_bufs, b5_bufs, ready, empty, c, c0_desc, c1_desc,
-                    c2_desc, c0_smem, c1_smem, c2_smem, bias, a_scale, b_scale, M, N, k_tiles, stride_cm, stride_cn,
-                    stride_asm, stride_bsn, up_scale_offset, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                    HALF: gl.constexpr, N0: gl.constexpr, G1: gl.constexpr, G2: gl.constexpr,
-                    K_INSTR: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr, C_TMA: gl.constexpr,
-                    ACTIVATION: gl.constexpr):
-    """One warp group of the gated tiles (GATED): rows [ROLE * HALF, (ROLE + 1) * HALF) of each of
-    the program's 128 x (N0 + G1 + G2) tiles, in column parts of N0, G1 (> 0) and G2 (> 0) columns
-    (powers of two: widths such as 96 or 112 fill the SMs' waves where 64 and 128 leave a ragged
-    last one), each with a gate and an up product and accumulator; the tensor cores accumulate,
-    one K block's products in flight while the next are issued. Stored: ACTIVATION(gate) * up
-    (each times its scales for SCALES_ROWCOL) per part."""
-    mma0: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                   instr_shape=[16, N0, K_INSTR])
-    rows_l: gl.constexpr = gl.SliceLayout(1, mma0)
-    if G1 > 0:
-        mma1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, G1, K_INSTR])
-    if G2 > 0:
-        mma2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, G2, K_INSTR])
-    BLOCK_N: gl.constexpr = N0 + G1 + G2
-    # the stores a part's output buffer may leave in flight when it is written again: the other parts'
-    PEND: gl.constexpr = (1 if G1 > 0 else 0) + (1 if G2 > 0 else 0)
-    it = 0
-    tiles = gl.cdiv(M, 2 * HALF) * gl.cdiv(N, BLOCK_N)
-    for tile in range(gl.program_id(0), tiles, gl.num_programs(0)):
-        off_m, off_n = _grouped_tile(tile, M, N, 2 * HALF, BLOCK_N, GROUP_M)
-        g0 = gl.zeros((HALF, N0), dtype=gl.float32, layout=mma0)
-        u0 = gl.zeros((HALF, N0), dtype=gl.float32, layout=mma0)
-        if G1 > 0:
-            g1 = gl.zeros((HALF, G1), dtype=gl.float32, layout=mma1)
-            u1 = gl.zeros((HALF, G1), dtype=gl.float32, layout=mma1)
-        if G2 > 0:
-            g2 = gl.zeros((HALF, G2), dtype=gl.float32, layout=mma2)
-            u2 = gl.zeros((HALF, G2), dtype=gl.float32, layout=mma2)
-        prev = 0
-        for ki in range(0, k_tiles):
-            s = it % STAGES
-            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            a = a_bufs.index(s)
-            g0 = warpgroup_mma(a, b0_bufs.index(s).permute((1, 0)), g0, is_async=True)
-            u0 = warpgroup_mma(a, b1_bufs.index(s).permute((1, 0)), u0, is_async=True)
-            if G2 > 0:
-                g1 = warpgroup_mma(a, b2_bufs.index(s).permute((1, 0)), g1, is_async=True)
-                u1 = warpgroup_mma(a, b3_bufs.index(s).permute((1, 0)), u1, is_async=True)
-                g2 = warpgroup_mma(a, b4_bufs.index(s).permute((1, 0)), g2, is_async=True)
-                u2 = warpgroup_mma(a, b5_bufs.index(s).permute((1, 0)), u2, is_async=True)
-                g0, u0, g1, u1, g2, u2 = warpgroup_mma_wait(num_outstanding=6, deps=(g0, u0, g1, u1, g2, u2))
-            elif G1 > 0:
-                g1 = warpgroup_mma(a, b2_bufs.index(s).permute((1, 0)), g1, is_async=True)
-                u1 = warpgroup_mma(a, b3_bufs.index(s).permute((1, 0)), u1, is_async=True)
-                g0, u0, g1, u1 = warpgroup_mma_wait(num_outstanding=4, deps=(g0, u0, g1, u1))
-            else:
-                g0, u0 = warpgroup_mma_wait(num_outstanding=2, deps=(g0, u0))
-            mbarrier.arrive(empty.index(prev), count=1, pred=ki > 0)  # the previous block's stage is read
-            prev = s
-            it += 1
-        if G2 > 0:
-            g0, u0, g1, u1, g2, u2 = warpgroup_mma_wait(num_outstanding=0, deps=(g0, u0, g1, u1, g2, u2))
-        elif G1 > 0:
-            g0, u0, g1, u1 = warpgroup_mma_wait(num_outstanding=0, deps=(g0, u0, g1, u1))
-        else:
-            g0, u0 = warpgroup_mma_wait(num_outstanding=0, deps=(g0, u0))
-        mbarrier.arrive(empty.index(prev), count=1)
-        row0 = off_m + ROLE * HALF
-        rm = row0 + gl.arange(0, HALF, layout=rows_l)
-        if SCALES == SCALES_ROWCOL:  # per token (stride 0: one value per tensor)
-            sa = gl.load(a_scale + rm * stride_asm, mask=rm < M, other=0.0)
-        else:
-            sa = rm.to(gl.float32)  # (unused)
-        _gated_part(g0, u0, c, c0_desc, c0_smem, bias, b_scale, sa, row0, off_m, off_n, M, N, stride_cm, stride_cn,
-                    stride_bsn, up_scale_offset, HALF, N0, K_INSTR, ROLE, SCALES, ACTIVATION, C_TMA, PEND)
-        if G1 > 0:
-            _gated_part(g1, u1, c, c1_desc, c1_smem, bias, b_scale, sa, row0, off_m, off_n + N0, M, N, stride_cm,
-                        stride_cn, stride_bsn, up_scale_offset, HALF, G1, K_INSTR, ROLE, SCALES, ACTIVATION, C_TMA,
-                        PEND)
-        if G2 > 0:
-            _gated_part(g2, u2, c, c2_desc, c2_smem, bias, b_scale, sa, row0, off_m, off_n + N0 + G1, M, N,
-                        stride_cm, stride_cn, stride_bsn, up_scale_offset, HALF, G2, K_INSTR, ROLE, SCALES,
-                        ACTIVATION, C_TMA, PEND)
-    if C_TMA:
-        tma.store_wait(0)  # the last stores read the c buffers: finished before the program ends
-
-
-@gluon.jit
-def gemm_ws_kernel(a_desc, b0_desc, b1_desc, b2_desc, b3_desc, b4_desc, b5_desc, xs_desc, c, c0_desc, c1_desc, c2_desc,
-                   bias, a_scale, b_scale, M, N, K,
+def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias, a_scale, b_scale, M, N, K,
                    splits, split_rows, xs_group_stride, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
                    up_scale_offset, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr,
                    XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, TWO: gl.constexpr, HAS_BIAS: gl.constexpr,
                    C_TMA: gl.constexpr, GATED: gl.constexpr = False, ACTIVATION: gl.constexpr = "none",
-                   SHARE_C: gl.constexpr = False, GPARTS: gl.constexpr = 1):
+                   SHARE_C: gl.constexpr = False):
     """c (M, N) = x (a_desc: (M, K), boxes of HALF x BLOCK_K) @ w (b0_desc / b1_desc: (N, K), boxes
     of N0 / N1 x BLOCK_K) in (2 * HALF) x (N0 + N1) tiles (N1 = 0 unless TWO), persistent: program
     p takes work units p, p + programs, ... (4 warps launched: the first consumer; a second
@@ -426,10 +316,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, b2_desc, b3_desc, b4_desc, b5_desc,
     both parts, the second part waiting for the first's store (shared memory for a stage more).
     GATED (fused feed-forward, no promotion, one slice): b0_desc is the gate weight (N, K) and
     b1_desc the up weight (N, K, same box); c (M, N) = ACTIVATION(x @ gate^T) * (x @ up^T) in
-    2 * HALF x (N0 + G1 + G2) tiles of GPARTS column parts: the second (G1 columns) through
-    b2_desc / b3_desc (gate / up) and c1_desc, the third (G2) through b4_desc / b5_desc and
-    c2_desc; no bias (SCALES_ROWCOL: the up weight's scales at b_scale + up_scale_offset).
-    Descriptors a call does not use are passed as copies of b0_desc / c0_desc."""
+    2 * HALF x N0 tiles, no bias (SCALES_ROWCOL: the up weight's scales at b_scale + up_scale_offset)."""
     HALF: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     N0: gl.constexpr = b0_desc.block_type.shape[0]
@@ -444,15 +331,6 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, b2_desc, b3_desc, b4_desc, b5_desc,
     gl.static_assert(not GATED or (TWO and N1 == N0 and not PROMOTE and not HAS_BIAS and SCALES != SCALES_KBLOCK),
                      "gated: equal gate and up parts, the tensor cores' accumulation, no bias")
     gl.static_assert(not SHARE_C or (TWO and N1 == N0 and C_TMA), "a shared output buffer: two equal parts")
-    gl.static_assert(GPARTS == 1 or GATED, "column parts of gate and up: gated tiles")
-    if GATED and GPARTS >= 2:
-        G1: gl.constexpr = b2_desc.block_type.shape[0]
-    else:
-        G1: gl.constexpr = 0
-    if GATED and GPARTS == 3:
-        G2: gl.constexpr = b4_desc.block_type.shape[0]
-    else:
-        G2: gl.constexpr = 0
     a0_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
     a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
     b0_bufs = gl.allocate_shared_memory(b0_desc.dtype, [STAGES, N0, BLOCK_K], b0_desc.layout)
@@ -460,18 +338,6 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, b2_desc, b3_desc, b4_desc, b5_desc,
         b1_bufs = gl.allocate_shared_memory(b1_desc.dtype, [STAGES, N1, BLOCK_K], b1_desc.layout)
     else:  # (unused)
         b1_bufs = b0_bufs
-    if G1 > 0:
-        b2_bufs = gl.allocate_shared_memory(b2_desc.dtype, [STAGES, G1, BLOCK_K], b2_desc.layout)
-        b3_bufs = gl.allocate_shared_memory(b3_desc.dtype, [STAGES, G1, BLOCK_K], b3_desc.layout)
-    else:  # (unused)
-        b2_bufs = b0_bufs
-        b3_bufs = b0_bufs
-    if G2 > 0:
-        b4_bufs = gl.allocate_shared_memory(b4_desc.dtype, [STAGES, G2, BLOCK_K], b4_desc.layout)
-        b5_bufs = gl.allocate_shared_memory(b5_desc.dtype, [STAGES, G2, BLOCK_K], b5_desc.layout)
-    else:  # (unused)
-        b4_bufs = b0_bufs
-        b5_bufs = b0_bufs
     xs_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * HALF], xs_desc.layout)
     if C_TMA:  # per warp group, a buffer per column part
         cA0 = gl.allocate_shared_memory(c0_desc.dtype, [HALF, N0], c0_desc.layout)
@@ -479,56 +345,31 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, b2_desc, b3_desc, b4_desc, b5_desc,
         if TWO and not GATED and not SHARE_C:
             cA1 = gl.allocate_shared_memory(c1_desc.dtype, [HALF, N1], c1_desc.layout)
             cB1 = gl.allocate_shared_memory(c1_desc.dtype, [HALF, N1], c1_desc.layout)
-        elif G1 > 0:
-            cA1 = gl.allocate_shared_memory(c1_desc.dtype, [HALF, G1], c1_desc.layout)
-            cB1 = gl.allocate_shared_memory(c1_desc.dtype, [HALF, G1], c1_desc.layout)
         else:  # (unused)
             cA1 = cA0
             cB1 = cB0
-        if G2 > 0:
-            cA2 = gl.allocate_shared_memory(c2_desc.dtype, [HALF, G2], c2_desc.layout)
-            cB2 = gl.allocate_shared_memory(c2_desc.dtype, [HALF, G2], c2_desc.layout)
-        else:  # (unused)
-            cA2 = cA0
-            cB2 = cB0
     else:  # (unused)
         cA0 = xs_bufs
         cB0 = xs_bufs
         cA1 = xs_bufs
         cB1 = xs_bufs
-        cA2 = xs_bufs
-        cB2 = xs_bufs
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)
     k_tiles = gl.cdiv(K, BLOCK_K)
-    if GATED:
-        gl.warp_specialize([
-            (_gated_consumer, (a0_bufs, b0_bufs, b1_bufs, b2_bufs, b3_bufs, b4_bufs, b5_bufs, ready, empty, c, c0_desc,
-                               c1_desc, c2_desc, cA0, cA1, cA2, bias, a_scale, b_scale, M, N, k_tiles, stride_cm,
-                               stride_cn, stride_asm, stride_bsn, up_scale_offset, GROUP_M, STAGES, HALF, N0, G1, G2,
-                               K_INSTR, 0, SCALES, C_TMA, ACTIVATION)),
-            (_gated_consumer, (a1_bufs, b0_bufs, b1_bufs, b2_bufs, b3_bufs, b4_bufs, b5_bufs, ready, empty, c, c0_desc,
-                               c1_desc, c2_desc, cB0, cB1, cB2, bias, a_scale, b_scale, M, N, k_tiles, stride_cm,
-                               stride_cn, stride_asm, stride_bsn, up_scale_offset, GROUP_M, STAGES, HALF, N0, G1, G2,
-                               K_INSTR, 1, SCALES, C_TMA, ACTIVATION)),
-            (_producer, (a_desc, b0_desc, b1_desc, b2_desc, b3_desc, b4_desc, b5_desc, xs_desc, a0_bufs, a1_bufs,
-                         b0_bufs, b1_bufs, b2_bufs, b3_bufs, b4_bufs, b5_bufs, xs_bufs, ready, empty, M, N, k_tiles,
-                         splits, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO, GATED, GPARTS)),
-        ], [4, 1], [232, 40])
-    else:
-        gl.warp_specialize([
-            (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias, a_scale,
-                         b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask,
-                         stride_bsn, stride_bsk, up_scale_offset,
-                         GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, SHARE_C)),
-            (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cB0, cB1, bias, a_scale,
-                         b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask,
-                         stride_bsn, stride_bsk, up_scale_offset,
-                         GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, SHARE_C)),
-            (_producer, (a_desc, b0_desc, b1_desc, b2_desc, b3_desc, b4_desc, b5_desc, xs_desc, a0_bufs, a1_bufs,
-                         b0_bufs, b1_bufs, b2_bufs, b3_bufs, b4_bufs, b5_bufs, xs_bufs, ready, empty, M, N, k_tiles,
-                         splits, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO, GATED, GPARTS)),
-        ], [4, 1], [232, 40])
+    gl.warp_specialize([
+        (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias, a_scale,
+                     b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
+                     stride_bsk, up_scale_offset,
+                     GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
+                     ACTIVATION, SHARE_C)),
+        (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cB0, cB1, bias, a_scale,
+                     b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
+                     stride_bsk, up_scale_offset,
+                     GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
+                     ACTIVATION, SHARE_C)),
+        (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M,
+                     N, k_tiles, splits, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO, GATED)),
+    ], [4, 1], [232, 40])

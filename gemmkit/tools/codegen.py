@@ -546,10 +546,6 @@ WS_CHECKS = {  # (M, N, K, compile_ws keywords, tensor-core instruction)
         256, 14336, 4096, dict(scales="none", promote=False, dtype=torch.bfloat16, gated=True), "HGMMA"),
     "gluon fp8 gated, per-channel scales, 128 x (128 + 128) tiles, TMA stores": (
         256, 18944, 3584, dict(scales="rowcol", promote=False, gated=True), "QGMMA"),
-    "gluon bf16 gated, 128 x 2 x (64 + 32 + 16) tiles (three column parts), TMA stores": (
-        256, 14336, 4096, dict(scales="none", promote=False, dtype=torch.bfloat16, gated=True), "HGMMA"),
-    "gluon bf16 gated, 128 x 2 x (128 + 16) tiles (two column parts), TMA stores": (
-        256, 18944, 3584, dict(scales="none", promote=False, dtype=torch.bfloat16, gated=True), "HGMMA"),
 }
 
 

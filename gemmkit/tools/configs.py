@@ -62,10 +62,8 @@ def gluon_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | No
     elif table == "ff_gated_a16w16":
         if not hw.ws_gated_ok(M, N, K, sms):
             return None
-        parts = hw.ws_gated_parts(M, N, sms)
-        w = sum(parts)
-        split = f" in parts of {' + '.join(map(str, parts))}" if len(parts) > 1 else ""
-        return f"gated tiles of 128 rows x ({w} gate + {w} up) columns{split}"
+        w = hw.ws_gated_width(M, N, sms)
+        return f"gated tiles of 128 rows x ({w} gate + {w} up) columns"
     else:
         return None
     width = parts[0] + parts[1]
