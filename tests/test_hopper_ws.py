@@ -180,6 +180,13 @@ def test_plan_binds_the_kernel_signature(scales, dtype, layout, out_dtype, parts
     if plan.share_c:
         assert plan.stages == 4
     assert plan.b0_desc.args[2] == [parts[0], 128 // dtype.itemsize]
+    if scales != "kblock" and not promote:  # tiles of 64 rows: one consumer warp group, half the A tile per stage
+        rows64 = hopper_ws.WSPlan(x, w, None, M, N, K, scales, xs, ws, None, out_dtype, (M, N), False, 132, promote,
+                                  tiles=(64, parts))
+        names = hopper_ws.gluon_kernel().gemm_ws_kernel.arg_names[len(hopper_ws.PER_CALL):]
+        assert dict(zip(names, rows64.tail))["GROUPS"] == 1 and dict(zip(names, plan.tail))["GROUPS"] == 2
+        assert rows64.stages == hopper_ws.ws_stages(sum(parts), 0 if out_dtype == FP32 else 2, sum(parts), 64)
+        assert rows64.stages >= plan.stages
 
 
 # block scales (GPU) ----------------------------------------------------------------------------
@@ -403,6 +410,45 @@ def test_a16w16_fitted_outputs_and_layouts(built, monkeypatch, out_dtype):
     xt = randn(K, M, dtype=BF16).t()
     assert_close(gemmkit.gemm_a16w16(xt, w), reference(xt, w))
     assert len(built) == 2
+
+
+ROWS64_SHAPES = [(512, 1280, 8192), (333, 2560, 1000), (100, 1000, 3040), (2048, 1280, 2000)]  # (100: K slices)
+
+
+def force_rows64(monkeypatch, parts):
+    """The kernel without promotion at every size, in tiles of 64 rows (one consumer warp group)."""
+    monkeypatch.setattr(hopper_ws, "ws_direct_ok", lambda *args: True)
+    monkeypatch.setattr(hopper_ws, "ws_tiles", lambda *args: (64, parts))
+
+
+@needs_hopper
+@pytest.mark.parametrize("parts", [(64, 16), (128, 32), (128, 0), (64, 0)])
+@pytest.mark.parametrize("M,N,K", ROWS64_SHAPES)
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_a16w16_rows64(built, monkeypatch, dtype, M, N, K, parts):
+    force_rows64(monkeypatch, parts)
+    x, w = randn(M, K, dtype=dtype), randn(N, K, dtype=dtype, scale=K**-0.5)
+    bias = randn(N, dtype=dtype)
+    y = poisoned((M, N), dtype)
+    out = gemmkit.gemm_a16w16(x, w, bias, y=y)
+    assert out is y and len(built) == 1 and built[0].rows == 64 and built[0].parts == parts
+    assert_close(out, reference(x, w, bias))
+    fp32 = gemmkit.gemm_a16w16(x, w, bias, out_dtype=FP32)  # pointer stores
+    assert_close(fp32, reference(x, w, bias))
+
+
+@needs_hopper
+@pytest.mark.parametrize("parts", [(64, 16), (128, 32)])
+@pytest.mark.parametrize("M,N,K", ROWS64_SHAPES)
+def test_a8w8_fast_rows64(built, monkeypatch, M, N, K, parts):
+    force_rows64(monkeypatch, parts)
+    x, w = randn(M, K, dtype=FP32), randn(N, K, dtype=FP32) / K**0.5
+    (xq, xs), (wq, ws) = quant.quantize_fp8(x, "row"), quant.quantize_fp8(w, "row")
+    ws = ws.reshape(1, N)
+    y = poisoned((M, N), BF16)
+    out = gemmkit.gemm_a8w8(xq, wq, xs, ws, y=y)
+    assert out is y and len(built) == 1 and built[0].rows == 64
+    assert_close(out, reference(xq, wq, None, x_scale=xs, w_scale=ws))
 
 
 @needs_hopper

@@ -131,6 +131,11 @@ def ws_parts(M: int, N: int, num_sms: int, fp8: bool) -> tuple[int, int]:
     return min(_widths(fp8, M), key=lambda p: (_wave_cost(M, N, p, num_sms), -(p[0] + p[1])))
 
 
+def ws_tiles(M: int, N: int, num_sms: int, fp8: bool) -> tuple[int, tuple[int, int]]:
+    """(rows, column parts) of the tiles without promotion."""
+    return BLOCK, ws_parts(M, N, num_sms, fp8)
+
+
 def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
     """The problem sizes for which the kernel without promotion measured faster than the tl kernel
     (scripts/ws_probe.py --any-size, tuning/fitted/ws_any_*_h100.txt): M >= WS_MIN_M,
@@ -160,11 +165,11 @@ def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
     return fitted <= FITTED_GAIN * min(_wave_cost(M, N, p, num_sms) for p in _widths(fp8, M) if p[1] in (0, p[0]))
 
 
-def ws_splits(M: int, N: int, K: int, num_sms: int, block_n: int, block_k: int) -> int:
-    """K slices per tile: where the 128 x block_n tiles fill less than half of the SMs, as many as
+def ws_splits(M: int, N: int, K: int, num_sms: int, block_n: int, block_k: int, rows: int = BLOCK) -> int:
+    """K slices per tile: where the rows x block_n tiles fill less than half of the SMs, as many as
     the SMs hold (each at least MIN_SLICE_K_BLOCKS K blocks deep), summed by a second kernel
     (kernels/reduce.py sum_k_slices); else 1."""
-    tiles = -(-M // BLOCK) * -(-N // block_n)
+    tiles = -(-M // rows) * -(-N // block_n)
     k_blocks = -(-K // block_k)
     if 2 * tiles > num_sms:
         return 1
@@ -304,12 +309,12 @@ class _Descriptors:
         return d
 
 
-def ws_stages(width: int, out_bytes: int, out_width: int | None = None) -> int:
-    """Pipeline stages of 128 x width tiles (B rows per K block): as many as shared memory holds
-    beside the output buffers of 128 x out_width (default width; out_bytes per element, 0: pointer
+def ws_stages(width: int, out_bytes: int, out_width: int | None = None, rows: int = BLOCK) -> int:
+    """Pipeline stages of rows x width tiles (B rows per K block): as many as shared memory holds
+    beside the output buffers of rows x out_width (default width; out_bytes per element, 0: pointer
     stores), at most MAX_STAGES."""
-    stage = (BLOCK + width) * ROW_BYTES + BLOCK * 4  # A, B and a tile's x scales
-    out = BLOCK * (width if out_width is None else out_width) * out_bytes
+    stage = (rows + width) * ROW_BYTES + BLOCK * 4  # A, B and a tile's x scales
+    out = rows * (width if out_width is None else out_width) * out_bytes
     return min(MAX_STAGES, (SMEM_BYTES - SMEM_RESERVE - out) // stage)
 
 
@@ -321,7 +326,7 @@ class WSPlan:
     and w2 the up weight (run(..., w2=up)), in tiles of ws_gated_width columns of each."""
 
     def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms,
-                 promote=True, gated=None):
+                 promote=True, gated=None, tiles=None):
         from triton.experimental.gluon import language as gl
 
         from .launcher import CachedLaunch
@@ -345,7 +350,9 @@ class WSPlan:
             wide = ws_block_n(M, N, num_sms, self.kblock) == 2 * BLOCK
             self.parts = (BLOCK, BLOCK) if wide else (BLOCK, 0)
         else:
-            self.parts = ws_parts(M, N, num_sms, x2.dtype in _FP8)
+            self.rows, self.parts = tiles or ws_tiles(M, N, num_sms, x2.dtype in _FP8)
+        if self.gated or promote:
+            self.rows = BLOCK
         n0, n1 = self.parts
         self.block_n = n0 if self.gated else n0 + n1  # (output columns per tile)
 
@@ -382,9 +389,9 @@ class WSPlan:
         if scales != "rowcol" or w_scale.numel() == 1:
             up_offset = 0
         self.y_strides = (N, 1) if y2 is None else y2.stride()
-        self.splits = 1 if self.gated else ws_splits(M, N, K, num_sms, self.block_n, block_k)
+        self.splits = 1 if self.gated else ws_splits(M, N, K, num_sms, self.block_n, block_k, self.rows)
         if self.splits > 1:  # K slices summed apart: into an fp32 workspace, slice s at rows s * split_rows
-            self.split_rows = -(-M // BLOCK) * BLOCK
+            self.split_rows = -(-M // self.rows) * self.rows
             n_pad = -(-N // 4) * 4  # 16-byte rows
             self.ws_shape = (self.splits * self.split_rows, n_pad)
             c_strides, c_dtype, self.c_tma = (n_pad, 1), torch.float32, True
@@ -410,15 +417,17 @@ class WSPlan:
         kernel = gluon_kernel().gemm_ws_kernel
         s_am, s_ak, s_bn, s_bk = scale_strides
         self.share_c = SHARE_C and n1 == n0 and self.c_tma and not self.gated
-        self.stages = ws_stages(n0 + n1, c_dtype.itemsize if self.c_tma else 0, n0 if self.share_c else self.block_n)
+        self.stages = ws_stages(n0 + n1, c_dtype.itemsize if self.c_tma else 0, n0 if self.share_c else self.block_n,
+                                self.rows)
         self.tail = kernel_tail(kernel, PER_CALL, dict(
             M=M, N=N, K=K, splits=self.splits, split_rows=self.split_rows, xs_group_stride=xs_group_stride,
             stride_cm=c_strides[0], stride_cn=c_strides[1],
             stride_asm=s_am, stride_ask=s_ak, stride_bsn=s_bn, stride_bsk=s_bk, up_scale_offset=up_offset,
             GROUP_M=GROUP_M, STAGES=self.stages, SCALES={"kblock": 0, "rowcol": 1, "none": 2}[scales],
             XS_TMA=self.xs_tma, PROMOTE=promote, TWO=n1 > 0, HAS_BIAS=bias is not None and self.splits == 1,
-            C_TMA=self.c_tma, GATED=self.gated, ACTIVATION=gated[0] if self.gated else "none", SHARE_C=self.share_c))
-        units = -(-M // BLOCK) * -(-N // self.block_n) * self.splits
+            C_TMA=self.c_tma, GATED=self.gated, ACTIVATION=gated[0] if self.gated else "none", SHARE_C=self.share_c,
+            GROUPS=self.rows // HALF))
+        units = -(-M // self.rows) * -(-N // self.block_n) * self.splits
         self.launch = CachedLaunch(kernel, (min(units, num_sms),), 4, 1,
                                    self.device_index)  # persistent: at most one program per SM
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)

@@ -76,10 +76,11 @@ def _unit(unit, tiles, splits, k_tiles):
 @gluon.jit
 def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M, N,
               k_tiles, splits, xs_group_stride, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-              XS_TMA: gl.constexpr, TWO: gl.constexpr, GATED: gl.constexpr):
-    """One warp: for each of the program's tiles, TMA loads of each K block's two A halves, B
-    column part(s) and (XS_TMA) the tile's activation scales into the next stage, once both
-    consumers have released it; it runs ahead into the next tile while the consumers finish the last one."""
+              XS_TMA: gl.constexpr, TWO: gl.constexpr, GATED: gl.constexpr, GROUPS: gl.constexpr):
+    """One warp: for each of the program's tiles, TMA loads of each K block's A rows (GROUPS boxes
+    of HALF rows, one per consumer warp group), B column part(s) and (XS_TMA) the tile's activation
+    scales into the next stage, once the consumers have released it; it runs ahead into the next
+    tile while the consumers finish the last one."""
     HALF: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     N0: gl.constexpr = b0_desc.block_type.shape[0]
@@ -93,14 +94,14 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
         BLOCK_N: gl.constexpr = N0
         b_bytes: gl.constexpr = b0_desc.block_type.nbytes
     if XS_TMA:
-        nbytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_bytes + xs_desc.block_type.nbytes
+        nbytes: gl.constexpr = GROUPS * a_desc.block_type.nbytes + b_bytes + xs_desc.block_type.nbytes
     else:
-        nbytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_bytes
+        nbytes: gl.constexpr = GROUPS * a_desc.block_type.nbytes + b_bytes
     it = 0
-    tiles = gl.cdiv(M, 2 * HALF) * gl.cdiv(N, BLOCK_N)
+    tiles = gl.cdiv(M, GROUPS * HALF) * gl.cdiv(N, BLOCK_N)
     for unit in range(gl.program_id(0), tiles * splits, gl.num_programs(0)):
         tile, sp, k0, k1 = _unit(unit, tiles, splits, k_tiles)
-        off_m, off_n = _grouped_tile(tile, M, N, 2 * HALF, BLOCK_N, GROUP_M)
+        off_m, off_n = _grouped_tile(tile, M, N, GROUPS * HALF, BLOCK_N, GROUP_M)
         for ki in range(k0, k1):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # (the first round passes at once)
@@ -108,7 +109,8 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
             if XS_TMA:  # x_scale column-major: group ki's scales of rows off_m.. are contiguous
                 _tma_load(xs_desc, [ki * xs_group_stride + off_m], ready.index(s), xs_bufs.index(s))
             _tma_load(a_desc, [off_m, ki * BLOCK_K], ready.index(s), a0_bufs.index(s))
-            _tma_load(a_desc, [off_m + HALF, ki * BLOCK_K], ready.index(s), a1_bufs.index(s))
+            if GROUPS == 2:
+                _tma_load(a_desc, [off_m + HALF, ki * BLOCK_K], ready.index(s), a1_bufs.index(s))
             _tma_load(b0_desc, [off_n, ki * BLOCK_K], ready.index(s), b0_bufs.index(s))
             if GATED:
                 _tma_load(b1_desc, [off_n, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
@@ -167,8 +169,9 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
               stride_bsk, up_scale_offset, GROUP_M: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr,
               N0: gl.constexpr, N1: gl.constexpr, K_INSTR: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr,
               XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr,
-              GATED: gl.constexpr, ACTIVATION: gl.constexpr, SHARE_C: gl.constexpr):
-    """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles, in
+              GATED: gl.constexpr, ACTIVATION: gl.constexpr, SHARE_C: gl.constexpr, GROUPS: gl.constexpr):
+    """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles
+    (GROUPS * HALF rows: one group per tile of HALF rows, or two), in
     column parts of N0 and (N1 > 0) N1 columns, each its own product and accumulator.
     PROMOTE: per K block and part, issue the product, wait for it, promote it (times the block's
     scales for SCALES_KBLOCK) while the other group's runs; one product at a time is held beside
@@ -197,10 +200,10 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
     else:
         BLOCK_N: gl.constexpr = N0 + N1
     it = 0
-    tiles = gl.cdiv(M, 2 * HALF) * gl.cdiv(N, BLOCK_N)
+    tiles = gl.cdiv(M, GROUPS * HALF) * gl.cdiv(N, BLOCK_N)
     for unit in range(gl.program_id(0), tiles * splits, gl.num_programs(0)):
         tile, sp, k0, k1 = _unit(unit, tiles, splits, k_tiles)
-        off_m, off_n = _grouped_tile(tile, M, N, 2 * HALF, BLOCK_N, GROUP_M)
+        off_m, off_n = _grouped_tile(tile, M, N, GROUPS * HALF, BLOCK_N, GROUP_M)
         rm = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows_l)
         row_ok = rm < M
         acc0 = gl.zeros((HALF, N0), dtype=gl.float32, layout=mma0)
@@ -304,7 +307,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                    up_scale_offset, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr,
                    XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, TWO: gl.constexpr, HAS_BIAS: gl.constexpr,
                    C_TMA: gl.constexpr, GATED: gl.constexpr = False, ACTIVATION: gl.constexpr = "none",
-                   SHARE_C: gl.constexpr = False):
+                   SHARE_C: gl.constexpr = False, GROUPS: gl.constexpr = 2):
     """c (M, N) = x (a_desc: (M, K), boxes of HALF x BLOCK_K) @ w (b0_desc / b1_desc: (N, K), boxes
     of N0 / N1 x BLOCK_K) in (2 * HALF) x (N0 + N1) tiles (N1 = 0 unless TWO), persistent: program
     p takes work units p, p + programs, ... (4 warps launched: the first consumer; a second
@@ -316,7 +319,9 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     both parts, the second part waiting for the first's store (shared memory for a stage more).
     GATED (fused feed-forward, no promotion, one slice): b0_desc is the gate weight (N, K) and
     b1_desc the up weight (N, K, same box); c (M, N) = ACTIVATION(x @ gate^T) * (x @ up^T) in
-    2 * HALF x N0 tiles, no bias (SCALES_ROWCOL: the up weight's scales at b_scale + up_scale_offset)."""
+    2 * HALF x N0 tiles, no bias (SCALES_ROWCOL: the up weight's scales at b_scale + up_scale_offset).
+    GROUPS = 1 (the tensor cores' accumulation, not gated): tiles of HALF rows, one consumer warp
+    group (more tiles where those of 2 * HALF rows leave SMs idle)."""
     HALF: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     N0: gl.constexpr = b0_desc.block_type.shape[0]
@@ -331,8 +336,12 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     gl.static_assert(not GATED or (TWO and N1 == N0 and not PROMOTE and not HAS_BIAS and SCALES != SCALES_KBLOCK),
                      "gated: equal gate and up parts, the tensor cores' accumulation, no bias")
     gl.static_assert(not SHARE_C or (TWO and N1 == N0 and C_TMA), "a shared output buffer: two equal parts")
+    gl.static_assert(GROUPS == 2 or (GROUPS == 1 and not PROMOTE and not GATED), "one warp group: accumulating tiles")
     a0_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
-    a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
+    if GROUPS == 2:
+        a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
+    else:  # (unused)
+        a1_bufs = a0_bufs
     b0_bufs = gl.allocate_shared_memory(b0_desc.dtype, [STAGES, N0, BLOCK_K], b0_desc.layout)
     if TWO:
         b1_bufs = gl.allocate_shared_memory(b1_desc.dtype, [STAGES, N1, BLOCK_K], b1_desc.layout)
@@ -341,10 +350,16 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     xs_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * HALF], xs_desc.layout)
     if C_TMA:  # per warp group, a buffer per column part
         cA0 = gl.allocate_shared_memory(c0_desc.dtype, [HALF, N0], c0_desc.layout)
-        cB0 = gl.allocate_shared_memory(c0_desc.dtype, [HALF, N0], c0_desc.layout)
+        if GROUPS == 2:
+            cB0 = gl.allocate_shared_memory(c0_desc.dtype, [HALF, N0], c0_desc.layout)
+        else:  # (unused)
+            cB0 = cA0
         if TWO and not GATED and not SHARE_C:
             cA1 = gl.allocate_shared_memory(c1_desc.dtype, [HALF, N1], c1_desc.layout)
-            cB1 = gl.allocate_shared_memory(c1_desc.dtype, [HALF, N1], c1_desc.layout)
+            if GROUPS == 2:
+                cB1 = gl.allocate_shared_memory(c1_desc.dtype, [HALF, N1], c1_desc.layout)
+            else:  # (unused)
+                cB1 = cA1
         else:  # (unused)
             cA1 = cA0
             cB1 = cB0
@@ -357,19 +372,30 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
+        mbarrier.init(empty.index(i), count=GROUPS)
     k_tiles = gl.cdiv(K, BLOCK_K)
-    gl.warp_specialize([
-        (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias, a_scale,
-                     b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
-                     stride_bsk, up_scale_offset,
-                     GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                     ACTIVATION, SHARE_C)),
-        (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cB0, cB1, bias, a_scale,
-                     b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
-                     stride_bsk, up_scale_offset,
-                     GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                     ACTIVATION, SHARE_C)),
-        (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M,
-                     N, k_tiles, splits, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO, GATED)),
-    ], [4, 1], [232, 40])
+    if GROUPS == 2:
+        gl.warp_specialize([
+            (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias, a_scale,
+                         b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
+                         stride_bsk, up_scale_offset,
+                         GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
+                         ACTIVATION, SHARE_C, GROUPS)),
+            (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cB0, cB1, bias, a_scale,
+                         b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
+                         stride_bsk, up_scale_offset,
+                         GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
+                         ACTIVATION, SHARE_C, GROUPS)),
+            (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M,
+                         N, k_tiles, splits, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO, GATED, GROUPS)),
+        ], [4, 1], [232, 40])
+    else:
+        gl.warp_specialize([
+            (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias, a_scale,
+                         b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
+                         stride_bsk, up_scale_offset,
+                         GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
+                         ACTIVATION, SHARE_C, GROUPS)),
+            (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M,
+                         N, k_tiles, splits, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO, GATED, GROUPS)),
+        ], [1], [40])

@@ -222,12 +222,14 @@ def compile_bare(M: int, N: int, K: int, cfg: GemmConfig, dtype=torch.float8_e4m
 
 
 def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = True, dtype=torch.float8_e4m3fn,
-               xs_tma: bool = True, out_dtype=torch.bfloat16, num_sms: int = H100.num_sms, gated: bool = False) -> Binary:
+               xs_tma: bool = True, out_dtype=torch.bfloat16, num_sms: int = H100.num_sms, gated: bool = False,
+               tiles=None) -> Binary:
     """Compile the warp-specialized Gluon kernel (kernels/gemm_ws.py) for sm_90 with the arguments
     core/hopper_ws.WSPlan passes for this problem: scales "kblock" (x scales by TMA or by register
     loads), "rowcol" or "none" (bf16 / fp16), FP8 promoted or not, the plan's tile width, TMA stores
     for 16-bit outputs (pointer stores for fp32). gated: the fused feed-forward's gated tiles
-    (silu(x @ gate^T) * (x @ up^T), N the intermediate size; per-channel scales for "rowcol")."""
+    (silu(x @ gate^T) * (x @ up^T), N the intermediate size; per-channel scales for "rowcol").
+    tiles: (rows, column parts) forced (WSPlan's tiles; rows 64: one consumer warp group)."""
     from ..core import hopper_ws as hw
 
     kernel = hw.gluon_kernel().gemm_ws_kernel
@@ -244,7 +246,7 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
     if gated:
         bias = None
     plan = hw.WSPlan(x, w, None, M, N, K, scales, xs, ws, bias, out_dtype, (M, N), False, num_sms, promote,
-                     gated=("silu", (N, 1)) if gated else None)
+                     gated=("silu", (N, 1)) if gated else None, tiles=tiles)
     if plan.splits > 1:  # the kernel writes K slices' fp32 partials into the workspace
         c = torch.empty(plan.ws_shape, dtype=torch.float32)
     return _compile_gluon(kernel, (*plan.arguments(x, w, c, bias, xs, ws, w if gated else None), *plan.tail))
@@ -538,6 +540,12 @@ WS_CHECKS = {  # (M, N, K, compile_ws keywords, tensor-core instruction)
     "gluon bf16, 128x256 tiles, TMA stores": (
         4096, 4096, 4096, dict(scales="none", promote=False, dtype=torch.bfloat16), "HGMMA"),
     "gluon fp8 blockscale, 3 K slices into a workspace (34 tiles)": (256, 2112, 7168, dict(scales="kblock"), "QGMMA"),
+    "gluon bf16, 64 x 80 tiles (64 + 16), one consumer warp group, TMA stores": (
+        512, 1280, 8192, dict(scales="none", promote=False, dtype=torch.bfloat16, tiles=(64, (64, 16))), "HGMMA"),
+    "gluon fp8 fast accumulation, 64 x 160 tiles (128 + 32), one consumer warp group": (
+        512, 2560, 8192, dict(scales="rowcol", promote=False, tiles=(64, (128, 32))), "QGMMA"),
+    "gluon bf16, 64 x 128 tiles in 4 K slices, one consumer warp group": (
+        128, 1280, 8192, dict(scales="none", promote=False, dtype=torch.bfloat16, tiles=(64, (128, 0))), "HGMMA"),
     "gluon bf16, 4 K slices into a workspace (32 tiles)": (
         256, 2048, 8192, dict(scales="none", promote=False, dtype=torch.bfloat16), "HGMMA"),
     "gluon fp16, 128x144 tiles (128 + 16), fp32 output by pointers": (

@@ -1,0 +1,107 @@
+"""Probe (device tool, H100): tiles of 64 rows (one consumer warp group, kernels/gemm_ws.py GROUPS=1)
+against the 128-row tiles of the warp-specialized Gluon kernel, the op's default plan and cuBLAS, for
+bf16 (and with --fp8, FP8 with fast accumulation, per-token x per-channel scales) on layers whose
+128-row tiles fill the SMs badly. One interleaved CUDA-graph timing per problem over: F.linear /
+_scaled_mm (the baseline), the op's default call, the Gluon kernel with 128-row tiles at the width
+ws_parts picks, and 64-row tiles at each width of --widths. Results are checked against the
+baseline first.
+
+    python3 scripts/ws_rows_probe.py [OUT] [--m M ...] [--shapes N K ...] [--fp8] [--widths W ...]
+"""
+
+import argparse
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import gemmkit  # noqa: E402
+from gemmkit import quant  # noqa: E402
+from gemmkit.core import hopper_ws  # noqa: E402
+from gemmkit.tools.timing import time_graphs_us  # noqa: E402
+from gemmkit.tools.tune import rel_error  # noqa: E402
+
+# Llama-3-70B / TP8 qkv, / TP4 qkv, / TP8 gate_up, / TP4 o; Gemma-2-9B down, Phi-3-mini down and o,
+# Gemma-2-27B o, Qwen3-32B / TP2 qkv
+SHAPES = [(1280, 8192), (2560, 8192), (7168, 8192), (8192, 2048), (3584, 14336), (3072, 8192), (3072, 3072),
+          (4608, 4096), (5120, 5120)]
+PARTS = {64: (64, 0), 80: (64, 16), 96: (64, 32), 128: (128, 0), 144: (128, 16), 160: (128, 32), 192: (128, 64),
+         256: (128, 128)}
+SETS = 3
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--m", type=int, nargs="+", default=[128, 256, 512, 1024, 2048])
+    ap.add_argument("--shapes", type=int, nargs="+", help="N K pairs instead of the built-in list")
+    ap.add_argument("--widths", type=int, nargs="+", default=[64, 80, 96, 128, 160, 192])
+    ap.add_argument("--fp8", action="store_true")
+    args = ap.parse_args()
+    out = open(args.out, "w") if args.out else sys.stdout
+    shapes = list(zip(args.shapes[::2], args.shapes[1::2])) if args.shapes else SHAPES
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {'fp8 fast accumulation' if args.fp8 else 'bf16'}"
+          "; CUDA-graph us per call; ratio = baseline / variant", file=out, flush=True)
+    ratios = {}
+    for N, K in shapes:
+        for M in args.m:
+            sets = []
+            for _ in range(SETS):
+                x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+                w = (torch.randn(N, K, device="cuda") / K**0.5).bfloat16()
+                if args.fp8:
+                    xq, xs = quant.quantize_fp8(x, "row")
+                    wq, ws = quant.quantize_fp8(w, "row")
+                    sets.append((xq, wq, xs.reshape(M, 1), ws.reshape(1, N)))
+                else:
+                    sets.append((x, w, None, None))
+
+            def baseline(i):
+                x, w, xs, ws = sets[i]
+                if args.fp8:
+                    return torch._scaled_mm(x, w.t(), xs, ws, out_dtype=torch.bfloat16, use_fast_accum=True)
+                return F.linear(x, w)
+
+            def default(i):
+                x, w, xs, ws = sets[i]
+                return gemmkit.gemm_a8w8(x, w, xs, ws) if args.fp8 else gemmkit.gemm_a16w16(x, w)
+
+            calls = {"base": [lambda i=i: baseline(i) for i in range(SETS)],
+                     "default": [lambda i=i: default(i) for i in range(SETS)]}
+            x, w, xs, ws = sets[0]
+            variants = {"ws128": (128, hopper_ws.ws_parts(M, N, sms, args.fp8))}
+            for width in args.widths:
+                variants[f"ws64x{width}"] = (64, PARTS[width])
+            ref = baseline(0).float()
+            for name, tiles in variants.items():
+                plan = hopper_ws.WSPlan(x, w, None, M, N, K, "rowcol" if args.fp8 else "none", xs, ws, None,
+                                        torch.bfloat16, (M, N), False, sms, promote=False, tiles=tiles)
+                err = rel_error(plan.run(x, w, None, None, xs, ws), ref)
+                if err > 2e-2:
+                    print(f"  {name}: wrong result (rel err {err:.2e})", file=out, flush=True)
+                    continue
+                calls[name] = [lambda i=i, p=plan: p.run(sets[i][0], sets[i][1], None, None, sets[i][2], sets[i][3])
+                               for i in range(SETS)]
+            names = list(calls)
+            times = dict(zip(names, time_graphs_us(*[calls[k] for k in names], rep_ms=6, retries=5)))
+            base = times["base"]
+            for k in names[1:]:
+                ratios.setdefault(k, []).append(base / times[k])
+            best = min(names[2:], key=times.get)
+            print(f"M={M:5d} N={N:5d} K={K:5d}  " + "  ".join(f"{k} {times[k]:7.1f}" for k in names)
+                  + "  | ratio " + " ".join(f"{k} {base / times[k]:4.2f}" for k in names[1:])
+                  + f"  | best {best} (ws128 = {variants['ws128'][1]})", file=out, flush=True)
+            sets = calls = None
+            torch.cuda.empty_cache()
+    for k, v in ratios.items():
+        print(f"geomean ratio to the baseline, {k}: {math.exp(sum(map(math.log, v)) / len(v)):.3f} over {len(v)}",
+              file=out)
+
+
+if __name__ == "__main__":
+    main()
