@@ -4,12 +4,15 @@ bf16 (and with --fp8, FP8 with fast accumulation, per-token x per-channel scales
 128-row tiles fill the SMs badly. One interleaved CUDA-graph timing per problem over: F.linear /
 _scaled_mm (the baseline), the op's default call, the Gluon kernel with 128-row tiles at the width
 ws_parts picks, and 64-row tiles at each width of --widths. Results are checked against the
-baseline first.
+baseline first. --ab: only the op's default call with the 64-row rule (hopper_ws.ROWS64) and
+without it (its plan built with ROWS64 off), on --models' layers (default: the tuned models').
 
     python3 scripts/ws_rows_probe.py [OUT] [--m M ...] [--shapes N K ...] [--fp8] [--widths W ...]
+                                     [--ab [--models NAME ...]]
 """
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -21,7 +24,10 @@ import torch.nn.functional as F  # noqa: E402
 
 import gemmkit  # noqa: E402
 from gemmkit import quant  # noqa: E402
+from gemmkit.core import config as config_mod  # noqa: E402
 from gemmkit.core import hopper_ws  # noqa: E402
+from gemmkit.ops import a8w8, a16w16  # noqa: E402
+from gemmkit.tools.registry import __file__ as registry_file  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 from gemmkit.tools.tune import rel_error  # noqa: E402
 
@@ -41,9 +47,14 @@ def main():
     ap.add_argument("--shapes", type=int, nargs="+", help="N K pairs instead of the built-in list")
     ap.add_argument("--widths", type=int, nargs="+", default=[64, 80, 96, 128, 160, 192])
     ap.add_argument("--fp8", action="store_true")
+    ap.add_argument("--ab", action="store_true", help="the default call with and without the 64-row rule")
+    ap.add_argument("--models", nargs="+", default=["llama3-8b", "llama3-70b", "deepseek-v3", "qwen2.5-7b"])
     args = ap.parse_args()
     out = open(args.out, "w") if args.out else sys.stdout
     shapes = list(zip(args.shapes[::2], args.shapes[1::2])) if args.shapes else SHAPES
+    if args.ab and not args.shapes:
+        models = json.load(open(os.path.join(os.path.dirname(registry_file), "models.json")))
+        shapes = sorted({tuple(nk) for m in args.models for nk in models[m]["layers"].values()})
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {'fp8 fast accumulation' if args.fp8 else 'bf16'}"
           "; CUDA-graph us per call; ratio = baseline / variant", file=out, flush=True)
@@ -74,10 +85,30 @@ def main():
             calls = {"base": [lambda i=i: baseline(i) for i in range(SETS)],
                      "default": [lambda i=i: default(i) for i in range(SETS)]}
             x, w, xs, ws = sets[0]
+            ref = baseline(0).float()
+            if args.ab:  # the default call's plan with the 64-row rule off
+                hopper_ws.ROWS64 = False
+                config_mod.clear_caches()
+                default(0)
+                old = next(reversed((a8w8 if args.fp8 else a16w16)._plans.values()))
+                hopper_ws.ROWS64 = True
+                config_mod.clear_caches()
+                calls["old"] = [lambda i=i: old.run(sets[i][0], sets[i][1], None, None, sets[i][2], sets[i][3])
+                                for i in range(SETS)]
+                rows = getattr(next(reversed((a8w8 if args.fp8 else a16w16)._plans.values())), "rows", "tl")
+                names = list(calls)
+                times = dict(zip(names, time_graphs_us(*[calls[k] for k in names], rep_ms=6, retries=5)))
+                ratios.setdefault("default", []).append(times["base"] / times["default"])
+                ratios.setdefault("old", []).append(times["base"] / times["old"])
+                print(f"M={M:5d} N={N:5d} K={K:5d}  " + "  ".join(f"{k} {times[k]:7.1f}" for k in names)
+                      + f"  | ratio default {times['base'] / times['default']:4.2f} old "
+                      f"{times['base'] / times['old']:4.2f}  gain {times['old'] / times['default']:4.2f}"
+                      f"  (rows {rows})", file=out, flush=True)
+                sets = calls = None
+                continue
             variants = {"ws128": (128, hopper_ws.ws_parts(M, N, sms, args.fp8))}
             for width in args.widths:
                 variants[f"ws64x{width}"] = (64, PARTS[width])
-            ref = baseline(0).float()
             for name, tiles in variants.items():
                 plan = hopper_ws.WSPlan(x, w, None, M, N, K, "rowcol" if args.fp8 else "none", xs, ws, None,
                                         torch.bfloat16, (M, N), False, sms, promote=False, tiles=tiles)

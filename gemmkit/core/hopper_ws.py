@@ -131,9 +131,36 @@ def ws_parts(M: int, N: int, num_sms: int, fp8: bool) -> tuple[int, int]:
     return min(_widths(fp8, M), key=lambda p: (_wave_cost(M, N, p, num_sms), -(p[0] + p[1])))
 
 
+ROWS64 = True  # tiles of 64 rows where they fill the SMs' waves better (ws_tiles)
+ROWS64_MIN_M = {False: 256, True: 128}  # by fp8
+# widths of 64-row tiles: (N0, N1); bf16 / fp16 tiles of 64 x 64 measured 0.88x to 0.93x the
+# default plan at M = 128 and 256 (tuning/fitted/ws_rows64_bf16_h100.txt)
+ROWS64_WIDTHS = {False: ((64, 16), (64, 32), (128, 0), (128, 32), (128, 64)),
+                 True: ((64, 0), (64, 16), (64, 32), (128, 0), (128, 32), (128, 64), (128, 128))}
+ROWS64_GAIN = 0.9
+
+
+def _rows64_cost(M: int, N: int, parts: tuple[int, int], num_sms: int) -> float:
+    """The time of the waves of 64 x (N0 + N1) tiles, a tile's time taken as half a 128-row tile's."""
+    width = parts[0] + parts[1]
+    return -(-(-(-M // HALF) * -(-N // width)) // num_sms) * (width + PART_COST) / 2
+
+
 def ws_tiles(M: int, N: int, num_sms: int, fp8: bool) -> tuple[int, tuple[int, int]]:
-    """(rows, column parts) of the tiles without promotion."""
-    return BLOCK, ws_parts(M, N, num_sms, fp8)
+    """(rows, column parts) of the tiles without promotion: 128 rows at ws_parts' width, or 64 rows
+    (one consumer warp group) where such tiles' waves take at most ROWS64_GAIN of that time
+    (_rows64_cost; from ROWS64_MIN_M rows). As cuBLAS's 64-row kernels do on narrow layers
+    (tuning/fitted/cublas_kernels_bf16_h100.txt: 96 x 64 tiles at 512 x 1280 x 8192): on the held-out
+    layers at M = 128 to 2048 (scripts/ws_rows_probe.py, tuning/fitted/ws_rows64_*_h100.txt) the 12
+    bf16 problems it takes ran 0.95x to 1.17x the default plan (512 x 2560 x 8192: 0.78x -> 0.91x
+    cuBLAS), the 16 FP8 ones 0.98x to 1.38x (2048 x 7168 x 8192: 0.81x -> 0.91x _scaled_mm)."""
+    parts = ws_parts(M, N, num_sms, fp8)
+    if not ROWS64 or M < ROWS64_MIN_M[fp8]:
+        return BLOCK, parts
+    best = min(ROWS64_WIDTHS[fp8], key=lambda p: (_rows64_cost(M, N, p, num_sms), -(p[0] + p[1])))
+    if _rows64_cost(M, N, best, num_sms) < ROWS64_GAIN * _wave_cost(M, N, parts, num_sms):
+        return HALF, best
+    return BLOCK, parts
 
 
 def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
@@ -155,6 +182,8 @@ def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
     held-out layers at M = 1024 / 2048 / 8192 1.06x / 1.02x / 1.02x the tl kernel (256-wide tiles
     0.91x to 1.11x; ws_any_a16w16_heldout_share_c_h100.txt), on the model layers at M = 4096 0.99x
     to 1.26x (1.05x; ws_share_c_h100.txt, where without SHARE_C 256-wide tiles ran 0.95x to 1.03x)."""
+    if K >= DIRECT_MIN_K and M >= BLOCK and ws_tiles(M, N, num_sms, fp8)[0] == HALF:
+        return True
     if BLOCK <= M < WS_MIN_M and K >= DIRECT_MIN_K:
         return -(-M // HALF) * -(-N // BLOCK) > num_sms
     if M < WS_MIN_M or K < DIRECT_MIN_K:
