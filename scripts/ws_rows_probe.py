@@ -93,9 +93,10 @@ def main():
                 old = next(reversed((a8w8 if args.fp8 else a16w16)._plans.values()))
                 hopper_ws.ROWS64 = True
                 config_mod.clear_caches()
+                default(0)
+                rows = getattr(next(reversed((a8w8 if args.fp8 else a16w16)._plans.values())), "rows", "tl")
                 calls["old"] = [lambda i=i: old.run(sets[i][0], sets[i][1], None, None, sets[i][2], sets[i][3])
                                 for i in range(SETS)]
-                rows = getattr(next(reversed((a8w8 if args.fp8 else a16w16)._plans.values())), "rows", "tl")
                 names = list(calls)
                 times = dict(zip(names, time_graphs_us(*[calls[k] for k in names], rep_ms=6, retries=5)))
                 ratios.setdefault("default", []).append(times["base"] / times["default"])

@@ -386,8 +386,10 @@ FORCED_PARTS = [None, (128, 16), (128, 64), (128, 128), (64, 32), (64, 0)]
 
 
 def force_fitted(monkeypatch, parts):
-    """The kernel without promotion at every size; `parts` (None: ws_parts's pick) at every shape."""
+    """The kernel without promotion at every size in 128-row tiles; `parts` (None: ws_parts's pick)
+    at every shape."""
     monkeypatch.setattr(hopper_ws, "ws_direct_ok", lambda *args: True)
+    monkeypatch.setattr(hopper_ws, "ROWS64", False)
     if parts is not None:
         monkeypatch.setattr(hopper_ws, "ws_parts", lambda *args: parts)
 
