@@ -90,19 +90,22 @@ def test_not_taken_off_hopper(built):
     (128, 5120, 4096, False, False, (128, 0)), (512, 5120, 512, True, False, (128, 32)),  # M, K too small
     (128, 9216, 3072, False, True, (128, 0)), (128, 25600, 5120, False, True, (128, 128)),  # bf16 at M = 128:
     (128, 8192, 4096, False, False, (128, 0)), (128, 9216, 3072, True, True, (64, 16)),  # past a wave of 64x128
-    (128, 8192, 3696, True, True, (64, 0))])  # (FP8: 64-row tiles, ws_tiles)
+    (128, 8192, 3696, True, True, (64, 0))])  # (FP8 in 64 x 128 tiles: ws_tiles)
 def test_fitted_width_rule(M, N, K, fp8, ok, parts):
     assert hopper_ws.ws_direct_ok(M, N, K, 132, fp8) is ok
     assert hopper_ws.ws_parts(M, N, 132, fp8) == parts
 
 
-# (M, N, K, fp8, rows, parts): 64-row tiles where their waves take at most 0.9x the 128-row pick's
-# (the held-out layers of tuning/fitted/ws_rows64_*_h100.txt); bf16 from 256 rows, FP8 from 128
+# (M, N, K, fp8, rows, parts): 64-row tiles where their waves take under 0.9x the 128-row pick's
+# and fill the SMs at least as well (tuning/fitted/ws_rows64_*_h100.txt); bf16 from 256 rows and
+# where the 128-row tiles use 55% of the SMs or more, FP8 from 128 rows
 @pytest.mark.parametrize("M,N,K,fp8,rows,parts", [
     (512, 1280, 8192, False, 64, (64, 16)), (512, 2560, 8192, False, 64, (128, 32)),
     (1024, 1280, 8192, False, 64, (128, 32)), (128, 1280, 8192, False, 128, (128, 0)),
     (2048, 7168, 8192, False, 128, (128, 128)), (4096, 4096, 4096, False, 128, (128, 128)),
-    (128, 3072, 3072, True, 64, (64, 0)), (2048, 7168, 8192, True, 64, (128, 128)),
+    (256, 2112, 7168, False, 128, (64, 0)),  # 66 tiles of 128 rows: half the SMs (split-K's)
+    (512, 2112, 7168, True, 128, (64, 0)),  # 132 tiles of 128 x 64 fill a wave; 112 of 64 x 160 would not
+    (256, 2112, 7168, True, 64, (64, 0)), (128, 3072, 3072, True, 64, (64, 0)), (2048, 7168, 8192, True, 64, (128, 128)),
     (512, 8192, 2048, True, 128, (128, 128)), (1024, 4608, 4096, True, 128, (128, 16))])
 def test_rows64_rule(M, N, K, fp8, rows, parts, monkeypatch):
     assert hopper_ws.ws_tiles(M, N, 132, fp8) == (rows, parts)

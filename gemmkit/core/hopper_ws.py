@@ -138,6 +138,7 @@ ROWS64_MIN_M = {False: 256, True: 128}  # by fp8
 ROWS64_WIDTHS = {False: ((64, 16), (64, 32), (128, 0), (128, 32), (128, 64)),
                  True: ((64, 0), (64, 16), (64, 32), (128, 0), (128, 32), (128, 64), (128, 128))}
 ROWS64_GAIN = 0.9
+ROWS64_BF16_MIN_USE = 0.55  # bf16: below, the tl kernel's split-K (or K slices) serves the 128-row tiles
 
 
 def _rows64_cost(M: int, N: int, parts: tuple[int, int], num_sms: int) -> float:
@@ -148,17 +149,23 @@ def _rows64_cost(M: int, N: int, parts: tuple[int, int], num_sms: int) -> float:
 
 def ws_tiles(M: int, N: int, num_sms: int, fp8: bool) -> tuple[int, tuple[int, int]]:
     """(rows, column parts) of the tiles without promotion: 128 rows at ws_parts' width, or 64 rows
-    (one consumer warp group) where such tiles' waves take at most ROWS64_GAIN of that time
-    (_rows64_cost; from ROWS64_MIN_M rows). As cuBLAS's 64-row kernels do on narrow layers
-    (tuning/fitted/cublas_kernels_bf16_h100.txt: 96 x 64 tiles at 512 x 1280 x 8192): on the held-out
-    layers at M = 128 to 2048 (scripts/ws_rows_probe.py, tuning/fitted/ws_rows64_*_h100.txt) the 12
-    bf16 problems it takes ran 0.95x to 1.17x the default plan (512 x 2560 x 8192: 0.78x -> 0.91x
-    cuBLAS), the 16 FP8 ones 0.98x to 1.38x (2048 x 7168 x 8192: 0.81x -> 0.91x _scaled_mm)."""
+    (one consumer warp group), as cuBLAS's 64-row kernels on narrow layers (96 x 64 tiles at
+    512 x 1280 x 8192: tuning/fitted/cublas_kernels_bf16_h100.txt), from ROWS64_MIN_M rows where
+    such tiles' waves take under ROWS64_GAIN of the 128-row pick's time (_rows64_cost, _wave_cost)
+    and fill the SMs at least as well (bf16: where the 128-row tiles use ROWS64_BF16_MIN_USE of
+    the SMs or more). Fitted on scripts/ws_rows_probe.py's runs (tuning/fitted/ws_rows64_*_h100.txt):
+    on the held-out layers at M = 128 to 2048 the problems it takes ran 1.03x to 1.17x the default
+    plan (bf16, 11; 512 x 2560 x 8192: 0.78x -> 0.91x cuBLAS) and 0.98x to 1.38x (FP8, 16); on the
+    tuned models' layers at M = 128 to 4096 0.98x to 1.09x (bf16, 7) and 0.97x to 1.30x (FP8, 40)."""
     parts = ws_parts(M, N, num_sms, fp8)
     if not ROWS64 or M < ROWS64_MIN_M[fp8]:
         return BLOCK, parts
+    use = _wave_use(-(-M // BLOCK) * -(-N // (parts[0] + parts[1])), num_sms)
+    if not fp8 and use < ROWS64_BF16_MIN_USE:
+        return BLOCK, parts
     best = min(ROWS64_WIDTHS[fp8], key=lambda p: (_rows64_cost(M, N, p, num_sms), -(p[0] + p[1])))
-    if _rows64_cost(M, N, best, num_sms) < ROWS64_GAIN * _wave_cost(M, N, parts, num_sms):
+    use64 = _wave_use(-(-M // HALF) * -(-N // (best[0] + best[1])), num_sms)
+    if _rows64_cost(M, N, best, num_sms) < ROWS64_GAIN * _wave_cost(M, N, parts, num_sms) and use64 >= use:
         return HALF, best
     return BLOCK, parts
 
