@@ -367,16 +367,22 @@ def test_long_k_exactness_test_takes_this_kernel(built):
 
 
 @needs_hopper
-def test_fast_accumulation_takes_this_kernel_from_256_rows(built):
+def test_fast_accumulation_takes_this_kernel_from_256_rows(built, monkeypatch):
     """FP8 fast accumulation at M >= 256 (here 1024 x 4096 x 4096, where a power of two fills the
-    waves): this kernel, 128 x 256 tiles; at M = 128 the tl kernel."""
+    waves): this kernel, 128 x 256 tiles; at M = 128, 128 tiles of 64 x 64 (ws_tiles: 64 of
+    128 x 64 would fill half the SMs); with those off (ROWS64), the tl kernel."""
     x, w = randn(1024, 4096, dtype=FP32), randn(4096, 4096, dtype=FP32)
     (xq, xs), (wq, ws) = quant.quantize_fp8(x, "row"), quant.quantize_fp8(w, "row")
     out = gemmkit.gemm_a8w8(xq, wq, xs, ws.reshape(1, -1))
-    assert len(built) == 1 and built[0].parts == (128, 128) and not built[0].promote
+    assert len(built) == 1 and built[0].parts == (128, 128) and built[0].rows == 128 and not built[0].promote
     assert_close(out, reference(xq, wq, None, x_scale=xs, w_scale=ws.reshape(1, -1)))
+    small = gemmkit.gemm_a8w8(xq[:128], wq, xs[:128], ws.reshape(1, -1))
+    assert len(built) == 2 and (built[1].rows, built[1].parts) == (64, (64, 0))
+    assert_close(small, reference(xq[:128], wq, None, x_scale=xs[:128], w_scale=ws.reshape(1, -1)))
+    monkeypatch.setattr(hopper_ws, "ROWS64", False)
+    config_mod.clear_caches()
     gemmkit.gemm_a8w8(xq[:128], wq, xs[:128], ws.reshape(1, -1))
-    assert len(built) == 1
+    assert len(built) == 2
 
 
 # fitted tile widths, the tensor cores accumulating: bf16 / fp16 and FP8 fast accumulation (GPU) --
