@@ -49,6 +49,7 @@ def main():
     ap.add_argument("--fp8", action="store_true")
     ap.add_argument("--ab", action="store_true", help="the default call with and without the 64-row rule")
     ap.add_argument("--models", nargs="+", default=["llama3-8b", "llama3-70b", "deepseek-v3", "qwen2.5-7b"])
+    ap.add_argument("--mnk", type=int, nargs="+", help="M N K triples instead of --m x the shapes")
     args = ap.parse_args()
     out = open(args.out, "w") if args.out else sys.stdout
     shapes = list(zip(args.shapes[::2], args.shapes[1::2])) if args.shapes else SHAPES
@@ -59,8 +60,10 @@ def main():
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {'fp8 fast accumulation' if args.fp8 else 'bf16'}"
           "; CUDA-graph us per call; ratio = baseline / variant", file=out, flush=True)
     ratios = {}
-    for N, K in shapes:
-        for M in args.m:
+    problems = ([tuple(args.mnk[i:i + 3]) for i in range(0, len(args.mnk), 3)] if args.mnk
+                else [(M, N, K) for N, K in shapes for M in args.m])
+    for M, N, K in problems:
+        if True:
             sets = []
             for _ in range(SETS):
                 x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)

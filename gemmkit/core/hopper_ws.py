@@ -137,7 +137,7 @@ ROWS64_MIN_M = {False: 256, True: 128}  # by fp8
 # default plan at M = 128 and 256 (tuning/fitted/ws_rows64_bf16_h100.txt)
 ROWS64_WIDTHS = {False: ((64, 16), (64, 32), (128, 0), (128, 32), (128, 64)),
                  True: ((64, 0), (64, 16), (64, 32), (128, 0), (128, 32), (128, 64), (128, 128))}
-ROWS64_GAIN = 0.9
+ROWS64_GAIN = {False: 0.97, True: 0.9}  # by fp8
 ROWS64_BF16_MIN_USE = 0.55  # bf16: below, the tl kernel's split-K (or K slices) serves the 128-row tiles
 
 
@@ -165,7 +165,7 @@ def ws_tiles(M: int, N: int, num_sms: int, fp8: bool) -> tuple[int, tuple[int, i
         return BLOCK, parts
     best = min(ROWS64_WIDTHS[fp8], key=lambda p: (_rows64_cost(M, N, p, num_sms), -(p[0] + p[1])))
     use64 = _wave_use(-(-M // HALF) * -(-N // (best[0] + best[1])), num_sms)
-    if _rows64_cost(M, N, best, num_sms) < ROWS64_GAIN * _wave_cost(M, N, parts, num_sms) and use64 >= use:
+    if _rows64_cost(M, N, best, num_sms) < ROWS64_GAIN[fp8] * _wave_cost(M, N, parts, num_sms) and use64 >= use:
         return HALF, best
     return BLOCK, parts
 
