@@ -97,12 +97,13 @@ def test_fitted_width_rule(M, N, K, fp8, ok, parts):
 
 
 # (M, N, K, fp8, rows, parts): 64-row tiles where their waves take under 0.9x the 128-row pick's
-# and fill the SMs at least as well (tuning/fitted/ws_rows64_*_h100.txt); bf16 from 256 rows and
-# where the 128-row tiles use 55% of the SMs or more, FP8 from 128 rows
+# (bf16 from 1024 rows: 0.97x) and fill the SMs at least as well (tuning/fitted/ws_rows64_*_h100.txt);
+# bf16 from 256 rows and where the 128-row tiles use 55% of the SMs or more, FP8 from 128 rows
 @pytest.mark.parametrize("M,N,K,fp8,rows,parts", [
     (512, 1280, 8192, False, 64, (64, 16)), (512, 2560, 8192, False, 64, (128, 32)),
     (1024, 1280, 8192, False, 64, (128, 32)), (128, 1280, 8192, False, 128, (128, 0)),
-    (2048, 7168, 8192, False, 128, (128, 128)), (4096, 4096, 4096, False, 128, (128, 128)),
+    (2048, 7168, 8192, False, 64, (128, 32)),  # bf16 from 1024 rows: under 0.97x
+    (512, 28672, 4096, False, 128, (128, 128)), (4096, 4096, 4096, False, 128, (128, 128)),
     (256, 2112, 7168, False, 128, (64, 0)),  # 66 tiles of 128 rows: half the SMs (split-K's)
     (512, 2112, 7168, True, 128, (64, 0)),  # 132 tiles of 128 x 64 fill a wave; 112 of 64 x 160 would not
     (256, 2112, 7168, True, 64, (64, 0)), (128, 3072, 3072, True, 64, (64, 0)), (2048, 7168, 8192, True, 64, (128, 128)),

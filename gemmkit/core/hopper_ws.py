@@ -137,7 +137,8 @@ ROWS64_MIN_M = {False: 256, True: 128}  # by fp8
 # default plan at M = 128 and 256 (tuning/fitted/ws_rows64_bf16_h100.txt)
 ROWS64_WIDTHS = {False: ((64, 16), (64, 32), (128, 0), (128, 32), (128, 64)),
                  True: ((64, 0), (64, 16), (64, 32), (128, 0), (128, 32), (128, 64), (128, 128))}
-ROWS64_GAIN = {False: 0.97, True: 0.9}  # by fp8
+ROWS64_GAIN = 0.9
+ROWS64_GAIN_BF16_LARGE = (1024, 0.97)  # bf16 from this many rows: under 0.97x
 ROWS64_BF16_MIN_USE = 0.55  # bf16: below, the tl kernel's split-K (or K slices) serves the 128-row tiles
 
 
@@ -151,12 +152,16 @@ def ws_tiles(M: int, N: int, num_sms: int, fp8: bool) -> tuple[int, tuple[int, i
     """(rows, column parts) of the tiles without promotion: 128 rows at ws_parts' width, or 64 rows
     (one consumer warp group), as cuBLAS's 64-row kernels on narrow layers (96 x 64 tiles at
     512 x 1280 x 8192: tuning/fitted/cublas_kernels_bf16_h100.txt), from ROWS64_MIN_M rows where
-    such tiles' waves take under ROWS64_GAIN of the 128-row pick's time (_rows64_cost, _wave_cost)
-    and fill the SMs at least as well (bf16: where the 128-row tiles use ROWS64_BF16_MIN_USE of
-    the SMs or more). Fitted on scripts/ws_rows_probe.py's runs (tuning/fitted/ws_rows64_*_h100.txt):
-    on the held-out layers at M = 128 to 2048 the problems it takes ran 1.03x to 1.17x the default
-    plan (bf16, 11; 512 x 2560 x 8192: 0.78x -> 0.91x cuBLAS) and 0.98x to 1.38x (FP8, 16); on the
-    tuned models' layers at M = 128 to 4096 0.98x to 1.09x (bf16, 7) and 0.97x to 1.30x (FP8, 40)."""
+    such tiles' waves take under ROWS64_GAIN of the 128-row pick's time (_rows64_cost, _wave_cost;
+    bf16 from 1024 rows under 0.97x) and fill the SMs at least as well (bf16: where the 128-row
+    tiles use ROWS64_BF16_MIN_USE of the SMs or more). Fitted on scripts/ws_rows_probe.py's runs
+    (tuning/fitted/ws_rows64_*_h100.txt): on the held-out layers at M = 128 to 2048 the problems it
+    takes at 0.9x ran 1.03x to 1.17x the default plan (bf16, 11; 512 x 2560 x 8192: 0.78x -> 0.91x
+    cuBLAS) and 0.98x to 1.38x (FP8, 16); on the tuned models' layers at M = 128 to 4096 0.98x to
+    1.09x (bf16, 7) and 0.97x to 1.30x (FP8, 40). The 0.97x of bf16 from 1024 rows adds 11 model-
+    layer problems at 1.02x to 1.18x (N = 4608, 7168, 14336 at M = 1024 and 2048: 2048 x 7168 x
+    16384 0.82x -> 0.86x cuBLAS); at 256 and 512 rows it lost up to 0.92x on N >= 28672
+    (ws_rows64_ab_gain097_bf16_a7bf7e9_h100.txt)."""
     parts = ws_parts(M, N, num_sms, fp8)
     if not ROWS64 or M < ROWS64_MIN_M[fp8]:
         return BLOCK, parts
@@ -165,7 +170,8 @@ def ws_tiles(M: int, N: int, num_sms: int, fp8: bool) -> tuple[int, tuple[int, i
         return BLOCK, parts
     best = min(ROWS64_WIDTHS[fp8], key=lambda p: (_rows64_cost(M, N, p, num_sms), -(p[0] + p[1])))
     use64 = _wave_use(-(-M // HALF) * -(-N // (best[0] + best[1])), num_sms)
-    if _rows64_cost(M, N, best, num_sms) < ROWS64_GAIN[fp8] * _wave_cost(M, N, parts, num_sms) and use64 >= use:
+    gain = ROWS64_GAIN_BF16_LARGE[1] if not fp8 and M >= ROWS64_GAIN_BF16_LARGE[0] else ROWS64_GAIN
+    if _rows64_cost(M, N, best, num_sms) < gain * _wave_cost(M, N, parts, num_sms) and use64 >= use:
         return HALF, best
     return BLOCK, parts
 
