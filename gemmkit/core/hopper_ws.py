@@ -158,9 +158,9 @@ def ws_tiles(M: int, N: int, num_sms: int, fp8: bool) -> tuple[int, tuple[int, i
     (tuning/fitted/ws_rows64_*_h100.txt): on the held-out layers at M = 128 to 2048 the problems it
     takes at 0.9x ran 1.03x to 1.17x the default plan (bf16, 11; 512 x 2560 x 8192: 0.78x -> 0.91x
     cuBLAS) and 0.98x to 1.38x (FP8, 16); on the tuned models' layers at M = 128 to 4096 0.98x to
-    1.09x (bf16, 7) and 0.97x to 1.30x (FP8, 40). The 0.97x of bf16 from 1024 rows adds 11 model-
-    layer problems at 1.02x to 1.18x (N = 4608, 7168, 14336 at M = 1024 and 2048: 2048 x 7168 x
-    16384 0.82x -> 0.86x cuBLAS); at 256 and 512 rows it lost up to 0.92x on N >= 28672
+    1.09x (bf16, 7) and 0.97x to 1.30x (FP8, 40). The 0.97x of bf16 from 1024 rows adds 11
+    problems of models.json's layers at 1.02x to 1.18x (N = 4608, 7168, 14336 at M = 1024 and 2048:
+    2048 x 7168 x 16384 0.82x -> 0.86x cuBLAS); at 256 and 512 rows it lost up to 0.92x on N >= 28672
     (ws_rows64_ab_gain097_bf16_a7bf7e9_h100.txt)."""
     parts = ws_parts(M, N, num_sms, fp8)
     if not ROWS64 or M < ROWS64_MIN_M[fp8]:
