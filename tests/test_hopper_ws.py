@@ -652,3 +652,62 @@ def test_ff_a8w8_gated_tiles(built, layout, granularity):
     hq, hs = quant.quantize_fp8(h, "row")
     ref = (hq.double() @ w_down.double().T) * hs.double() * w_down_s.double().reshape(1, -1)
     assert_close(out, ref, tol=2e-2)
+
+
+# batched bf16 / fp16 (gemmkit.batched_gemm_a16w16 on this kernel) ---------------------------------
+
+@pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("B,M,N,K,b_rows,c_tma", [(8, 512, 4096, 2048, 4096, True), (3, 300, 1000, 1040, 0, False)])
+def test_batched_plan_binds_the_kernel_signature(B, M, N, K, b_rows, c_tma):
+    """A batched WSPlan over the entries' row stacks (built on the CPU): the descriptors span every
+    entry, each entry's rows at M per entry, one K slice; TMA stores only where M is a multiple of
+    the tiles' rows (a tile past M would write the next entry's)."""
+    x, w = torch.empty(B * M, K, dtype=BF16), torch.empty(B * b_rows or N, K, dtype=BF16)
+    bias = torch.empty(B, N, dtype=BF16)
+    plan = hopper_ws.WSPlan(x, w, None, M, N, K, "none", None, None, bias, BF16, (B, M, N), False, 132,
+                            promote=False, batch=(B, b_rows))
+    names = hopper_ws.gluon_kernel().gemm_ws_kernel.arg_names[len(hopper_ws.PER_CALL):]
+    tail = dict(zip(names, plan.tail))
+    assert (tail["batch"], tail["a_batch_rows"], tail["b_batch_rows"], tail["c_batch_rows"]) == (B, M, b_rows, M)
+    assert tail["bias_batch_stride"] == N and plan.splits == 1 and plan.c_tma == c_tma
+    assert plan.a_desc.args[0] == [B * M, K] and plan.b0_desc.args[0] == [B * b_rows or N, K]
+    assert plan.launch.grid[0] == min(132, B * -(-M // plan.rows) * -(-N // plan.block_n))
+
+
+@needs_hopper
+@pytest.mark.parametrize("tiles", [None, (64, (128, 32))])
+@pytest.mark.parametrize("bias_kind", [None, "shared", "per_batch"])
+@pytest.mark.parametrize("weights", ["per_entry", "shared"])
+@pytest.mark.parametrize("B,M,N,K", [(8, 512, 4096, 2048), (3, 300, 1000, 1040), (4, 1000, 1500, 2048),
+                                     (2, 64, 3000, 1024)])
+def test_batched_a16w16(built, monkeypatch, B, M, N, K, weights, bias_kind, tiles):
+    """Ragged M (a tile past M reads the next entry's rows: pointer stores), ragged N, a weight
+    shared by the batch (stride 0), bias per entry, 64-row tiles."""
+    monkeypatch.setattr(hopper_ws, "ws_direct_ok", lambda *args: True)
+    if tiles is not None:
+        monkeypatch.setattr(hopper_ws, "ws_tiles", lambda *args: tiles)
+    x = randn(B, M, K, dtype=BF16)
+    w = randn(B, N, K, dtype=BF16, scale=K**-0.5) if weights == "per_entry" else randn(N, K, dtype=BF16, scale=K**-0.5)
+    bias = {None: None, "shared": randn(N, dtype=FP32), "per_batch": randn(B, N, dtype=FP32)}[bias_kind]
+    out = gemmkit.batched_gemm_a16w16(x, w, bias)
+    assert out.shape == (B, M, N) and len(built) == 1 and built[0].batch == B
+    ref = torch.matmul(x.double(), (w if w.ndim == 3 else w.expand(B, N, K)).double().transpose(1, 2))
+    if bias is not None:
+        ref = ref + (bias.double() if bias.ndim == 1 else bias.double()[:, None, :])
+    assert_close(out, ref.to(BF16))
+
+
+@needs_hopper
+def test_batched_fp16_and_fallbacks(built):
+    """fp16 at a size the rule takes; an activation, a caller's config or an x whose entries are not
+    evenly stacked take the tl kernel."""
+    B, M, N, K = 4, 1024, 2048, 2048
+    x, w = randn(B, M, K, dtype=FP16), randn(B, N, K, dtype=FP16, scale=K**-0.5)
+    ref = torch.matmul(x.double(), w.double().transpose(1, 2))
+    assert_close(gemmkit.batched_gemm_a16w16(x, w), ref.to(FP16))
+    assert len(built) == 1
+    assert_close(gemmkit.batched_gemm_a16w16(x, w, activation="relu"), torch.relu(ref).to(FP16))
+    xs = randn(B, M + 8, K, dtype=FP16)[:, :M]
+    assert_close(gemmkit.batched_gemm_a16w16(xs, w), torch.matmul(xs.double(), w.double().transpose(1, 2)).to(FP16))
+    assert_close(gemmkit.batched_gemm_a16w16(x, w, config=dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64)), ref.to(FP16))
+    assert len(built) == 1

@@ -319,6 +319,49 @@ def ws_gated_plan(dev: DeviceInfo, x2, gate, up, y2, M: int, N: int, K: int, *, 
                   flatten_x, dev.num_sms, promote=False, gated=(activation, up_scale))
 
 
+class BatchedWSPlan:
+    """Batched bf16 / fp16 y[b] = x[b] @ w[b].T (+ bias) through one WSPlan over the entries' row
+    stacks; called as the batched op's plans are: run(x, w, None, None, None, None, bias, None, None)
+    with x (B, M, K) and w (B, N, K) of the planned strides (w's batch stride 0: one weight)."""
+
+    def __init__(self, plan: "WSPlan", x_rows: tuple, w_rows: tuple):
+        self.plan, self.x_rows, self.w_rows = plan, x_rows, w_rows
+        self.rows, self.parts = plan.rows, plan.parts
+
+    def run(self, x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale):
+        x2 = torch.as_strided(x, self.x_rows, (x.stride(1), 1))
+        w2 = torch.as_strided(w, self.w_rows, (w.stride(1), 1))
+        return self.plan.run(x2, w2, bias, None, None, None)
+
+
+def ws_batched_plan(dev: DeviceInfo, x, w, bias, activation: str, out_dtype, config) -> "BatchedWSPlan | None":
+    """A batched plan on this kernel for x (B, M, K) and w (B, N, K) (or a weight shared with batch
+    stride 0), both bf16 / fp16, K-contiguous, x's entries stacked at a uniform row stride, where
+    the (B * M)-row problem qualifies as ws_direct_ok / ws_tiles decide for a dense one (rows rounded
+    up to the 128-row tiles per entry), no activation, the library's config; else None."""
+    B, M, K = x.shape
+    N = w.shape[1]
+    if (config is not None or activation != "none" or x.dtype not in (torch.bfloat16, torch.float16)
+            or w.dtype != x.dtype or not ws_enabled(dev, x.device) or x.stride(2) != 1 or w.stride(2) != 1
+            or (B > 1 and x.stride(0) != M * x.stride(1)) or B * M * N >= 2**31):
+        return None
+    if w.stride(0) == 0 or B == 1:
+        b_rows = 0
+    elif w.stride(0) == N * w.stride(1):
+        b_rows = N
+    else:
+        return None
+    x_rows, w_rows = (B * M, K), (B * b_rows or N, K)
+    x2 = torch.as_strided(x, x_rows, (x.stride(1), 1))
+    w2 = torch.as_strided(w, w_rows, (w.stride(1), 1))
+    m_eff = B * -(-M // BLOCK) * BLOCK
+    if not (_tma_operand(x2) and _tma_operand(w2) and ws_direct_ok(m_eff, N, K, dev.num_sms, False)):
+        return None
+    plan = WSPlan(x2, w2, None, M, N, K, "none", None, None, bias, out_dtype, (B, M, N), False, dev.num_sms,
+                  promote=False, tiles=ws_tiles(m_eff, N, dev.num_sms, False), batch=(B, b_rows))
+    return BatchedWSPlan(plan, x_rows, w_rows)
+
+
 _GL_DTYPES = {}
 
 
@@ -368,12 +411,16 @@ class WSPlan:
     and w2 the up weight (run(..., w2=up)), in tiles of ws_gated_width columns of each."""
 
     def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms,
-                 promote=True, gated=None, tiles=None):
+                 promote=True, gated=None, tiles=None, batch=None):
         from triton.experimental.gluon import language as gl
 
         from .launcher import CachedLaunch
 
         self.M, self.N, self.K = M, N, K
+        # batched (batch=(B, weight rows per entry: N, or 0 for one weight)): x2 / w / the output are the
+        # (B * M, K) / (B * N or N, K) / (B * M, N) row stacks of the entries
+        self.batch, b_rows = batch or (1, 0)
+        MB = self.batch * M
         self.out_dtype, self.out_shape, self.flatten_x = out_dtype, tuple(out_shape), flatten_x
         self.out_strides = contiguous_strides(self.out_shape)
         self.device = x2.device
@@ -382,7 +429,7 @@ class WSPlan:
         self.promote = promote = promote or self.kblock
         block_k = ROW_BYTES // x2.element_size()
         op_dtype = _gl_dtype(x2.dtype)
-        self.a_desc = _Descriptors((M, K), (x2.stride(0), 1), (HALF, block_k),
+        self.a_desc = _Descriptors((MB, K), (x2.stride(0), 1), (HALF, block_k),
                                    gl.NVMMASharedLayout.get_default_for([HALF, block_k], op_dtype))
         self.gated = gated is not None
         if self.gated:
@@ -399,7 +446,7 @@ class WSPlan:
         self.block_n = n0 if self.gated else n0 + n1  # (output columns per tile)
 
         def b_desc(rows):
-            return _Descriptors((N, K), (w.stride(0), 1), (rows, block_k),
+            return _Descriptors((self.batch * b_rows or N, K), (w.stride(0), 1), (rows, block_k),
                                 gl.NVMMASharedLayout.get_default_for([rows, block_k], op_dtype))
 
         self.b0_desc = b_desc(n0)
@@ -431,7 +478,8 @@ class WSPlan:
         if scales != "rowcol" or w_scale.numel() == 1:
             up_offset = 0
         self.y_strides = (N, 1) if y2 is None else y2.stride()
-        self.splits = 1 if self.gated else ws_splits(M, N, K, num_sms, self.block_n, block_k, self.rows)
+        self.splits = 1 if self.gated or self.batch > 1 else ws_splits(M, N, K, num_sms, self.block_n, block_k,
+                                                                       self.rows)
         if self.splits > 1:  # K slices summed apart: into an fp32 workspace, slice s at rows s * split_rows
             self.split_rows = -(-M // self.rows) * self.rows
             n_pad = -(-N // 4) * 4  # 16-byte rows
@@ -445,11 +493,12 @@ class WSPlan:
         else:
             self.split_rows = 0
             c_strides, c_dtype, self.c_tma = self.y_strides, out_dtype, _tma_output(y2, N, out_dtype)
+            self.c_tma = self.c_tma and (self.batch == 1 or M % self.rows == 0)  # (tiles within an entry's rows)
 
         def c_desc(cols):
             layout = gl.NVMMASharedLayout.get_default_for([HALF, cols], _gl_dtype(c_dtype))
             if self.c_tma:
-                return _Descriptors((M if self.splits == 1 else self.ws_shape[0], N), (c_strides[0], 1),
+                return _Descriptors((MB if self.splits == 1 else self.ws_shape[0], N), (c_strides[0], 1),
                                     (HALF, cols), layout)
             d = _Descriptors((HALF, cols), (cols, 1), (HALF, cols), layout)  # (unused: pointer stores)
             return d(torch.zeros(HALF, cols, dtype=c_dtype, device=self.device))
@@ -468,8 +517,9 @@ class WSPlan:
             GROUP_M=GROUP_M, STAGES=self.stages, SCALES={"kblock": 0, "rowcol": 1, "none": 2}[scales],
             XS_TMA=self.xs_tma, PROMOTE=promote, TWO=n1 > 0, HAS_BIAS=bias is not None and self.splits == 1,
             C_TMA=self.c_tma, GATED=self.gated, ACTIVATION=gated[0] if self.gated else "none", SHARE_C=self.share_c,
-            GROUPS=self.rows // HALF))
-        units = -(-M // self.rows) * -(-N // self.block_n) * self.splits
+            GROUPS=self.rows // HALF, batch=self.batch, a_batch_rows=M, b_batch_rows=b_rows, c_batch_rows=M,
+            bias_batch_stride=bias.stride(0) if bias is not None and bias.ndim == 2 else 0))
+        units = -(-M // self.rows) * -(-N // self.block_n) * self.splits * self.batch
         self.launch = CachedLaunch(kernel, (min(units, num_sms),), 4, 1,
                                    self.device_index)  # persistent: at most one program per SM
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)
@@ -511,7 +561,7 @@ class WSPlan:
             x = x.reshape(M, self.K)
         out = torch.empty_strided(self.out_shape, self.out_strides, dtype=self.out_dtype,
                                   device=self.device) if y is None else y
-        c = out.view(M, N) if len(self.out_shape) != 2 else out
+        c = out.view(self.batch * M, N) if len(self.out_shape) != 2 else out
         if self.splits == 1:
             self.launch(self.arguments(x, w, c, bias, x_scale, w_scale, w2), self.tail)
             return out

@@ -75,12 +75,14 @@ def _unit(unit, tiles, splits, k_tiles):
 
 @gluon.jit
 def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M, N,
-              k_tiles, splits, xs_group_stride, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+              k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M: gl.constexpr,
+              STAGES: gl.constexpr,
               XS_TMA: gl.constexpr, TWO: gl.constexpr, GATED: gl.constexpr, GROUPS: gl.constexpr):
     """One warp: for each of the program's tiles, TMA loads of each K block's A rows (GROUPS boxes
     of HALF rows, one per consumer warp group), B column part(s) and (XS_TMA) the tile's activation
     scales into the next stage, once the consumers have released it; it runs ahead into the next
-    tile while the consumers finish the last one."""
+    tile while the consumers finish the last one. Batched (batch entries): entry b's A rows start at
+    row b * a_batch_rows of a_desc, its B rows at b * b_batch_rows of b0_desc / b1_desc."""
     HALF: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     N0: gl.constexpr = b0_desc.block_type.shape[0]
@@ -98,24 +100,27 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
     else:
         nbytes: gl.constexpr = GROUPS * a_desc.block_type.nbytes + b_bytes
     it = 0
-    tiles = gl.cdiv(M, GROUPS * HALF) * gl.cdiv(N, BLOCK_N)
-    for unit in range(gl.program_id(0), tiles * splits, gl.num_programs(0)):
-        tile, sp, k0, k1 = _unit(unit, tiles, splits, k_tiles)
-        off_m, off_n = _grouped_tile(tile, M, N, GROUPS * HALF, BLOCK_N, GROUP_M)
+    tiles = gl.cdiv(M, GROUPS * HALF) * gl.cdiv(N, BLOCK_N)  # (of one batch entry)
+    for unit in range(gl.program_id(0), tiles * batch * splits, gl.num_programs(0)):
+        tile, sp, k0, k1 = _unit(unit, tiles * batch, splits, k_tiles)
+        entry = tile // tiles
+        off_m, off_n = _grouped_tile(tile - entry * tiles, M, N, GROUPS * HALF, BLOCK_N, GROUP_M)
+        a_m = entry * a_batch_rows + off_m
+        b_n = entry * b_batch_rows + off_n
         for ki in range(k0, k1):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # (the first round passes at once)
             mbarrier.expect(ready.index(s), nbytes)
             if XS_TMA:  # x_scale column-major: group ki's scales of rows off_m.. are contiguous
                 _tma_load(xs_desc, [ki * xs_group_stride + off_m], ready.index(s), xs_bufs.index(s))
-            _tma_load(a_desc, [off_m, ki * BLOCK_K], ready.index(s), a0_bufs.index(s))
+            _tma_load(a_desc, [a_m, ki * BLOCK_K], ready.index(s), a0_bufs.index(s))
             if GROUPS == 2:
-                _tma_load(a_desc, [off_m + HALF, ki * BLOCK_K], ready.index(s), a1_bufs.index(s))
-            _tma_load(b0_desc, [off_n, ki * BLOCK_K], ready.index(s), b0_bufs.index(s))
+                _tma_load(a_desc, [a_m + HALF, ki * BLOCK_K], ready.index(s), a1_bufs.index(s))
+            _tma_load(b0_desc, [b_n, ki * BLOCK_K], ready.index(s), b0_bufs.index(s))
             if GATED:
-                _tma_load(b1_desc, [off_n, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
+                _tma_load(b1_desc, [b_n, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
             elif TWO:
-                _tma_load(b1_desc, [off_n + N0, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
+                _tma_load(b1_desc, [b_n + N0, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
             it += 1
 
 
@@ -166,7 +171,7 @@ def _gate_tile(gate, up, sa, b_scale, n0, N, stride_bsn, up_scale_offset, SUB: g
 @gluon.jit
 def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, c0_smem, c1_smem, bias, a_scale,
               b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
-              stride_bsk, up_scale_offset, GROUP_M: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr,
+              stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride, GROUP_M: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr,
               N0: gl.constexpr, N1: gl.constexpr, K_INSTR: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr,
               XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr,
               GATED: gl.constexpr, ACTIVATION: gl.constexpr, SHARE_C: gl.constexpr, GROUPS: gl.constexpr):
@@ -200,10 +205,11 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
     else:
         BLOCK_N: gl.constexpr = N0 + N1
     it = 0
-    tiles = gl.cdiv(M, GROUPS * HALF) * gl.cdiv(N, BLOCK_N)
-    for unit in range(gl.program_id(0), tiles * splits, gl.num_programs(0)):
-        tile, sp, k0, k1 = _unit(unit, tiles, splits, k_tiles)
-        off_m, off_n = _grouped_tile(tile, M, N, GROUPS * HALF, BLOCK_N, GROUP_M)
+    tiles = gl.cdiv(M, GROUPS * HALF) * gl.cdiv(N, BLOCK_N)  # (of one batch entry)
+    for unit in range(gl.program_id(0), tiles * batch * splits, gl.num_programs(0)):
+        tile, sp, k0, k1 = _unit(unit, tiles * batch, splits, k_tiles)
+        entry = tile // tiles
+        off_m, off_n = _grouped_tile(tile - entry * tiles, M, N, GROUPS * HALF, BLOCK_N, GROUP_M)
         rm = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows_l)
         row_ok = rm < M
         acc0 = gl.zeros((HALF, N0), dtype=gl.float32, layout=mma0)
@@ -280,7 +286,13 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
             else:
                 acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, ))
             mbarrier.arrive(empty.index(prev), count=1)
-        row0 = sp * split_rows + off_m + ROLE * HALF  # (split_rows: a K slice's rows in the workspace c)
+        # (split_rows: a K slice's rows in the workspace c; c_batch_rows: a batch entry's rows in c)
+        row0 = sp * split_rows + entry * c_batch_rows + off_m + ROLE * HALF
+        c_e = c + entry * c_batch_rows * stride_cm
+        if HAS_BIAS:
+            bias_e = bias + entry * bias_batch_stride
+        else:
+            bias_e = bias
         if SCALES == SCALES_ROWCOL:  # per token (stride 0: one value per tensor)
             sa = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)
         else:
@@ -288,14 +300,14 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
         if GATED:
             out = _gate_tile(acc0, acc1, sa, b_scale, off_n, N, stride_bsn, up_scale_offset, N0, K_INSTR, SCALES,
                              ACTIVATION)
-            _finish(out, c, c0_desc, c0_smem, bias, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
+            _finish(out, c_e, c0_desc, c0_smem, bias_e, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
                     stride_bsn, N0, K_INSTR, SCALES_NONE, False, C_TMA, PEND)
         else:
-            _finish(acc0, c, c0_desc, c0_smem, bias, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
-                    stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND)
+            _finish(acc0, c_e, c0_desc, c0_smem, bias_e, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm,
+                    stride_cn, stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND)
         if TWO and not GATED:
             rm1 = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows1_l)
-            _finish(acc1, c, c1_desc, c1_smem, bias, b_scale, gl.convert_layout(sa, rows1_l), row0, rm1, rm1 < M,
+            _finish(acc1, c_e, c1_desc, c1_smem, bias_e, b_scale, gl.convert_layout(sa, rows1_l), row0, rm1, rm1 < M,
                     off_n + N0, N, stride_cm, stride_cn, stride_bsn, W1, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND)
     if C_TMA:
         tma.store_wait(0)  # the last stores read the c buffers: finished before the program ends
@@ -304,7 +316,8 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
 @gluon.jit
 def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias, a_scale, b_scale, M, N, K,
                    splits, split_rows, xs_group_stride, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
-                   up_scale_offset, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr,
+                   up_scale_offset, batch, a_batch_rows, b_batch_rows, c_batch_rows, bias_batch_stride,
+                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr,
                    XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, TWO: gl.constexpr, HAS_BIAS: gl.constexpr,
                    C_TMA: gl.constexpr, GATED: gl.constexpr = False, ACTIVATION: gl.constexpr = "none",
                    SHARE_C: gl.constexpr = False, GROUPS: gl.constexpr = 2):
@@ -321,7 +334,12 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     b1_desc the up weight (N, K, same box); c (M, N) = ACTIVATION(x @ gate^T) * (x @ up^T) in
     2 * HALF x N0 tiles, no bias (SCALES_ROWCOL: the up weight's scales at b_scale + up_scale_offset).
     GROUPS = 1 (the tensor cores' accumulation, not gated): tiles of HALF rows, one consumer warp
-    group (more tiles where those of 2 * HALF rows leave SMs idle)."""
+    group (more tiles where those of 2 * HALF rows leave SMs idle).
+    Batched (batch > 1; one K slice, no scales): `batch` independent problems of (M, N, K) whose
+    rows lie at a_batch_rows / b_batch_rows / c_batch_rows per entry in the descriptors' and c's
+    rows (b_batch_rows 0: one weight for every entry), bias_batch_stride elements apart in bias; a
+    tile's rows past M (or columns past N) read the next entry's, and are not stored: C_TMA only
+    where M is a multiple of the tile's rows."""
     HALF: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     N0: gl.constexpr = b0_desc.block_type.shape[0]
@@ -378,24 +396,26 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
         gl.warp_specialize([
             (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias, a_scale,
                          b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
-                         stride_bsk, up_scale_offset,
+                         stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS)),
             (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cB0, cB1, bias, a_scale,
                          b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
-                         stride_bsk, up_scale_offset,
+                         stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M,
-                         N, k_tiles, splits, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO, GATED, GROUPS)),
+                         N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M, STAGES, XS_TMA,
+                         TWO, GATED, GROUPS)),
         ], [4, 1], [232, 40])
     else:
         gl.warp_specialize([
             (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias, a_scale,
                          b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
-                         stride_bsk, up_scale_offset,
+                         stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M,
-                         N, k_tiles, splits, xs_group_stride, GROUP_M, STAGES, XS_TMA, TWO, GATED, GROUPS)),
+                         N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M, STAGES, XS_TMA,
+                         TWO, GATED, GROUPS)),
         ], [1], [40])

@@ -9,6 +9,7 @@ from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import dense
 from ..core.grouped import GroupedPlan, family_config_for, group_epilogue, index_extent
+from ..core.hopper_ws import ws_batched_plan
 from ..core.plan import PlanCache, plan_key
 from ..core.tracing import is_compiling as _is_compiling, library as _library
 from ..kernels import modes
@@ -78,6 +79,10 @@ def _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind
     v.check_layout("x[0]", x[0])
     v.check_layout("w[0]", w[0])
     dev = device_info(device)
+    if kind == "a16w16":  # sm_90: the warp-specialized kernel over the entries' row stacks, where it qualifies
+        ws = ws_batched_plan(dev, x, w, bias, activation, out_dtype, config)
+        if ws is not None:
+            return ws
     a_fmt, b_fmt = dense(x.dtype, a_kind), dense(w.dtype, b_kind)
     cfg = family_config_for(config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize,
                             "batched_a16w16" if kind == "a16w16" else None, batch=B)

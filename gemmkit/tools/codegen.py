@@ -223,18 +223,20 @@ def compile_bare(M: int, N: int, K: int, cfg: GemmConfig, dtype=torch.float8_e4m
 
 def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = True, dtype=torch.float8_e4m3fn,
                xs_tma: bool = True, out_dtype=torch.bfloat16, num_sms: int = H100.num_sms, gated: bool = False,
-               tiles=None) -> Binary:
+               tiles=None, batch: int = 1) -> Binary:
     """Compile the warp-specialized Gluon kernel (kernels/gemm_ws.py) for sm_90 with the arguments
     core/hopper_ws.WSPlan passes for this problem: scales "kblock" (x scales by TMA or by register
     loads), "rowcol" or "none" (bf16 / fp16), FP8 promoted or not, the plan's tile width, TMA stores
     for 16-bit outputs (pointer stores for fp32). gated: the fused feed-forward's gated tiles
     (silu(x @ gate^T) * (x @ up^T), N the intermediate size; per-channel scales for "rowcol").
-    tiles: (rows, column parts) forced (WSPlan's tiles; rows 64: one consumer warp group)."""
+    tiles: (rows, column parts) forced (WSPlan's tiles; rows 64: one consumer warp group).
+    batch: that many (M, N, K) problems with weights of their own (gemmkit.batched_gemm_a16w16)."""
     from ..core import hopper_ws as hw
 
     kernel = hw.gluon_kernel().gemm_ws_kernel
     G = -(-K // hw.BLOCK)
-    x, w, c = torch.empty(M, K, dtype=dtype), torch.empty(N, K, dtype=dtype), torch.empty(M, N, dtype=out_dtype)
+    x, w = torch.empty(batch * M, K, dtype=dtype), torch.empty(batch * N, K, dtype=dtype)
+    c = torch.empty(batch * M, N, dtype=out_dtype)
     if scales == "kblock":
         xs = torch.empty(G, M).t() if xs_tma else torch.empty(M, G)
         ws = torch.empty(-(-N // hw.BLOCK), G)
@@ -246,7 +248,8 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
     if gated:
         bias = None
     plan = hw.WSPlan(x, w, None, M, N, K, scales, xs, ws, bias, out_dtype, (M, N), False, num_sms, promote,
-                     gated=("silu", (N, 1)) if gated else None, tiles=tiles)
+                     gated=("silu", (N, 1)) if gated else None, tiles=tiles,
+                     batch=(batch, N) if batch > 1 else None)
     if plan.splits > 1:  # the kernel writes K slices' fp32 partials into the workspace
         c = torch.empty(plan.ws_shape, dtype=torch.float32)
     return _compile_gluon(kernel, (*plan.arguments(x, w, c, bias, xs, ws, w if gated else None), *plan.tail))
@@ -544,6 +547,11 @@ WS_CHECKS = {  # (M, N, K, compile_ws keywords, tensor-core instruction)
         512, 1280, 8192, dict(scales="none", promote=False, dtype=torch.bfloat16, tiles=(64, (64, 16))), "HGMMA"),
     "gluon fp8 fast accumulation, 64 x 160 tiles (128 + 32), one consumer warp group": (
         512, 2560, 8192, dict(scales="rowcol", promote=False, tiles=(64, (128, 32))), "QGMMA"),
+    "gluon bf16 batched (8 x 512 x 4096 x 2048), TMA stores": (
+        512, 4096, 2048, dict(scales="none", promote=False, dtype=torch.bfloat16, batch=8), "HGMMA"),
+    "gluon bf16 batched (3 x 300 x 1000 x 1040), pointer stores": (
+        300, 1000, 1040, dict(scales="none", promote=False, dtype=torch.bfloat16, batch=3, tiles=(128, (128, 0))),
+        "HGMMA"),
     "gluon bf16, 64 x 128 tiles in 4 K slices, one consumer warp group": (
         128, 1280, 8192, dict(scales="none", promote=False, dtype=torch.bfloat16, tiles=(64, (128, 0))), "HGMMA"),
     "gluon bf16, 4 K slices into a workspace (32 tiles)": (
@@ -563,7 +571,8 @@ def check_ws(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
     b = compile_ws(M, N, K, **kw)
     stores = b.count("UTMASTG")
     ok = (b.local_bytes == 0 and b.count(mma) > 0 and b.count("UTMALDG") > 0
-          and (stores > 0) == (kw.get("out_dtype", torch.bfloat16) != torch.float32 or "slices" in name)
+          and (stores > 0) == ((kw.get("out_dtype", torch.bfloat16) != torch.float32 or "slices" in name)
+                               and "pointer stores" not in name)
           and b.shared_bytes <= dev.smem_per_block)
     return ok, b, (f"{'ok ' if ok else 'BAD'} {name}: {b.registers} registers, {b.local_bytes} B local, "
                    f"{b.shared_bytes} B shared, {mma} {b.count(mma)}, UTMALDG {b.count('UTMALDG')}, "
