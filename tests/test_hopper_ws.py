@@ -676,31 +676,33 @@ def test_batched_plan_binds_the_kernel_signature(B, M, N, K, b_rows, c_tma):
 
 @needs_hopper
 @pytest.mark.parametrize("tiles", [None, (64, (128, 32))])
+@pytest.mark.parametrize("out_dtype", [BF16, FP32])
 @pytest.mark.parametrize("bias_kind", [None, "shared", "per_batch"])
 @pytest.mark.parametrize("weights", ["per_entry", "shared"])
-@pytest.mark.parametrize("B,M,N,K", [(8, 512, 4096, 2048), (3, 300, 1000, 1040), (4, 1000, 1500, 2048),
-                                     (2, 64, 3000, 1024)])
-def test_batched_a16w16(built, monkeypatch, B, M, N, K, weights, bias_kind, tiles):
-    """Ragged M (a tile past M reads the next entry's rows: pointer stores), ragged N, a weight
-    shared by the batch (stride 0), bias per entry, 64-row tiles."""
+@pytest.mark.parametrize("B,M,N,K", [(8, 512, 4096, 2048), (3, 256, 1000, 1040), (4, 1024, 1500, 2048),
+                                     (2, 128, 3000, 1024)])
+def test_batched_a16w16(built, monkeypatch, B, M, N, K, weights, bias_kind, out_dtype, tiles):
+    """Ragged N and K (a tile past N reads the next entry's weight rows), a weight shared by the batch
+    (stride 0), bias per entry, fp32 output (pointer stores, each entry's rows offset), 64-row tiles."""
     monkeypatch.setattr(hopper_ws, "ws_direct_ok", lambda *args: True)
     if tiles is not None:
         monkeypatch.setattr(hopper_ws, "ws_tiles", lambda *args: tiles)
     x = randn(B, M, K, dtype=BF16)
     w = randn(B, N, K, dtype=BF16, scale=K**-0.5) if weights == "per_entry" else randn(N, K, dtype=BF16, scale=K**-0.5)
     bias = {None: None, "shared": randn(N, dtype=FP32), "per_batch": randn(B, N, dtype=FP32)}[bias_kind]
-    out = gemmkit.batched_gemm_a16w16(x, w, bias)
-    assert out.shape == (B, M, N) and len(built) == 1 and built[0].batch == B
+    out = gemmkit.batched_gemm_a16w16(x, w, bias, out_dtype=out_dtype)
+    assert out.shape == (B, M, N) and out.dtype == out_dtype and len(built) == 1 and built[0].batch == B
+    assert built[0].c_tma == (out_dtype == BF16)
     ref = torch.matmul(x.double(), (w if w.ndim == 3 else w.expand(B, N, K)).double().transpose(1, 2))
     if bias is not None:
         ref = ref + (bias.double() if bias.ndim == 1 else bias.double()[:, None, :])
-    assert_close(out, ref.to(BF16))
+    assert_close(out, ref.to(out_dtype))
 
 
 @needs_hopper
 def test_batched_fp16_and_fallbacks(built):
-    """fp16 at a size the rule takes; an activation, a caller's config or an x whose entries are not
-    evenly stacked take the tl kernel."""
+    """fp16 at a size the rule takes; an activation, a caller's config, an x whose entries are not
+    evenly stacked or entries of a ragged number of rows take the tl kernel."""
     B, M, N, K = 4, 1024, 2048, 2048
     x, w = randn(B, M, K, dtype=FP16), randn(B, N, K, dtype=FP16, scale=K**-0.5)
     ref = torch.matmul(x.double(), w.double().transpose(1, 2))
@@ -710,4 +712,6 @@ def test_batched_fp16_and_fallbacks(built):
     xs = randn(B, M + 8, K, dtype=FP16)[:, :M]
     assert_close(gemmkit.batched_gemm_a16w16(xs, w), torch.matmul(xs.double(), w.double().transpose(1, 2)).to(FP16))
     assert_close(gemmkit.batched_gemm_a16w16(x, w, config=dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64)), ref.to(FP16))
+    xr = randn(B, 1000, K, dtype=FP16)  # 1000 rows per entry: not a multiple of the tiles'
+    assert_close(gemmkit.batched_gemm_a16w16(xr, w), torch.matmul(xr.double(), w.double().transpose(1, 2)).to(FP16))
     assert len(built) == 1

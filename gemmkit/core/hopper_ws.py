@@ -336,9 +336,11 @@ class BatchedWSPlan:
 
 def ws_batched_plan(dev: DeviceInfo, x, w, bias, activation: str, out_dtype, config) -> "BatchedWSPlan | None":
     """A batched plan on this kernel for x (B, M, K) and w (B, N, K) (or a weight shared with batch
-    stride 0), both bf16 / fp16, K-contiguous, x's entries stacked at a uniform row stride, where
-    the (B * M)-row problem qualifies as ws_direct_ok / ws_tiles decide for a dense one (rows rounded
-    up to the 128-row tiles per entry), no activation, the library's config; else None."""
+    stride 0), both bf16 / fp16, K-contiguous, x's entries stacked at a uniform row stride, M a
+    multiple of the tiles' rows, where the (B * M)-row problem qualifies as ws_direct_ok / ws_tiles
+    decide for a dense one, no activation, the library's config; else None. On the H100 (`gemmkit
+    bench batched_a16w16@b8`, tuning/fitted/batched_b8_e1a4a97_h100.md) 0.98x to 1.01x torch.bmm
+    where the tl kernel ran 0.90x and 0.96x."""
     B, M, K = x.shape
     N = w.shape[1]
     if (config is not None or activation != "none" or x.dtype not in (torch.bfloat16, torch.float16)
@@ -355,10 +357,14 @@ def ws_batched_plan(dev: DeviceInfo, x, w, bias, activation: str, out_dtype, con
     x2 = torch.as_strided(x, x_rows, (x.stride(1), 1))
     w2 = torch.as_strided(w, w_rows, (w.stride(1), 1))
     m_eff = B * -(-M // BLOCK) * BLOCK
-    if not (_tma_operand(x2) and _tma_operand(w2) and ws_direct_ok(m_eff, N, K, dev.num_sms, False)):
+    tiles = ws_tiles(m_eff, N, dev.num_sms, False)
+    # entries of a multiple of the tiles' rows: with ragged M (tiles reading into the next entry, pointer
+    # stores) the tl kernel measured 1.02x to 1.18x faster (tuning/fitted/batched_ragged_*_e1a4a97_h100.md)
+    if (B > 1 and M % tiles[0]) or not (_tma_operand(x2) and _tma_operand(w2)
+                                        and ws_direct_ok(m_eff, N, K, dev.num_sms, False)):
         return None
     plan = WSPlan(x2, w2, None, M, N, K, "none", None, None, bias, out_dtype, (B, M, N), False, dev.num_sms,
-                  promote=False, tiles=ws_tiles(m_eff, N, dev.num_sms, False), batch=(B, b_rows))
+                  promote=False, tiles=tiles, batch=(B, b_rows))
     return BatchedWSPlan(plan, x_rows, w_rows)
 
 
