@@ -410,14 +410,21 @@ def force_fitted(monkeypatch, parts):
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 def test_a16w16_fitted(built, monkeypatch, dtype, M, N, K, parts):
     force_fitted(monkeypatch, parts)
+    check_a16w16_into_poisoned(built, dtype, M, N, K)
+    assert built[0].parts == (parts or hopper_ws.ws_parts(M, N, torch.cuda.get_device_properties(0).multi_processor_count,
+                                                          False))
+
+
+def check_a16w16_into_poisoned(built, dtype, M, N, K):
+    """gemm_a16w16 with a bias into a poisoned preallocated output: one plan built, the result
+    against the float64 reference; returns (x, w, bias)."""
     x, w = randn(M, K, dtype=dtype), randn(N, K, dtype=dtype, scale=K**-0.5)
     bias = randn(N, dtype=dtype)
     y = poisoned((M, N), dtype)
     out = gemmkit.gemm_a16w16(x, w, bias, y=y)
     assert out is y and len(built) == 1
-    assert built[0].parts == (parts or hopper_ws.ws_parts(M, N, torch.cuda.get_device_properties(0).multi_processor_count,
-                                                          False))
     assert_close(out, reference(x, w, bias))
+    return x, w, bias
 
 
 @needs_hopper
@@ -455,12 +462,8 @@ def force_rows64(monkeypatch, parts):
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 def test_a16w16_rows64(built, monkeypatch, dtype, M, N, K, parts):
     force_rows64(monkeypatch, parts)
-    x, w = randn(M, K, dtype=dtype), randn(N, K, dtype=dtype, scale=K**-0.5)
-    bias = randn(N, dtype=dtype)
-    y = poisoned((M, N), dtype)
-    out = gemmkit.gemm_a16w16(x, w, bias, y=y)
-    assert out is y and len(built) == 1 and built[0].rows == 64 and built[0].parts == parts
-    assert_close(out, reference(x, w, bias))
+    x, w, bias = check_a16w16_into_poisoned(built, dtype, M, N, K)
+    assert built[0].rows == 64 and built[0].parts == parts
     fp32 = gemmkit.gemm_a16w16(x, w, bias, out_dtype=FP32)  # pointer stores
     assert_close(fp32, reference(x, w, bias))
 
