@@ -5,7 +5,7 @@ forced, and its own pick) against the tl kernel's gated GEMM (GEMMKIT_GLUON=0), 
 torch's sequence (F.linear to 2I, chunk, silu(g) * u), in one CUDA-graph timing per problem;
 inputs rotated over 3 sets. Prints times, ratios to torch and each result's error.
 
-    python3 scripts/gated_ws_probe.py [--m M ...] [--shapes I H ...] [--rows64] [--ws-only]
+    python3 scripts/gated_ws_probe.py [--m M ...] [--shapes I H ...] [--fp8]
 """
 
 import argparse
@@ -32,20 +32,19 @@ SETS = 3
 
 
 def built_plan(call, gluon: bool, width=None):
-    """The gated plan a call builds (gluon off: GEMMKIT_GLUON=0; width: the gated tiles' W forced,
-    or (rows, W))."""
-    real = hopper_ws.ws_gated_tiles
+    """The gated plan a call builds (gluon off: GEMMKIT_GLUON=0; width: the gated tiles' forced)."""
+    real = hopper_ws.ws_gated_width
     if not gluon:
         os.environ[hopper_ws.GLUON_ENV] = "0"
     if width is not None:
-        hopper_ws.ws_gated_tiles = lambda *a: width if isinstance(width, tuple) else (hopper_ws.BLOCK, width)
+        hopper_ws.ws_gated_width = lambda *a: width
     config_mod.clear_caches()
     try:
         call()
         return next(reversed(fused._plans.values()))
     finally:
         os.environ.pop(hopper_ws.GLUON_ENV, None)
-        hopper_ws.ws_gated_tiles = real
+        hopper_ws.ws_gated_width = real
         config_mod.clear_caches()
 
 
@@ -53,8 +52,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", type=int, nargs="+", default=[128, 256, 512, 1024, 2048, 4096])
     ap.add_argument("--shapes", type=int, nargs="+", help="I H pairs instead of the built-in list")
-    ap.add_argument("--rows64", action="store_true", help="also the gated tiles in 64 rows (one consumer warp group)")
-    ap.add_argument("--ws-only", action="store_true", help="the Gluon kernel's tiles and torch only")
     args = ap.parse_args()
     shapes = list(zip(args.shapes[::2], args.shapes[1::2])) if args.shapes else SHAPES
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
@@ -74,18 +71,15 @@ def main():
             def gated(i, plan):
                 return plan.run(sets[i][0], sets[i][2], sets[i][3], None, None)
 
-            plans = {} if args.ws_only else {"tl": built_plan(lambda: fused.gated_gemm(x, g, u), False)}
+            plans = {"tl": built_plan(lambda: fused.gated_gemm(x, g, u), False)}
             own = built_plan(lambda: fused.gated_gemm(x, g, u), True)
             if own.is_ws:
                 plans["ws"] = own
                 for width in hopper_ws.GATED_WIDTHS:
                     plans[f"ws{width}"] = built_plan(lambda: fused.gated_gemm(x, g, u), True, width)
-                    if args.rows64:
-                        plans[f"ws64x{width}"] = built_plan(lambda: fused.gated_gemm(x, g, u), True, (64, width))
             calls = {name: [lambda i=i, p=p: gated(i, p) for i in range(SETS)] for name, p in plans.items()}
-            if not args.ws_only:
-                calls["two"] = [lambda i=i: fused._gated_two_gemms(sets[i][0], sets[i][2], sets[i][3], "silu")
-                                for i in range(SETS)]
+            calls["two"] = [lambda i=i: fused._gated_two_gemms(sets[i][0], sets[i][2], sets[i][3], "silu")
+                            for i in range(SETS)]
 
             def torch_seq(i):
                 gu = F.linear(sets[i][0], sets[i][1])
@@ -99,7 +93,7 @@ def main():
             base = times["torch"]
             for k in names:
                 ratios.setdefault(k, []).append(base / times[k])
-            widths = f" (ws picks {own.plan.ws.rows} x {own.plan.ws.parts[0]})" if own.is_ws else ""
+            widths = f" (ws picks {own.plan.ws.parts[0]})" if own.is_ws else ""
             print(f"M={M:5d} I={I:5d} H={H:5d}  " + "  ".join(f"{k} {times[k]:7.1f}" for k in names)
                   + "  | ratio " + " ".join(f"{k} {base / times[k]:4.2f}" for k in names if k != "torch")
                   + f"  max err {max(errs.values()):.1e}{widths}", flush=True)

@@ -583,15 +583,13 @@ GATED_SHAPES = [(256, 14336, 4096), (300, 1000, 1040), (1000, 3000, 2048), (129,
 
 
 @needs_hopper
-@pytest.mark.parametrize("width", [None, 64, 128, (64, 64), (64, 128)])  # (rows, W): 64-row gated tiles
+@pytest.mark.parametrize("width", [None, 64, 128])
 @pytest.mark.parametrize("M,I,H", GATED_SHAPES)
 @pytest.mark.parametrize("dtype", [BF16, FP16])
 def test_gated(built, monkeypatch, dtype, M, I, H, width):
     from gemmkit.ops import fused
 
-    if isinstance(width, tuple):
-        monkeypatch.setattr(hopper_ws, "ws_gated_tiles", lambda *args: width)
-    elif width is not None:
+    if width is not None:
         monkeypatch.setattr(hopper_ws, "ws_gated_width", lambda *args: width)
     x, w, w_up, gate, up = ff_operands(M, I, H, dtype)
     y = poisoned((M, I), dtype)

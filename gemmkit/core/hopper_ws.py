@@ -251,11 +251,6 @@ def ws_gated_width(M: int, N: int, num_sms: int) -> int:
     return min(GATED_WIDTHS, key=lambda w: (cost(w), -w))
 
 
-def ws_gated_tiles(M: int, N: int, num_sms: int) -> tuple[int, int]:
-    """(rows, W) of the gated tiles: 128 rows, ws_gated_width's W."""
-    return BLOCK, ws_gated_width(M, N, num_sms)
-
-
 def ws_gated_ok(M: int, N: int, K: int, num_sms: int) -> bool:
     """The gated problems (N: the intermediate size) this kernel takes: M >= GATED_MIN_M and
     K >= DIRECT_MIN_K. On 10 MLP shapes (7 held out) x M in 128..4096 (scripts/gated_ws_probe.py,
@@ -444,14 +439,15 @@ class WSPlan:
                                    gl.NVMMASharedLayout.get_default_for([HALF, block_k], op_dtype))
         self.gated = gated is not None
         if self.gated:
-            self.rows, width = ws_gated_tiles(M, N, num_sms)
+            width = ws_gated_width(M, N, num_sms)
             self.parts = (width, width)
         elif promote:
             wide = ws_block_n(M, N, num_sms, self.kblock) == 2 * BLOCK
             self.parts = (BLOCK, BLOCK) if wide else (BLOCK, 0)
-            self.rows = BLOCK
         else:
             self.rows, self.parts = tiles or ws_tiles(M, N, num_sms, x2.dtype in _FP8)
+        if self.gated or promote:
+            self.rows = BLOCK
         n0, n1 = self.parts
         self.block_n = n0 if self.gated else n0 + n1  # (output columns per tile)
 

@@ -354,7 +354,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     gl.static_assert(not GATED or (TWO and N1 == N0 and not PROMOTE and not HAS_BIAS and SCALES != SCALES_KBLOCK),
                      "gated: equal gate and up parts, the tensor cores' accumulation, no bias")
     gl.static_assert(not SHARE_C or (TWO and N1 == N0 and C_TMA), "a shared output buffer: two equal parts")
-    gl.static_assert(GROUPS == 2 or (GROUPS == 1 and not PROMOTE), "one warp group: accumulating tiles")
+    gl.static_assert(GROUPS == 2 or (GROUPS == 1 and not PROMOTE and not GATED), "one warp group: accumulating tiles")
     a0_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
     if GROUPS == 2:
         a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
