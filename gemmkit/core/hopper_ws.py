@@ -106,11 +106,16 @@ def ws_block_n(M: int, N: int, num_sms: int, kblock: bool) -> int:
     return 256
 
 
-def _wave_cost(M: int, N: int, parts: tuple[int, int], num_sms: int) -> int:
-    """The time of the waves of 128 x (N0 + N1) tiles over the SMs, a tile's time taken as its
-    width plus PART_COST."""
+def _tiles(M: int, N: int, rows: int, width: int) -> int:
+    """The rows x width tiles of an M x N output."""
+    return -(-M // rows) * -(-N // width)
+
+
+def _wave_cost(M: int, N: int, parts: tuple[int, int], num_sms: int, rows: int = BLOCK) -> float:
+    """The time of the waves of rows x (N0 + N1) tiles over the SMs, a 128-row tile's time taken as
+    its width plus PART_COST, a 64-row tile's as half of that."""
     width = parts[0] + parts[1]
-    return -(-(-(-M // BLOCK) * -(-N // width)) // num_sms) * (width + PART_COST)
+    return -(-_tiles(M, N, rows, width) // num_sms) * (width + PART_COST) * rows // BLOCK
 
 
 def _widths(fp8: bool, M: int) -> tuple:
@@ -142,17 +147,11 @@ ROWS64_GAIN_BF16_LARGE = (1024, 0.97)  # bf16 from this many rows: under 0.97x
 ROWS64_BF16_MIN_USE = 0.55  # bf16: below, the tl kernel's split-K (or K slices) serves the 128-row tiles
 
 
-def _rows64_cost(M: int, N: int, parts: tuple[int, int], num_sms: int) -> float:
-    """The time of the waves of 64 x (N0 + N1) tiles, a tile's time taken as half a 128-row tile's."""
-    width = parts[0] + parts[1]
-    return -(-(-(-M // HALF) * -(-N // width)) // num_sms) * (width + PART_COST) / 2
-
-
 def ws_tiles(M: int, N: int, num_sms: int, fp8: bool) -> tuple[int, tuple[int, int]]:
     """(rows, column parts) of the tiles without promotion: 128 rows at ws_parts' width, or 64 rows
     (one consumer warp group), as cuBLAS's 64-row kernels on narrow layers (96 x 64 tiles at
     512 x 1280 x 8192: tuning/fitted/cublas_kernels_bf16_h100.txt), from ROWS64_MIN_M rows where
-    such tiles' waves take under ROWS64_GAIN of the 128-row pick's time (_rows64_cost, _wave_cost;
+    such tiles' waves take under ROWS64_GAIN of the 128-row pick's time (_wave_cost;
     bf16 from 1024 rows under 0.97x) and fill the SMs at least as well (bf16: where the 128-row
     tiles use ROWS64_BF16_MIN_USE of the SMs or more). Fitted on scripts/ws_rows_probe.py's runs
     (tuning/fitted/ws_rows64_*_h100.txt): on the held-out layers at M = 128 to 2048 the problems it
@@ -165,13 +164,13 @@ def ws_tiles(M: int, N: int, num_sms: int, fp8: bool) -> tuple[int, tuple[int, i
     parts = ws_parts(M, N, num_sms, fp8)
     if not ROWS64 or M < ROWS64_MIN_M[fp8]:
         return BLOCK, parts
-    use = _wave_use(-(-M // BLOCK) * -(-N // (parts[0] + parts[1])), num_sms)
+    use = _wave_use(_tiles(M, N, BLOCK, parts[0] + parts[1]), num_sms)
     if not fp8 and use < ROWS64_BF16_MIN_USE:
         return BLOCK, parts
-    best = min(ROWS64_WIDTHS[fp8], key=lambda p: (_rows64_cost(M, N, p, num_sms), -(p[0] + p[1])))
-    use64 = _wave_use(-(-M // HALF) * -(-N // (best[0] + best[1])), num_sms)
+    best = min(ROWS64_WIDTHS[fp8], key=lambda p: (_wave_cost(M, N, p, num_sms, HALF), -(p[0] + p[1])))
+    use64 = _wave_use(_tiles(M, N, HALF, best[0] + best[1]), num_sms)
     gain = ROWS64_GAIN_BF16_LARGE[1] if not fp8 and M >= ROWS64_GAIN_BF16_LARGE[0] else ROWS64_GAIN
-    if _rows64_cost(M, N, best, num_sms) < gain * _wave_cost(M, N, parts, num_sms) and use64 >= use:
+    if _wave_cost(M, N, best, num_sms, HALF) < gain * _wave_cost(M, N, parts, num_sms) and use64 >= use:
         return HALF, best
     return BLOCK, parts
 
@@ -194,8 +193,9 @@ def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
     width from BF16_ANY_WIDTH_M rows, with SHARE_C's fourth stage for 256-wide tiles: on the
     held-out layers at M = 1024 / 2048 / 8192 1.06x / 1.02x / 1.02x the tl kernel (256-wide tiles
     0.91x to 1.11x; ws_any_a16w16_heldout_share_c_h100.txt), on the model layers at M = 4096 0.99x
-    to 1.26x (1.05x; ws_share_c_h100.txt, where without SHARE_C 256-wide tiles ran 0.95x to 1.03x)."""
-    if K >= DIRECT_MIN_K and M >= BLOCK and ws_tiles(M, N, num_sms, fp8)[0] == HALF:
+    to 1.26x (1.05x; ws_share_c_h100.txt, where without SHARE_C 256-wide tiles ran 0.95x to 1.03x).
+    And wherever ws_tiles takes 64-row tiles (K >= DIRECT_MIN_K)."""
+    if K >= DIRECT_MIN_K and ws_tiles(M, N, num_sms, fp8)[0] == HALF:
         return True
     if BLOCK <= M < WS_MIN_M and K >= DIRECT_MIN_K:
         return -(-M // HALF) * -(-N // BLOCK) > num_sms
@@ -211,7 +211,7 @@ def ws_splits(M: int, N: int, K: int, num_sms: int, block_n: int, block_k: int, 
     """K slices per tile: where the rows x block_n tiles fill less than half of the SMs, as many as
     the SMs hold (each at least MIN_SLICE_K_BLOCKS K blocks deep), summed by a second kernel
     (kernels/reduce.py sum_k_slices); else 1."""
-    tiles = -(-M // rows) * -(-N // block_n)
+    tiles = _tiles(M, N, rows, block_n)
     k_blocks = -(-K // block_k)
     if 2 * tiles > num_sms:
         return 1
@@ -525,7 +525,7 @@ class WSPlan:
             C_TMA=self.c_tma, GATED=self.gated, ACTIVATION=gated[0] if self.gated else "none", SHARE_C=self.share_c,
             GROUPS=self.rows // HALF, batch=self.batch, a_batch_rows=M, b_batch_rows=b_rows, c_batch_rows=M,
             bias_batch_stride=bias.stride(0) if bias is not None and bias.ndim == 2 else 0))
-        units = -(-M // self.rows) * -(-N // self.block_n) * self.splits * self.batch
+        units = _tiles(M, N, self.rows, self.block_n) * self.splits * self.batch
         self.launch = CachedLaunch(kernel, (min(units, num_sms),), 4, 1,
                                    self.device_index)  # persistent: at most one program per SM
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)

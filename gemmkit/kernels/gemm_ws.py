@@ -64,13 +64,27 @@ def _grouped_tile(pid, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP
 
 
 @gluon.jit
-def _unit(unit, tiles, splits, k_tiles):
-    """(tile, K slice, first and end K block) of work unit `unit`: units slice-major (programs that
-    run together read the same K range), slices of cdiv(k_tiles, splits) K blocks."""
-    sp = unit // tiles
+def _units(M, N, batch, splits, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """(tiles of one batch entry, work units of the launch): a unit is a tile of an entry and one of
+    `splits` K slices."""
+    tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    return tiles, tiles * batch * splits
+
+
+@gluon.jit
+def _unit(unit, tiles, M, N, batch, splits, k_tiles, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+          GROUP_M: gl.constexpr):
+    """(batch entry, off_m, off_n, K slice, first and end K block) of work unit `unit`: units
+    slice-major (programs that run together read the same K range; slices of cdiv(k_tiles, splits)
+    K blocks), then entry-major, each entry's tiles in grouped order (_grouped_tile)."""
+    entry_tiles = tiles * batch
+    sp = unit // entry_tiles
+    tile = unit - sp * entry_tiles
+    entry = tile // tiles
+    off_m, off_n = _grouped_tile(tile - entry * tiles, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     per = gl.cdiv(k_tiles, splits)
     k0 = sp * per
-    return unit - sp * tiles, sp, k0, gl.minimum(k0 + per, k_tiles)
+    return entry, off_m, off_n, sp, k0, gl.minimum(k0 + per, k_tiles)
 
 
 @gluon.jit
@@ -100,11 +114,10 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
     else:
         nbytes: gl.constexpr = GROUPS * a_desc.block_type.nbytes + b_bytes
     it = 0
-    tiles = gl.cdiv(M, GROUPS * HALF) * gl.cdiv(N, BLOCK_N)  # (of one batch entry)
-    for unit in range(gl.program_id(0), tiles * batch * splits, gl.num_programs(0)):
-        tile, sp, k0, k1 = _unit(unit, tiles * batch, splits, k_tiles)
-        entry = tile // tiles
-        off_m, off_n = _grouped_tile(tile - entry * tiles, M, N, GROUPS * HALF, BLOCK_N, GROUP_M)
+    tiles, units = _units(M, N, batch, splits, GROUPS * HALF, BLOCK_N)
+    for unit in range(gl.program_id(0), units, gl.num_programs(0)):
+        entry, off_m, off_n, sp, k0, k1 = _unit(unit, tiles, M, N, batch, splits, k_tiles, GROUPS * HALF, BLOCK_N,
+                                                GROUP_M)
         a_m = entry * a_batch_rows + off_m
         b_n = entry * b_batch_rows + off_n
         for ki in range(k0, k1):
@@ -171,7 +184,8 @@ def _gate_tile(gate, up, sa, b_scale, n0, N, stride_bsn, up_scale_offset, SUB: g
 @gluon.jit
 def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, c0_smem, c1_smem, bias, a_scale,
               b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
-              stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride, GROUP_M: gl.constexpr, STAGES: gl.constexpr, HALF: gl.constexpr,
+              stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride, GROUP_M: gl.constexpr,
+              STAGES: gl.constexpr, HALF: gl.constexpr,
               N0: gl.constexpr, N1: gl.constexpr, K_INSTR: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr,
               XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr,
               GATED: gl.constexpr, ACTIVATION: gl.constexpr, SHARE_C: gl.constexpr, GROUPS: gl.constexpr):
@@ -205,11 +219,10 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
     else:
         BLOCK_N: gl.constexpr = N0 + N1
     it = 0
-    tiles = gl.cdiv(M, GROUPS * HALF) * gl.cdiv(N, BLOCK_N)  # (of one batch entry)
-    for unit in range(gl.program_id(0), tiles * batch * splits, gl.num_programs(0)):
-        tile, sp, k0, k1 = _unit(unit, tiles * batch, splits, k_tiles)
-        entry = tile // tiles
-        off_m, off_n = _grouped_tile(tile - entry * tiles, M, N, GROUPS * HALF, BLOCK_N, GROUP_M)
+    tiles, units = _units(M, N, batch, splits, GROUPS * HALF, BLOCK_N)
+    for unit in range(gl.program_id(0), units, gl.num_programs(0)):
+        entry, off_m, off_n, sp, k0, k1 = _unit(unit, tiles, M, N, batch, splits, k_tiles, GROUPS * HALF, BLOCK_N,
+                                                GROUP_M)
         rm = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows_l)
         row_ok = rm < M
         acc0 = gl.zeros((HALF, N0), dtype=gl.float32, layout=mma0)
@@ -392,30 +405,32 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=GROUPS)
     k_tiles = gl.cdiv(K, BLOCK_K)
+    # (the partitions' argument tuples are written out: Gluon cannot keep one holding constexpr strings in a
+    # variable)
     if GROUPS == 2:
         gl.warp_specialize([
-            (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias, a_scale,
-                         b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
-                         stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
+            (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias,
+                         a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
+                         stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS)),
-            (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cB0, cB1, bias, a_scale,
-                         b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
-                         stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
+            (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cB0, cB1, bias,
+                         a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
+                         stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS)),
-            (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M,
-                         N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M, STAGES, XS_TMA,
-                         TWO, GATED, GROUPS)),
+            (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
+                         empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
+                         STAGES, XS_TMA, TWO, GATED, GROUPS)),
         ], [4, 1], [232, 40])
-    else:
+    else:  # one consumer warp group
         gl.warp_specialize([
-            (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias, a_scale,
-                         b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
-                         stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
+            (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias,
+                         a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
+                         stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS)),
-            (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M,
-                         N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M, STAGES, XS_TMA,
-                         TWO, GATED, GROUPS)),
+            (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
+                         empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
+                         STAGES, XS_TMA, TWO, GATED, GROUPS)),
         ], [1], [40])
