@@ -13,9 +13,14 @@ per SM and with 1 (one fits an SM's shared memory at 64 rows of x); --short: SHO
 K slices' sums kept (N, BM) and added by vector atomics against (M, N) one value per atomic (SUMS_T).
 --short-rows: SHORT_INT4 (5 per SM, in-kernel finish or not) up to 8 rows against LONG.
 --deep: LONG against longer K slices (KS 8 to 32: fewer slices, fewer atomics, x staged deeper).
+--occupancy: LONG (KS 4, 4 loads in flight, 4 programs per SM: what its shared memory allows) against
+KS 4 with 3 or 2 loads in flight and 5 or 6 programs per SM. --long-ab: the shipped rule against
+it with LONG as it was before (KS 4, 4 loads in flight, 4 programs per SM). --long-work: the shipped
+rule against LONG at one to four rows on every layer (INT4 groups of 128 or more) and against the
+finish launch in place of the in-kernel finish.
 --small: smaller layers (held-out ones under 2^25 weights, Llama-3-8B o) instead of the Llama-3 set.
 
-Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box | --rows128 | --wide | --deep | --finish | --short | --short-rows | --sums] [--small] [--m 1 4 16] (--m last)
+Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box | --rows128 | --wide | --deep | --finish | --short | --short-rows | --sums | --occupancy | --long-ab | --long-work] [--small] [--m 1 4 16] (--m last)
 """
 
 import os
@@ -87,8 +92,21 @@ ROWS_VARIANTS = [  # --short-rows: SHORT_INT4 (and its in-kernel finish) beyond 
     dict(name="SHORT_INT4 to 8 rows, finish launch", SHORT_MAX_M=8, FINISH_HERE=False)]
 if "--short-rows" in sys.argv:
     VARIANTS = ROWS_VARIANTS
+OCCUPANCY_VARIANTS = [  # --occupancy: LONG against KS 4 slices with fewer loads in flight and more programs per SM
+    (4, 4, 4, 2, True, 64), (4, 3, 5, 2, True, 64), (4, 2, 6, 2, True, 64), (4, 2, 5, 2, True, 64), (2, 2, 6, 2, True, 64)]
+if "--occupancy" in sys.argv:
+    VARIANTS = OCCUPANCY_VARIANTS
+LONG_AB_VARIANTS = [dict(name="shipped rule"),  # --long-ab: the shipped LONG against the one before it
+                    dict(name="LONG before (KS 4, 4 loads, 4/SM)", LONG=hopper_w4.Split(4, 4, 4))]
+if "--long-ab" in sys.argv:
+    VARIANTS = LONG_AB_VARIANTS
+LONG_WORK_VARIANTS = [dict(name="shipped rule"),  # --long-work: LONG at one to four rows on every layer
+                      dict(name="LONG on every layer (LONG_WORK 0)", LONG_WORK=0),
+                      dict(name="finish launch (no in-kernel finish)", FINISH_HERE=False)]
+if "--long-work" in sys.argv:
+    VARIANTS = LONG_WORK_VARIANTS
 DEFAULTS = {k: getattr(hopper_w4, k) for k in ("SHORT", "SHORT_INT4", "LONG", "WIDE", "BOX_STEPS", "PDL",
-                                              "FINISH_HERE", "SUMS_T", "SHORT_MAX_M")}
+                                              "FINISH_HERE", "SUMS_T", "SHORT_MAX_M", "LONG_WORK")}
 if "--finish" in sys.argv:
     VARIANTS = FINISH_VARIANTS
 ROTATE = 3

@@ -27,7 +27,6 @@ def built(monkeypatch):
     widened to every M <= 64, N and K the kernel can take, so that its results are checked
     beyond the sizes it is routed (test_size_rule checks the rule itself)."""
     monkeypatch.setattr(hopper_w4, "DECODE_MAX_M", 64)
-    monkeypatch.setattr(hopper_w4, "WIDE_LAYER_MAX_M", 64)
     monkeypatch.setattr(hopper_w4, "MX_DECODE_MAX_M", 64)
     monkeypatch.setattr(hopper_w4, "SMALL_DECODE_MAX_M", 64)
     yield from spy_plans(monkeypatch, hopper_w4.W4DecodePlan, config_mod.clear_caches)
@@ -165,7 +164,8 @@ def test_box_steps(ks, box):
     (2, 6144, 4096, 256, False, "SHORT_INT4"), (1, 6144, 4096, 64, False, "SHORT"),
     (1, 28672, 4096, 128, False, "LONG"), (2, 57344, 8192, 128, False, "LONG"),
     (1, 8192, 28672, 4096 * 7, False, "LONG"), (3, 4096, 4096, 128, False, "SHORT_INT4"),
-    (4, 8192, 8192, 128, False, "SHORT_INT4"), (5, 4096, 4096, 128, False, "LONG"), (3, 4096, 4096, 32, True, "SHORT"),
+    (4, 8192, 8192, 128, False, "LONG"), (1, 8192, 8192, 128, False, "SHORT_INT4"),
+    (2, 4096, 14336, 128, False, "LONG"), (4, 9216, 3072, 128, False, "SHORT_INT4"), (5, 4096, 4096, 128, False, "LONG"), (3, 4096, 4096, 32, True, "SHORT"),
     (5, 4096, 4096, 32, True, "LONG"),
     (1, 57344, 8192, 32, False, "SHORT"), (1, 57344, 8192, 32, True, "SHORT"), (16, 4096, 4096, 32, True, "LONG"),
     (32, 8192, 8192, 32, True, "LONG"), (33, 8192, 8192, 32, True, "WIDE"), (64, 8192, 8192, 32, True, "WIDE"),
@@ -173,7 +173,8 @@ def test_box_steps(ks, box):
     (16, 57344, 8192, 128, False, "LONG")])
 def test_split_kind(M, N, K, group, mxfp4, kind):
     """SHORT up to 4 rows, LONG from 5; INT4 groups of 128 or more at 1-4 rows: LONG on layers that give
-    each of the H100's SMs 96 or more 64 x 128 weight tile-steps (Llama-3-8B gate_up: 108), else
+    each of the H100's SMs 96 or more 64 x 128 weight tile-steps at one row (Llama-3-8B gate_up: 108),
+    48 or more from two rows (Llama-3-70B o: 62, 8B down: 54; the held-out 9216 x 3072: 26), else
     SHORT_INT4; MXFP4 from 33 rows and INT4 groups of 128 or more from 17: WIDE (128-row tiles)."""
     from gemmkit.core.device import known_device
 
@@ -189,11 +190,11 @@ def test_split_kind(M, N, K, group, mxfp4, kind):
                                               (7, 3000, 2048, 128, False), (64, 8192, 8192, 32, True),
                                               (33, 100, 1024, 32, True), (16, 28672, 4096, 32, False),
                                               (2, 8192, 8192, 128, False)])
-def test_finish_rounds(M, N, K, group, mxfp4):
+def test_finish_rounds(monkeypatch, M, N, K, group, mxfp4):
     """finish_rounds: the round trips of the largest tile group's epilogue, counted tile by tile the
     way the kernel assigns them (program p: tiles p // SLICES, + programs / SLICES, ...), FIN_V values
-    per thread; the plan finishes in the kernel for INT4 groups of 128 or more under SHORT, where
-    that is at most FINISH_MAX_ROUNDS, else launches finish_sums (as a programmatic dependent)."""
+    per thread; the plan launches finish_sums (as a programmatic dependent) for sliced K, and finishes
+    in the kernel only where FINISH_HERE asks for it."""
     from gemmkit.core.device import known_device
 
     h100 = known_device("NVIDIA_H100_80GB_HBM3")
@@ -206,23 +207,26 @@ def test_finish_rounds(M, N, K, group, mxfp4):
     assert hopper_w4.finish_rounds(sp, M, N) == worst
     x, w_q = torch.empty(M, K, dtype=BF16), torch.empty(N, K // 2, dtype=torch.uint8)
     plan = hopper_w4.W4DecodePlan(h100, x, w_q, None, None, M, N, K, group, None, None, BF16, (M, N), False, mxfp4)
-    short = hopper_w4.split_kind(M, N, K, h100, group, mxfp4) is hopper_w4.SHORT_INT4
-    assert plan.finish_here == (sp.slices > 1 and short and M == 2 and worst <= hopper_w4.FINISH_MAX_ROUNDS)
-    assert plan.values["PDL"] == (sp.slices > 1 and not plan.finish_here and hopper_w4.pdl_ok())
+    assert not plan.finish_here
+    assert plan.values["PDL"] == (sp.slices > 1 and hopper_w4.pdl_ok())
+    monkeypatch.setattr(hopper_w4, "FINISH_HERE", True)
+    plan = hopper_w4.W4DecodePlan(h100, x, w_q, None, None, M, N, K, group, None, None, BF16, (M, N), False, mxfp4)
+    assert plan.finish_here == (sp.slices > 1) and plan.values["FINISH_HERE"] == plan.finish_here
+    assert not plan.values["PDL"]
 
 
 @pytest.mark.parametrize("M,N,K,ok", [(1, 57344, 8192, True), (2, 8192, 28672, True), (4, 6144, 4096, True),
                                       (3, 8192, 16384, True), (3, 8192, 28672, True), (8, 4096, 4096, True),
-                                      (9, 4096, 4096, False),
+                                      (9, 4096, 4096, True), (16, 3072, 3072, True), (17, 3072, 3072, True),
                                       (16, 57344, 8192, True), (12, 10240, 8192, True), (12, 8192, 8192, True),
-                                      (12, 6144, 4096, False), (16, 14336, 2048, True),
+                                      (12, 6144, 4096, True), (16, 14336, 2048, True),
                                       (17, 57344, 8192, True), (32, 6144, 4096, True), (33, 6144, 4096, False),
                                       (64, 8192, 4096, True), (64, 57344, 8192, True), (65, 4096, 4096, False),
                                       (1, 100, 256, True),
                                       (1, 8192, 8000, False)])
 def test_size_rule(monkeypatch, M, N, K, ok):
-    """The sizes gemm_a16w4 routes to the kernel (up to 8 rows, 16 where N >= 10240 or the weight has 2^25
-    elements or more, 17 to 32 rows, 33 to 64 on weights of 2^25 or more; K a multiple of 128), with the
+    """The sizes gemm_a16w4 routes to the kernel (up to 16 rows, 17 to 32 rows, 33 to 64 on weights of 2^25
+    or more; K a multiple of 128), with the
     device checks passing; MXFP4 (gemm_a16wfp4): up to 64 rows, bf16 x;
     INT4 groups of 32: up to 16 rows."""
     monkeypatch.setattr(hopper_w4, "ws_enabled", lambda dev, device: True)
@@ -260,9 +264,9 @@ def test_configs_show_route():
     h100 = known_device("NVIDIA_H100_80GB_HBM3")
     assert ("64-row weight tiles, K in 16 slices of 2 x 128, up to 5 programs per SM, 2 loads of 2 x 128 in flight, "
             "the slices' sums finished by a second launch" in w4_route("a16w4", 1, 4096, 4096, h100))
-    assert "sums finished by their last program" in w4_route("a16w4", 2, 4096, 4096, h100)
-    assert w4_route("a16w4", 16, 4096, 4096, h100) is None
-    assert ("K in 8 slices of 4 x 128, up to 4 programs per SM, 4 loads of 2 x 128 in flight"
+    assert "sums finished by a second launch" in w4_route("a16w4", 2, 4096, 4096, h100)
+    assert w4_route("a16w4", 65, 4096, 4096, h100) is None
+    assert ("K in 8 slices of 4 x 128, up to 6 programs per SM, 2 loads of 2 x 128 in flight"
             in w4_route("a16wfp4", 16, 4096, 4096, h100))
     assert w4_route("a16wfp4", 64, 8192, 8192, h100).startswith("128-row weight tiles, K in 8 slices of 8 x 128")
     assert w4_route("a16wfp4", 65, 4096, 4096, h100) is None and w4_route("a16w16", 1, 4096, 4096, h100) is None

@@ -1,8 +1,7 @@
 """Where gemm_a16w4 runs the Hopper INT4 decode kernel (kernels/gemm_w4_decode.py), and its launch.
 
 The kernel takes decode-sized calls on sm_90 (CUDA, Gluon, GEMMKIT_GLUON not 0): M <= DECODE_MAX_M
-rows of bf16 / fp16 x (up to WIDE_LAYER_MAX_M where N >= WIDE_LAYER_N or N * K >=
-INT4_WIDE_MIN_WEIGHT; INT4 groups of 128 or more also from INT4_WIDE_MIN_M to INT4_WIDE_MAX_M rows,
+rows of bf16 / fp16 x (INT4 groups of 128 or more also from INT4_WIDE_MIN_M to INT4_WIDE_MAX_M rows,
 above INT4_WIDE_ANY_MAX_M only on weights of INT4_WIDE_MIN_WEIGHT elements or more, with the WIDE
 split), K a multiple of 128, INT4
 scale groups of 32, 64 (up to SMALL_DECODE_MAX_M rows), 128 or a multiple of 128 (or one per
@@ -14,8 +13,9 @@ on every layer with one-step loads (w4_decode_sweep_h100.txt); INT4 in groups of
 rows (w4_decode_sweep_short_m12_16_h100.txt, both with graph-captured zeroing once per graph):
 1.11x to 1.21x the tl kernel's table picks on the layers of N >= 10240, 0.89x to 1.02x on the others;
 with the sums' vector atomics (below; w4_decode_sweep_sums_h100.txt) 1.02x to 1.23x at 9, 12 and 16
-rows on every layer of 2^25 weights or more and 0.96x to 0.99x on the smaller Llama-3-8B qkv, which
-keeps the tl kernel from 9 to 16 rows (as do all layers under 2^25 weights and N < 10240). From 17 rows (w4_decode_sweep_wide_int4_h100.txt, WIDE):
+rows on every layer of 2^25 weights or more and 0.96x to 0.99x on the smaller Llama-3-8B qkv; with
+LONG's 6 programs per SM (below) every layer takes the kernel up to 16 rows (DECODE_MAX_M's comment).
+From 17 rows (w4_decode_sweep_wide_int4_h100.txt, WIDE):
 1.3x to 2.1x the tl kernel at M = 32 on all 7 layers, 1.05x to 1.28x at M = 64 on the layers of 2^25
 weights or more and 0.85x on Llama-3-8B qkv (6144 x 4096). MXFP4 (`--fp4`): 1.3x to 3.0x the tl kernel at 1 to 64 rows (its tl
 loop decodes e2m1 in 32-wide groups; the box sweeps with SHORT / LONG, at 64 rows WIDE in
@@ -30,10 +30,10 @@ one slice and every (programs / SLICES)-th weight tile of it (64 rows, one warp 
 its weight loaded BOX_STEPS steps (128 contiguous bytes of each row) per TMA load, the split's
 stages of them in flight. Four splits (`--box` sweeps,
 tuning/w4_gluon/w4_decode_sweep_box*_h100.txt): SHORT (KS 2, 2 stages, 6 per SM) up to SHORT_MAX_M
-rows, SHORT_INT4 (5 per SM) in its place for INT4 groups of 128 or more (below), LONG (KS 4, 4
-stages, 4 per SM) from there and for INT4 groups of 128 or more at one to four rows where a layer
-gives each SM LONG_WORK or more weight tile-steps of 64 x 128 (the large layers: there fewer, longer
-programs were 1.05x to 1.13x SHORT; below it SHORT was 1.05x to 1.06x LONG), and WIDE (KS 8, 2
+rows, SHORT_INT4 (5 per SM) in its place for INT4 groups of 128 or more (below), LONG (KS 4, 2
+stages, 6 per SM) from there and for INT4 groups of 128 or more at one row where a layer gives each
+SM LONG_WORK or more weight tile-steps of 64 x 128, at two to four rows LONG_WORK_ROWS or more, and
+WIDE (KS 8, 2
 stages, 1 per SM, 128-row tiles: two warp groups sharing the staged x) for MXFP4 from WIDE_MIN_M
 rows and INT4 groups of 128 or more from INT4_WIDE_MIN_M (M = 64: 1.03x to 1.18x LONG, geomean 1.09;
 w4_decode_sweep_rows128*_h100.txt: 128-row tiles measured level with LONG at 1 and 16 rows; INT4
@@ -44,28 +44,37 @@ per SM): INT4 g128 M = 1 1.02x to 1.11x, M = 4 0.98x to 1.13x; MXFP4 and INT4 gr
 1.15x to 1.29x that split (KS 2, 4 stages, 6 per SM) with one-step loads. Where a Triton version's
 registers hold fewer programs per SM than the split asks, the plan launches fewer
 (W4DecodePlan._fit_residency).
+LONG was KS 4 with 4 stages and 4 programs per SM, all the shared memory of 4 such programs allows
+(x of 4 steps and 4 loads of 8 KB each); with 2 stages 6 fit, and the kernel, bound by its own
+decode and tensor-core latencies rather than by loads in flight (BENCHMARKS.md, eleventh session:
+with no weight loads at all a 16-row call takes 0.75x to 0.8x its time, a 64-row one all of it),
+gains from the extra programs: `--occupancy` (w4_occupancy_*_h100.txt) and `--long-ab`
+(w4_long_ab_*_h100.txt): INT4 g128 1.04x to 1.16x at 8 rows on every Llama-3 layer (geomean 1.10),
+1.04x / 1.04x at 12 / 16 rows, 1.02x to 1.06x on the held-out layers at 8 and 16 rows; MXFP4 1.07x to
+1.12x at 8 and 16 rows, 1.01x to 1.05x at 32; INT4 groups of 32 1.04x to 1.12x. At one row the old
+LONG_WORK stays (LONG 0.87x to 0.99x SHORT_INT4 below it, `--long-work`, w4_long_work*_h100.txt); from
+two rows LONG ran 1.01x to 1.15x SHORT_INT4 (with the finish launch) on the layers of 48 or more
+tile-steps per SM (Llama-3-8B down, 70B qkv and o) and 0.85x to 0.99x on the held-out layers under it
+(w4_two_rows*_h100.txt, w4_long_work*_h100.txt).
 
 The K slices' sums. Each program adds its tiles' fp32 sums to a zeroed (M, N) buffer by atomics;
-then either finish_sums, launched as a programmatic dependent of the decode kernel (PDL,
-kernels/gdc.py; 0.98x to 1.04x a plain launch at M = 1), runs the epilogue, or the last program of
-each tile group to arrive does (FINISH_HERE; the kernel's docstring). scripts/w4_overhead_probe.py
-(w4_overhead_h100.txt) split a sliced call's time: finish_sums and the gap before it 2.7 to 4 us,
-of which about 2.3 us was the buffer's zeroing, captured before every call until the graphs were
-given one zeroing each (core/plan.zeroed_buffer; capture_zeroing_h100.txt: 1.02x to 1.31x on
-every sliced INT4 call). The finish launch overlaps the decode kernel only where PDL can place its
-programs beside the decode kernel's: not where those fill the register file (the INT4 SHORT kernel:
-80 registers x 128 threads x 6 programs). Measured (`--finish`, `--short`,
-w4_decode_sweep_finish*_h100.txt, w4_decode_sweep_short*_h100.txt): at one row SHORT_INT4's 5
-programs per SM with the finish launch ran 1.09x to 1.15x the 6 per SM of SHORT (the in-kernel finish
-1.00x to 1.10x); at two rows the in-kernel finish ran 1.10x to 1.15x the launch at 5 per SM (1.02x
-to 1.11x the launch at 6); under LONG, WIDE
-and the other formats' SHORT (70 to 80 registers) the launch was faster everywhere (the in-kernel
-finish 0.5x to 0.97x, more so the more round trips its epilogue takes). Hence finish_in_kernel:
-SHORT_INT4 at FINISH_MIN_M to FINISH_MAX_M rows where its epilogue takes one round trip. SHORT_INT4
-and SHORT from 1 to SHORT_MAX_M rows (`--short-rows`, w4_decode_sweep_short_rows*_h100.txt: INT4
-g128 at 3 and 4 rows 1.0x to 1.09x LONG, 1.14x to 1.16x on the smallest layer with the finish
-launch, the in-kernel finish 0.87x to 1.04x there, at 8 rows 0.90x to 1.17x; MXFP4 and INT4 groups
-of 32 at 3 and 4 rows 1.03x to 1.30x on six layers, 0.94x to 1.02x on Llama-3-70B down).
+then finish_sums, launched as a programmatic dependent of the decode kernel (PDL, kernels/gdc.py;
+0.98x to 1.04x a plain launch at M = 1), runs the epilogue; FINISH_HERE = True makes the last program
+of each tile group to arrive run it instead (the kernel's docstring; probes and tests).
+scripts/w4_overhead_probe.py (w4_overhead_h100.txt) split a sliced call's time: finish_sums and the
+gap before it 2.7 to 4 us, of which about 2.3 us was the buffer's zeroing, captured before every
+call until the graphs were given one zeroing each (core/plan.zeroed_buffer; capture_zeroing_h100.txt:
+1.02x to 1.31x on every sliced INT4 call). The in-kernel finish was taken at two rows under
+SHORT_INT4 until the eleventh session (`--finish`, `--short`, w4_decode_sweep_finish*_h100.txt,
+w4_decode_sweep_short*_h100.txt: 1.02x to 1.15x the launch then); measured again with the zeroing
+once per graph (`--long-work --m 2 3`, w4_two_rows*_h100.txt) the launch ran 1.00x to 1.19x it on
+every layer (geomean 1.04 on the Llama-3 layers, 1.11 on the held-out ones), and under LONG, WIDE
+and the other formats' SHORT the launch was faster everywhere before (the in-kernel finish 0.5x to
+0.97x, more so the more round trips its epilogue takes). SHORT_INT4 and SHORT from 1 to
+SHORT_MAX_M rows (`--short-rows`, w4_decode_sweep_short_rows*_h100.txt: INT4 g128 at 3 and 4 rows
+1.0x to 1.09x LONG, 1.14x to 1.16x on the smallest layer with the finish launch, at 8 rows 0.90x to
+1.17x; MXFP4 and INT4 groups of 32 at 3 and 4 rows 1.03x to 1.30x on six layers, 0.94x to 1.02x on
+Llama-3-70B down).
 
 The sums' layout (`--sums`, w4_decode_sweep_sums*_h100.txt): (M, N) takes one atomic per value
 (masked to x's M rows); (N, BM), whole rows of x's BM rows, lets each thread add its two
@@ -87,12 +96,11 @@ from .device import DeviceInfo
 from .hopper_ws import ws_enabled
 from .plan import _get_device, contiguous_strides, extent_bytes, kernel_tail, overlapping_input, zeroed_buffer
 
-DECODE_MAX_M = 8  # INT4 groups of 128 or more: LONG 1.04x to 1.23x the tl kernel at M = 4, 1.01x to 1.20x at
-# M = 8 on every layer; at M = 12 0.95x to 1.17x (w4_decode_sweep_rows128_m8_12_h100.txt, the tuned table's tl picks)
-WIDE_LAYER_N, WIDE_LAYER_MAX_M = 10240, 16  # and up to 16 rows where N >= 10240 or the weight has 2^25 elements or
-# more: at M = 12 and 16 1.11x to 1.21x the tl kernel's table picks on the layers of N >= 10240, 0.89x to 1.02x below
-# (w4_decode_sweep_short_m12_16_h100.txt); with the vector atomics of SUMS_T 1.02x to 1.23x on every layer from 2^25
-# weights at 9, 12 and 16 rows, 0.96x to 0.99x on Llama-3-8B qkv (6144 x 4096) (w4_decode_sweep_sums_h100.txt)
+DECODE_MAX_M = 16  # INT4 groups of 128 or more on every layer up to here: with LONG's 6 programs per SM the
+# kernel ran 1.01x to 1.42x the tl kernel at 9 rows on the seven held-out layers under 2^25 weights (geomean 1.15),
+# 0.96x to 1.38x at 12 (1.09), 0.96x to 1.37x at 16 (the smallest layers, 4096 x 4096 and 6144 x 4096, level or
+# 4% behind: w4_long_ab_int4_small*_h100.txt, w4_long_ab_int4_h100.txt); 1.02x to 1.23x on every layer from
+# 2^25 weights before that (w4_decode_sweep_sums_h100.txt)
 # INT4 groups of 128 or more from 17 to 64 rows: WIDE, 1.3x to 2.1x the tl kernel's table picks at M = 32
 # and 1.05x to 1.28x at M = 64 on the layers from 2^25 weights, 0.85x on the smaller Llama-3-8B qkv
 # (6144 x 4096; 1.3x at M = 32) (w4_decode_sweep_wide_int4_h100.txt); on smaller layers 1.16x to 1.68x at 20
@@ -115,18 +123,17 @@ class Split:
 
 SHORT = Split(ks_target=2, stages=2, per_sm=6)
 SHORT_INT4 = Split(ks_target=2, stages=2, per_sm=5)  # INT4 groups >= 128: register room beside them (docstring)
-LONG = Split(ks_target=4, stages=4, per_sm=4)
+LONG = Split(ks_target=4, stages=2, per_sm=6)
 WIDE = Split(ks_target=8, stages=2, per_sm=1, bn=128)
 SHORT_MAX_M = 4  # SHORT / SHORT_INT4 up to 4 rows: at 3 and 4 rows 1.0x to 1.16x LONG (INT4 g128), 0.94x to 1.30x
 # (MXFP4, INT4 groups of 32), 0.90x to 1.17x at 8 rows (w4_decode_sweep_short_rows*_h100.txt)
 WIDE_MIN_M = 33  # MXFP4 from here (64-row x tiles): WIDE
-LONG_WORK = 96  # 64 x 128 weight tile-steps per SM from which INT4 g >= 128 takes LONG at one to four rows
+LONG_WORK = 96  # 64 x 128 weight tile-steps per SM from which INT4 g >= 128 takes LONG at one row ...
+LONG_WORK_ROWS = 48  # ... and at two to four rows (module docstring)
 BOX_STEPS = 2  # K steps per TMA load: 128 contiguous bytes of each of 64 rows
 PDL = True  # finish_sums launched as a programmatic dependent of the decode kernel (kernels/gdc.py)
-FINISH_HERE = None  # True / False: force where the K slices' sums are finished (probes, tests); None: finish_in_kernel
-FINISH_MAX_ROUNDS = 1  # the in-kernel epilogue's L2 round trips (finish_rounds) at most
-FINISH_MIN_M = FINISH_MAX_M = 2  # (from 3 rows the finish launch measured 1.09x to 1.6x the in-kernel one)
-FIN_V = 8  # fp32 values per thread in one round trip of that epilogue
+FINISH_HERE = None  # True: the K slices' sums finished in the kernel (probes, tests); None / False: finish_sums
+FIN_V = 8  # fp32 values per thread in one round trip of the in-kernel epilogue (FINISH_HERE)
 SUMS_T = True  # the sums (N, BM) by vector atomics at SUMS_T_ROWS rows (sums_transposed) ...
 SUMS_T_ROWS = range(12, 17)  # ... 16-row x tiles with at most a quarter of padding
 BLOCK_N, BLOCK_K = 64, 128
@@ -194,7 +201,7 @@ def decode_sizes_ok(M: int, N: int, K: int, group: int, mxfp4: bool) -> bool:
         return M <= MX_DECODE_MAX_M
     if group in SMALL_GROUPS:
         return M <= SMALL_DECODE_MAX_M
-    rows_ok = (M <= DECODE_MAX_M or (M <= WIDE_LAYER_MAX_M and (N >= WIDE_LAYER_N or N * K >= INT4_WIDE_MIN_WEIGHT))
+    rows_ok = (M <= DECODE_MAX_M
                or INT4_WIDE_MIN_M <= M <= INT4_WIDE_MAX_M and (M <= INT4_WIDE_ANY_MAX_M or N * K >= INT4_WIDE_MIN_WEIGHT))
     return rows_ok and group_shift(group, K) is not None
 
@@ -230,7 +237,7 @@ def split_kind(M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: bool)
     work = -(-N // BLOCK_N) * (K // BLOCK_K)
     if not after_scale:
         return SHORT
-    return LONG if work >= LONG_WORK * dev.num_sms else SHORT_INT4
+    return LONG if work >= (LONG_WORK if M == 1 else LONG_WORK_ROWS) * dev.num_sms else SHORT_INT4
 
 
 def decode_split(M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: bool) -> DecodeSplit:
@@ -259,15 +266,11 @@ def finish_rounds(split: DecodeSplit, M: int, N: int) -> int:
     return -(-rows * group_rows // (FIN_V * 32 * (split.bn // 16)))
 
 
-def finish_in_kernel(split: DecodeSplit, M: int, N: int, K: int, dev: DeviceInfo, group: int, mxfp4: bool) -> bool:
-    """Whether the last program of each tile group runs the sliced epilogue (no finish_sums launch;
-    module docstring): under SHORT_INT4 at two rows, where one round trip does it."""
-    if split.slices == 1:
-        return False
-    if FINISH_HERE is not None:
-        return FINISH_HERE
-    return (FINISH_MIN_M <= M <= FINISH_MAX_M and split_kind(M, N, K, dev, group, mxfp4) is SHORT_INT4
-            and finish_rounds(split, M, N) <= FINISH_MAX_ROUNDS)
+def finish_in_kernel(split: DecodeSplit) -> bool:
+    """Whether the last program of each tile group runs the sliced epilogue (no finish_sums launch):
+    only where FINISH_HERE asks for it (module docstring: the finish launch measured faster on every
+    layer since the launches' zeroing moved to once per graph)."""
+    return split.slices > 1 and bool(FINISH_HERE)
 
 
 SM90_REGISTERS, SM90_SMEM, SM90_THREADS = 65536, 233472, 2048  # per SM; each program also holds 1 KB of shared memory
@@ -321,7 +324,7 @@ class W4DecodePlan:
 
         from .hopper_ws import _Descriptors
 
-        self.finish_here = finish_in_kernel(split, M, N, K, dev, group, mxfp4)
+        self.finish_here = finish_in_kernel(split)
         pdl = self.slices > 1 and not self.finish_here and pdl_ok()
         self.groups = split.programs // split.slices
         self.w_desc = _Descriptors((N, K // 8), (w_q.stride(0) // 4, 1), (split.bn, 16 * split.box),

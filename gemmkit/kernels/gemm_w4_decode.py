@@ -128,6 +128,24 @@ def true_k(kp):
 
 
 @gluon.jit
+def _permuted_x(xp):
+    """x's (BM, 128) step in the permuted K order (position kp holds column true_k(kp)): a relabelling
+    of the values, column bits (c3, c2, c1, c0, i2, i1, i0) -> (i2, i1, i0, c1, c3, c2, c0)."""
+    t = gl.permute(gl.reshape(xp, [xp.shape[0], 2, 2, 2, 2, 2, 2, 2]), [0, 5, 6, 7, 3, 1, 2, 4])
+    return gl.reshape(t, [xp.shape[0], BLOCK_K])
+
+
+@gluon.jit
+def _stage_x(x, xs, xsum, rmx, tk, kstep, q, M, stride_xm, SUMS: gl.constexpr):
+    """x's K step kstep (rows rmx < M, zeros past them) into xs[q] in the permuted K order, read in K
+    order (16-byte loads); SUMS: and its rows' fp32 sums into xsum[q]."""
+    xp = gl.load(x + rmx[:, None] * stride_xm + (kstep * BLOCK_K + tk)[None, :], mask=(rmx < M)[:, None], other=0.0)
+    xs.index(q).store(_permuted_x(xp))
+    if SUMS:
+        xsum.index(q).store(gl.sum(xp.to(gl.float32), axis=1))
+
+
+@gluon.jit
 def _issue(w_desc, wbuf, bars, b, first_tile, tile_stride, kstep0, KS: gl.constexpr, STAGES: gl.constexpr,
            BOX: gl.constexpr, BN: gl.constexpr):
     """TMA load of box b's words (BN rows x 16 BOX words: BOX consecutive steps of one tile; rows
@@ -388,13 +406,9 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, counters, M, N, K, SLICES
                           ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN)
     x_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [BN // 16, 1], [1, 0])
     rmx = gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))
-    tk = true_k(gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_l)))
+    tk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_l))
     for q in gl.static_range(KS):
-        xp = gl.load(x + rmx[:, None] * stride_xm + ((kstep0 + q) * BLOCK_K + tk)[None, :], mask=(rmx < M)[:, None],
-                     other=0.0)
-        xs.index(q).store(xp)
-        if not MXFP4 and GROUP_WORDS == 0:
-            xsum.index(q).store(gl.sum(xp.to(gl.float32), axis=1))
+        _stage_x(x, xs, xsum, rmx, tk, kstep0 + q, q, M, stride_xm, not MXFP4 and GROUP_WORDS == 0)
     fence_async_shared()
     rm = gl.arange(0, BM, layout=COLS)
     acc = gl.zeros([BN, BM], gl.float32, acc_l)

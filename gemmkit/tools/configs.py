@@ -86,7 +86,7 @@ def w4_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | None:
     group = 32 if mxfp4 else 128
     sp = h4.decode_split(M, N, K, dev, group, mxfp4)
     finish = ("" if sp.slices == 1 else ", the slices' sums finished by their last program"
-              if h4.finish_in_kernel(sp, M, N, K, dev, group, mxfp4) else ", the slices' sums finished by a second launch")
+              if h4.finish_in_kernel(sp) else ", the slices' sums finished by a second launch")
     return (f"{sp.bn}-row weight tiles, K in {sp.slices} slices of {sp.ks} x 128, up to {sp.per_sm} programs "
             f"per SM, {sp.stages} loads of {sp.box} x 128 in flight{finish}"
             + ("" if mxfp4 else " (INT4 groups of 128; groups of 32 / 64 up to 16 rows)"))
