@@ -47,10 +47,10 @@ registers hold fewer programs per SM than the split asks, the plan launches fewe
 LONG was KS 4 with 4 stages and 4 programs per SM, all the shared memory of 4 such programs allows
 (x of 4 steps and 4 loads of 8 KB each); with 2 stages 6 fit, and the kernel, bound by its own
 decode and tensor-core latencies rather than by loads in flight (BENCHMARKS.md, eleventh session:
-with no weight loads at all a 16-row call takes 0.75x to 0.8x its time, a 64-row one all of it),
+with no weight loads at all a 16-row call takes 0.76x to 0.84x its time, a 64-row one all of it),
 gains from the extra programs: `--occupancy` (w4_occupancy_*_h100.txt) and `--long-ab`
 (w4_long_ab_*_h100.txt): INT4 g128 1.04x to 1.16x at 8 rows on every Llama-3 layer (geomean 1.10),
-1.04x / 1.04x at 12 / 16 rows, 1.02x to 1.06x on the held-out layers at 8 and 16 rows; MXFP4 1.07x to
+1.05x / 1.04x at 12 / 16 rows, on the held-out layers 1.06x / 1.02x at 8 / 16 rows (0.97x to 1.18x); MXFP4 1.07x to
 1.12x at 8 and 16 rows, 1.01x to 1.05x at 32; INT4 groups of 32 1.04x to 1.12x. At one row the old
 LONG_WORK stays (LONG 0.87x to 0.99x SHORT_INT4 below it, `--long-work`, w4_long_work*_h100.txt); from
 two rows LONG ran 1.01x to 1.15x SHORT_INT4 (with the finish launch) on the layers of 48 or more
@@ -67,7 +67,7 @@ call until the graphs were given one zeroing each (core/plan.zeroed_buffer; capt
 1.02x to 1.31x on every sliced INT4 call). The in-kernel finish was taken at two rows under
 SHORT_INT4 until the eleventh session (`--finish`, `--short`, w4_decode_sweep_finish*_h100.txt,
 w4_decode_sweep_short*_h100.txt: 1.02x to 1.15x the launch then); measured again with the zeroing
-once per graph (`--long-work --m 2 3`, w4_two_rows*_h100.txt) the launch ran 1.00x to 1.19x it on
+once per graph (`--long-work --m 2 3`, w4_two_rows*_h100.txt) the launch ran 1.00x to 1.13x it on
 every layer (geomean 1.04 on the Llama-3 layers, 1.11 on the held-out ones), and under LONG, WIDE
 and the other formats' SHORT the launch was faster everywhere before (the in-kernel finish 0.5x to
 0.97x, more so the more round trips its epilogue takes). SHORT_INT4 and SHORT from 1 to
@@ -98,8 +98,8 @@ from .plan import _get_device, contiguous_strides, extent_bytes, kernel_tail, ov
 
 DECODE_MAX_M = 16  # INT4 groups of 128 or more on every layer up to here: with LONG's 6 programs per SM the
 # kernel ran 1.01x to 1.42x the tl kernel at 9 rows on the seven held-out layers under 2^25 weights (geomean 1.15),
-# 0.96x to 1.38x at 12 (1.09), 0.96x to 1.37x at 16 (the smallest layers, 4096 x 4096 and 6144 x 4096, level or
-# 4% behind: w4_long_ab_int4_small*_h100.txt, w4_long_ab_int4_h100.txt); 1.02x to 1.23x on every layer from
+# 0.96x to 1.38x at 12 (1.09), 0.98x to 1.38x at 16 (1.09); 4096 x 4096 and 6144 x 4096 level or up to 4% behind
+# at 12 and 16 rows: w4_long_ab_int4_small*_h100.txt, w4_long_ab_int4_h100.txt); 1.02x to 1.23x on every layer from
 # 2^25 weights before that (w4_decode_sweep_sums_h100.txt)
 # INT4 groups of 128 or more from 17 to 64 rows: WIDE, 1.3x to 2.1x the tl kernel's table picks at M = 32
 # and 1.05x to 1.28x at M = 64 on the layers from 2^25 weights, 0.85x on the smaller Llama-3-8B qkv
