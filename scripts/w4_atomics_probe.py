@@ -3,7 +3,9 @@ copies of it (built from its source text) whose atomics are masked off (no sums 
 results, timing only), replaced by plain stores of each slice's partial to y (no read-modify-write
 at L2; wrong results), whose x is not staged (zeros: no x traffic), or whose weights are never
 loaded (no TMA, no waits: the decode and tensor-core work alone, on stale shared memory); and other
-splits at 16 rows. --fast: only the shipped kernel and the one without weight loads. INT4 g128 asymmetric, CUDA-graph replay over 3 weight copies, F.linear bf16
+splits at 16 rows. --fast: only the shipped kernel, the one without weight loads, the one whose (M, N)
+sums' atomics are masked off (by a mask the compiler cannot prove false: the rows of 1 to 11 and
+from 17) and both. INT4 g128 asymmetric, CUDA-graph replay over 3 weight copies, F.linear bf16
 in the same run.
 
 Usage: python3 scripts/w4_atomics_probe.py [OUT_FILE] [--m 1 2 16]
@@ -57,6 +59,10 @@ NO_W = SRC.replace("        if i < boxes:\n            _issue(", "        if i <
     "        if b + STAGES - 1 < boxes:\n", "        if b + STAGES - 1 < 0:\n").replace(
     "        mbarrier.wait(bars.index(slot), (b // STAGES) & 1)\n", "")
 assert NO_W.count("< 0:") == 2 and "mbarrier.wait" not in NO_W
+# (M, N) sums masked by rn < 0, which the compiler cannot prove false (at one row rm < 0 it can)
+MASKED_RN = SRC.replace("mask=(rm < M)[None, :] & (rn < N)[:, None], sem=\"relaxed\")",
+                        "mask=(rm < M)[None, :] & (rn < 0)[:, None], sem=\"relaxed\")")
+assert MASKED_RN != SRC
 SHIPPED = hopper_w4.decode_kernel()
 LONG = hopper_w4.LONG
 # (name, kernel, split at 5 to 16 rows); at one row the (rm < 0) mask lets the compiler drop the whole
@@ -66,6 +72,11 @@ KERNELS = [("shipped", SHIPPED, LONG), ("atomics masked off", variant_kernel("ma
            ("x not staged (zeros)", variant_kernel("nox", NO_X), LONG),
            ("x not staged, atomics masked off", variant_kernel("noxmasked", NO_X_MASKED), LONG),
            ("weights not loaded (decode and tensor cores on stale shared memory)", variant_kernel("now", NO_W), LONG),
+           ("(M, N) atomics masked off (rn < 0)", variant_kernel("maskedrn", MASKED_RN), LONG),
+           ("weights not loaded, (M, N) atomics masked off", variant_kernel(
+               "nowmaskedrn", MASKED_RN.replace("        if i < boxes:\n            _issue(", "        if i < 0:\n            _issue(")
+               .replace("        if b + STAGES - 1 < boxes:\n", "        if b + STAGES - 1 < 0:\n")
+               .replace("        mbarrier.wait(bars.index(slot), (b // STAGES) & 1)\n", "")), LONG),
            ("shipped, SHORT_INT4 split", SHIPPED, hopper_w4.SHORT_INT4),
            ("shipped, LONG KS 2 (more slices)", SHIPPED, hopper_w4.Split(2, 4, 4)),
            ("shipped, LONG 5/SM", SHIPPED, hopper_w4.Split(4, 4, 5))]
@@ -105,7 +116,7 @@ for N, K in SHAPES:
         split = hopper_w4.decode_split(M, N, K, a16w4.device_info(inps[0]["x"].device), 128, False)
         named = {"F.linear bf16": [lambda inp=inp: F.linear(inp["x"], inp["w16"]) for inp in inps]}
         for name, kernel, long in KERNELS:
-            if M == 1 and long is not LONG or FAST and not (name == "shipped" or name.startswith("weights")):
+            if M == 1 and long is not LONG or FAST and not (name == "shipped" or name.startswith(("weights", "(M, N)"))):
                 continue
             hopper_w4.decode_kernel = (lambda k=kernel: k)
             hopper_w4.LONG = long
