@@ -32,3 +32,48 @@ def a16w16_config_calls(M: int, N: int, K: int, configs: dict, out) -> dict:
     ref = x.float() @ w.float().T
     return checked_calls({"F.linear": lambda: F.linear(x, w), "own pick": lambda: gemmkit.gemm_a16w16(x, w)},
                          configs, lambda cfg: gemmkit.gemm_a16w16(x, w, config=cfg), ref, out, 1e-2)
+
+
+def int4_inputs(M: int, N: int, K: int, group: int = 128) -> dict:
+    """x (M, K) bf16, an INT4 weight (N, K) in groups of `group` (asymmetric, as `gemmkit bench a16w4`
+    builds it) and its bf16 dequantization: keys x, wq, ws, wz, w16."""
+    import torch
+
+    from gemmkit.quant import dequantize_int4, quantize_int4
+
+    x, w = torch.randn(M, K, device="cuda").bfloat16(), (torch.randn(N, K, device="cuda") / K**0.5).bfloat16()
+    wq, ws, wz = quantize_int4(w, group)
+    return {"x": x, "wq": wq, "ws": ws, "wz": wz, "w16": dequantize_int4(wq, ws, wz, group, torch.bfloat16)}
+
+
+def w4_plan_calls(inps: list, fp4: bool, group: int = 128) -> tuple:
+    """(plans, calls): gemm_a16wfp4's (fp4) or gemm_a16w4's plan for each input set, built now with the
+    module constants as they are and held, and a zero-argument call running each."""
+    from gemmkit.ops import a16w4
+    from gemmkit.ops import fp4 as fp4_op
+
+    plans, calls = [], []
+    for inp in inps:
+        if fp4:
+            plan = fp4_op._make_plan(inp["x"], None, inp["wq"], inp["ws"], None, None, None, None, None)
+            calls.append(lambda inp=inp, plan=plan: plan.run(inp["x"], inp["wq"], None, None, None, inp["ws"]))
+        else:
+            plan = a16w4._make_plan(inp["x"], inp["wq"], inp["ws"], inp["wz"], group, None, None, None, None, None)
+            calls.append(lambda inp=inp, plan=plan: plan.run(inp["x"], inp["wq"], None, None, None, inp["ws"], None,
+                                                              None, None, None, None, inp["wz"]))
+        plans.append(plan)
+    return plans, calls
+
+
+def time_and_print(named: dict, header: str, wbytes: float, out, digits: int = 1) -> list:
+    """Time `named` (name -> list of calls, the first the baseline) in one interleaved CUDA-graph run and
+    print each against the first: us, ratio, GB/s of `wbytes`. Returns the times."""
+    from gemmkit.tools.timing import time_graphs_us
+
+    names = list(named)
+    times = time_graphs_us(*[named[n] for n in names], rep_ms=10, retries=3)
+    print(header, file=out)
+    for n, t in zip(names, times):
+        print(f"  {t:9.{digits}f} us  {times[0] / t:5.2f}x F.linear  {wbytes / t / 1e3:6.0f} GB/s  {n}", file=out,
+              flush=True)
+    return times

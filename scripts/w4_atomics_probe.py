@@ -23,7 +23,8 @@ import torch.nn.functional as F  # noqa: E402
 from gemmkit.core import hopper_w4  # noqa: E402
 from gemmkit.ops import a16w4  # noqa: E402
 from gemmkit.tools import tune  # noqa: E402
-from gemmkit.tools.timing import time_graphs_us  # noqa: E402
+
+import probe_util  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 out = open(args[0], "w") if args and not args[0].isdigit() else sys.stdout
@@ -86,21 +87,9 @@ hopper_w4.DECODE_MAX_M = 64  # every M <= 64 on the decode kernel
 hopper_w4.INT4_WIDE_MIN_WEIGHT = 0
 
 
-def int4_inputs(M, N, K):
-    from gemmkit.quant import dequantize_int4, quantize_int4
-
-    x, w = torch.randn(M, K, device="cuda").bfloat16(), (torch.randn(N, K, device="cuda") / K**0.5).bfloat16()
-    wq, ws, wz = quantize_int4(w, 128)
-    return {"x": x, "wq": wq, "ws": ws, "wz": wz, "w16": dequantize_int4(wq, ws, wz, 128, torch.bfloat16)}
-
-
 def calls_for(inps, kernel):
-    calls = []
-    for inp in inps:
-        plan = a16w4._make_plan(inp["x"], inp["wq"], inp["ws"], inp["wz"], 128, None, None, None, None, None)
-        assert plan.kernel is kernel
-        calls.append(lambda inp=inp, plan=plan: plan.run(inp["x"], inp["wq"], None, None, None, inp["ws"], None,
-                                                          None, None, None, None, inp["wz"]))
+    plans, calls = probe_util.w4_plan_calls(inps, False)
+    assert all(plan.kernel is kernel for plan in plans)
     return calls
 
 
@@ -109,7 +98,7 @@ print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, INT4 g128 asy
 for N, K in SHAPES:
     for M in M_LIST:
         torch.manual_seed(0)
-        inps = [int4_inputs(M, N, K) for _ in range(3)]
+        inps = [probe_util.int4_inputs(M, N, K) for _ in range(3)]
         ref = inps[0]["x"].float() @ inps[0]["w16"].float().T
         wbytes = N * K / 2 + N * (K // 128) * 3
         hopper_w4.LONG = LONG
@@ -123,11 +112,7 @@ for N, K in SHAPES:
             calls = calls_for(inps, kernel)
             err = tune.rel_error(calls[0](), ref)
             named[f"{name} (rel err {err:.1e})"] = calls
-        names = list(named)
-        times = time_graphs_us(*[named[n] for n in names], rep_ms=10, retries=3)
-        print(f"M={M} N={N} K={K} ({split.slices} slices, KS {split.ks}, {split.programs} programs):", file=out)
-        for n, t in zip(names, times):
-            print(f"  {t:9.1f} us  {times[0] / t:5.2f}x F.linear  {wbytes / t / 1e3:6.0f} GB/s  {n}", file=out,
-                  flush=True)
+        probe_util.time_and_print(named, f"M={M} N={N} K={K} ({split.slices} slices, KS {split.ks}, "
+                                  f"{split.programs} programs):", wbytes, out)
         del inps, ref, named
         torch.cuda.empty_cache()

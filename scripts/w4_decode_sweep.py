@@ -37,6 +37,8 @@ from gemmkit.ops import a16w4, fp4  # noqa: E402
 from gemmkit.tools import registry, tune  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 
+import probe_util  # noqa: E402
+
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 out = open(args[0], "w") if args and not args[0].isdigit() else sys.stdout
 M_LIST = ([int(a) for a in sys.argv[sys.argv.index("--m") + 1:] if a.isdigit()] if "--m" in sys.argv
@@ -50,11 +52,9 @@ GROUP = int(sys.argv[sys.argv.index("--group") + 1]) if "--group" in sys.argv el
 
 def int4_inputs(M, N, K):
     """x, the INT4 weight in groups of GROUP (asymmetric) and its bf16 dequantization."""
-    from gemmkit.quant import dequantize_int4, quantize_int4
+    return probe_util.int4_inputs(M, N, K, GROUP)
 
-    x, w = torch.randn(M, K, device="cuda").bfloat16(), (torch.randn(N, K, device="cuda") / K**0.5).bfloat16()
-    wq, ws, wz = quantize_int4(w, GROUP)
-    return {"x": x, "wq": wq, "ws": ws, "wz": wz, "w16": dequantize_int4(wq, ws, wz, GROUP, torch.bfloat16)}
+
 VARIANTS = [(ks, st, ps, 1, False) for ks in (2, 4, 8) for st in (4, 8) for ps in (3, 4, 6)]
 BOX_VARIANTS = [(2, 4, 6, 1, False), (2, 4, 6, 1, True), (2, 2, 6, 2, True), (2, 4, 6, 2, True), (2, 3, 6, 2, True),
                 (4, 2, 6, 4, True), (4, 3, 4, 4, True), (4, 4, 4, 2, True), (4, 2, 4, 4, True), (8, 2, 4, 4, True),
@@ -131,16 +131,7 @@ def calls_for(inps, variant):
         ks, stages, per_sm, hopper_w4.BOX_STEPS, hopper_w4.PDL, *bn = variant
         split = hopper_w4.Split(ks, stages, per_sm, *bn)
         hopper_w4.SHORT = hopper_w4.SHORT_INT4 = hopper_w4.LONG = hopper_w4.WIDE = split
-    calls = []
-    for inp in inps:  # plans built now, with this variant's constants, and held
-        if FP4:
-            plan = fp4._make_plan(inp["x"], None, inp["wq"], inp["ws"], None, None, None, None, None)
-            calls.append(lambda inp=inp, plan=plan: plan.run(inp["x"], inp["wq"], None, None, None, inp["ws"]))
-        else:
-            plan = a16w4._make_plan(inp["x"], inp["wq"], inp["ws"], inp["wz"], GROUP, None, None, None, None, None)
-            calls.append(lambda inp=inp, plan=plan: plan.run(inp["x"], inp["wq"], None, None, None, inp["ws"], None,
-                                                              None, None, None, None, inp["wz"]))
-    return calls
+    return probe_util.w4_plan_calls(inps, FP4, GROUP)[1]  # plans built now, with this variant's constants
 
 
 print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {'MXFP4' if FP4 else f'INT4 g{GROUP} asymmetric'}, "

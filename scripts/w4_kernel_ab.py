@@ -21,9 +21,11 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from gemmkit.core import hopper_w4  # noqa: E402
-from gemmkit.ops import a16w4, fp4  # noqa: E402
+from gemmkit.ops import a16w4  # noqa: E402
 from gemmkit.tools import registry, tune  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
+
+import probe_util  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--") and not a.isdigit() and "=" not in a]
 OLD = args[0]
@@ -48,27 +50,12 @@ hopper_w4.DECODE_MAX_M = hopper_w4.MX_DECODE_MAX_M = 64  # every M <= 64 on the 
 hopper_w4.INT4_WIDE_MIN_WEIGHT = 0
 
 
-def int4_inputs(M, N, K):
-    from gemmkit.quant import dequantize_int4, quantize_int4
-
-    x, w = torch.randn(M, K, device="cuda").bfloat16(), (torch.randn(N, K, device="cuda") / K**0.5).bfloat16()
-    wq, ws, wz = quantize_int4(w, GROUP)
-    return {"x": x, "wq": wq, "ws": ws, "wz": wz, "w16": dequantize_int4(wq, ws, wz, GROUP, torch.bfloat16)}
-
-
 def calls_for(inps, kernel, consts):
     hopper_w4.decode_kernel = lambda: kernel
     for name, value in DEFAULTS.items():
         setattr(hopper_w4, name, consts.get(name, value))
-    calls = []
-    for inp in inps:
-        if FP4:
-            plan = fp4._make_plan(inp["x"], None, inp["wq"], inp["ws"], None, None, None, None, None)
-            calls.append(lambda inp=inp, plan=plan: plan.run(inp["x"], inp["wq"], None, None, None, inp["ws"]))
-        else:
-            plan = a16w4._make_plan(inp["x"], inp["wq"], inp["ws"], inp["wz"], GROUP, None, None, None, None, None)
-            calls.append(lambda inp=inp, plan=plan: plan.run(inp["x"], inp["wq"], None, None, None, inp["ws"], None,
-                                                              None, None, None, None, inp["wz"]))
+    plans, calls = probe_util.w4_plan_calls(inps, FP4, GROUP)
+    for plan in plans:
         assert plan.kernel is kernel, type(plan)
         for name in [n for n in plan.values if n not in kernel.arg_names]:  # (an older kernel's parameters)
             del plan.values[name]
@@ -82,7 +69,7 @@ for N, K in SHAPES:
     for M in M_LIST:
         torch.manual_seed(0)
         inps = ([registry._a16wfp4_inputs(M, N, K, "bf16", "cuda") for _ in range(3)] if FP4
-                else [int4_inputs(M, N, K) for _ in range(3)])
+                else [probe_util.int4_inputs(M, N, K, GROUP) for _ in range(3)])
         ref = inps[0]["x"].float() @ inps[0]["w16"].float().T
         named = {"F.linear bf16": [lambda inp=inp: F.linear(inp["x"], inp["w16"]) for inp in inps]}
         for name, kernel, consts in VARIANTS:

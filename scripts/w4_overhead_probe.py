@@ -19,7 +19,8 @@ from gemmkit.core import hopper_w4  # noqa: E402
 from gemmkit.core.plan import zeroed_buffer  # noqa: E402
 from gemmkit.ops import a16w4  # noqa: E402
 from gemmkit.tools import registry  # noqa: E402
-from gemmkit.tools.timing import time_graphs_us  # noqa: E402
+
+import probe_util  # noqa: E402
 
 args = [a for a in sys.argv[1:] if not a.startswith("--") and not a.isdigit()]
 out = open(args[0], "w") if args else sys.stdout
@@ -74,12 +75,8 @@ for N, K in SHAPES:
                 calls[0]()
             torch.cuda.synchronize()
             continue
-        names = list(named)
-        times = time_graphs_us(*[named[n] for n in names], rep_ms=10, retries=3)
         v = plan.values
-        print(f"M={M} N={N} K={K}: KS={v['KS']} SLICES={plan.slices} programs={plan.launch.grid[0]}", file=out)
-        for n, t in zip(names, times):
-            print(f"  {t:9.2f} us  {times[0] / t:5.2f}x F.linear  {wbytes / t / 1e3:6.0f} GB/s  {n}", file=out,
-                  flush=True)
+        probe_util.time_and_print(named, f"M={M} N={N} K={K}: KS={v['KS']} SLICES={plan.slices} "
+                                  f"programs={plan.launch.grid[0]}", wbytes, out, digits=2)
         del inps, ps, named
         torch.cuda.empty_cache()
