@@ -74,6 +74,18 @@ def test_register_tile_relabelling_matches_x_order():
     assert str(list(k.PERM)) in inspect.getsource(k)  # the kernel's permute is PERM
 
 
+@pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")
+def test_x_relabelling_matches_true_k():
+    """x, read in K order, relabelled by _permuted_x's reshape / X_PERM / reshape, holds at position k'
+    column host_true_k(k'), the weight's order."""
+    from gemmkit.kernels import gemm_w4_decode as k
+
+    x = torch.arange(3 * 128).reshape(3, 128)
+    t = x.reshape(3, 2, 2, 2, 2, 2, 2, 2).permute(*k.X_PERM).reshape(3, 128)
+    assert torch.equal(t, x[:, [k.host_true_k(kp) for kp in range(128)]])
+    assert str(list(k.X_PERM)) in inspect.getsource(k._permuted_x.fn)  # the kernel's permute is X_PERM
+
+
 def _run_ptx(ptx: str, w0: int, w1: int) -> list:
     """$0..$7 after the decode block on words $8 = w0, $9 = w1 (the PTX instructions the decoders
     use: prmt in its default mode, lop3 0xEA = (a & b) | c, and, shr, mul.lo; 32-bit)."""

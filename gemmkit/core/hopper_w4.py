@@ -64,7 +64,11 @@ of each tile group to arrive run it instead (the kernel's docstring; probes and 
 scripts/w4_overhead_probe.py (w4_overhead_h100.txt) split a sliced call's time: finish_sums and the
 gap before it 2.7 to 4 us, of which about 2.3 us was the buffer's zeroing, captured before every
 call until the graphs were given one zeroing each (core/plan.zeroed_buffer; capture_zeroing_h100.txt:
-1.02x to 1.31x on every sliced INT4 call). The in-kernel finish was taken at two rows under
+1.02x to 1.31x on every sliced INT4 call). The finish launch starts early only where PDL can place
+its programs beside the decode kernel's, not where those fill the register file (80 registers x 128
+threads x 6 programs): at one row SHORT_INT4's 5 programs per SM ran 1.09x to 1.15x SHORT's 6 with
+the finish launch (w4_decode_sweep_short*_h100.txt), and 6 or 7 per SM measured level on the H200
+(w4_one_row*_h200.txt). The in-kernel finish was taken at two rows under
 SHORT_INT4 until the eleventh session (`--finish`, `--short`, w4_decode_sweep_finish*_h100.txt,
 w4_decode_sweep_short*_h100.txt: 1.02x to 1.15x the launch then); measured again with the zeroing
 once per graph (`--long-work --m 2 3`, w4_two_rows*_h100.txt) the launch ran 1.00x to 1.13x it on

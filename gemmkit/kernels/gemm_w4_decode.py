@@ -14,7 +14,7 @@ Why the K order is permuted. wgmma's register operand gives a thread the columns
 (gemmkit's INT4 layout: element 2j in the low nibble of byte j), so a word-loading thread holds
 its columns in another order. Instead of moving values between threads, the product runs over a
 permuted K: within each 128-wide block, position k' of the operands holds column
-true_k(k') (below), for the weight by construction of the register tile (a join / permute /
+host_true_k(k') (below), for the weight by construction of the register tile (a join / permute /
 reshape that is a pure relabelling) and for x because it is staged into shared memory in that
 order. A sum over K does not depend on the order.
 
@@ -110,26 +110,20 @@ PERM = (0, 7, 6, 5, 3, 1, 2, 4)  # (written out in _decode: Triton 3.6's permute
 
 
 def host_true_k(kp: int) -> int:
-    """true_k on the host (tests)."""
+    """The column (within a 128-wide K block) at permuted position kp: kp's bits are, from the
+    lowest, c0, c2, c3, c1 (word w = c0 + 2 c1 + 4 c2 + 8 c3) and the element i of the word
+    (3 bits), so column 8 w + i (the kernel's relabellings, PERM and X_PERM, put the values there)."""
     c0, c2, c3, c1 = kp & 1, (kp >> 1) & 1, (kp >> 2) & 1, (kp >> 3) & 1
     return 8 * (c0 + 2 * c1 + 4 * c2 + 8 * c3) + (kp >> 4)
 
 
-@gluon.jit
-def true_k(kp):
-    """The column (within a 128-wide K block) at permuted position kp: kp's bits are, from the
-    lowest, c0, c2, c3, c1 (word w = c0 + 2 c1 + 4 c2 + 8 c3) and the element i of the word
-    (3 bits), so column 8 w + i."""
-    c0 = kp & 1
-    c2 = (kp >> 1) & 1
-    c3 = (kp >> 2) & 1
-    c1 = (kp >> 3) & 1
-    return 8 * (c0 + 2 * c1 + 4 * c2 + 8 * c3) + (kp >> 4)
+# x's relabelling: (row, c3, c2, c1, c0, i2, i1, i0) of its K order -> (row, i2, i1, i0, c1, c3, c2, c0)
+X_PERM = (0, 5, 6, 7, 3, 1, 2, 4)  # (written out in _permuted_x, as PERM in _decode)
 
 
 @gluon.jit
 def _permuted_x(xp):
-    """x's (BM, 128) step in the permuted K order (position kp holds column true_k(kp)): a relabelling
+    """x's (BM, 128) step in the permuted K order (position kp holds column host_true_k(kp)): a relabelling
     of the values, column bits (c3, c2, c1, c0, i2, i1, i0) -> (i2, i1, i0, c1, c3, c2, c0)."""
     t = gl.permute(gl.reshape(xp, [xp.shape[0], 2, 2, 2, 2, 2, 2, 2]), [0, 5, 6, 7, 3, 1, 2, 4])
     return gl.reshape(t, [xp.shape[0], BLOCK_K])
