@@ -15,13 +15,15 @@ K slices' sums kept (N, BM) and added by vector atomics against (M, N) one value
 --deep: LONG against longer K slices (KS 8 to 32: fewer slices, fewer atomics, x staged deeper).
 --occupancy: LONG (KS 4, 4 loads in flight, 4 programs per SM: what its shared memory allows) against
 KS 4 with 3 or 2 loads in flight and 5 or 6 programs per SM. --long-ab: the shipped rule against
-it with LONG as it was before (KS 4, 4 loads in flight, 4 programs per SM). --one-row: the shipped rule against
+it with LONG as it was before (KS 4, 4 loads in flight, 4 programs per SM). --rows128-long: the shipped rule against KS 4 with 2 (3) loads in
+flight and 3 (2) programs of 128 weight rows per SM (two warp groups sharing the staged x).
+--one-row: the shipped rule against
 KS 2 with 6 or 7 programs per SM or 3 loads in flight. --long-work: the shipped
 rule against LONG at one to four rows on every layer (INT4 groups of 128 or more) and against the
 finish launch in place of the in-kernel finish.
 --small: smaller layers (held-out ones under 2^25 weights, Llama-3-8B o) instead of the Llama-3 set.
 
-Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box | --rows128 | --wide | --deep | --finish | --short | --short-rows | --sums | --occupancy | --long-ab | --long-work | --one-row] [--small] [--m 1 4 16] (--m last)
+Usage: python3 scripts/w4_decode_sweep.py [OUT_FILE] [--fp4 | --group G] [--box | --rows128 | --wide | --deep | --finish | --short | --short-rows | --sums | --occupancy | --long-ab | --long-work | --one-row | --rows128-long] [--small] [--m 1 4 16] (--m last)
 """
 
 import os
@@ -97,6 +99,9 @@ OCCUPANCY_VARIANTS = [  # --occupancy: LONG against KS 4 slices with fewer loads
     (4, 4, 4, 2, True, 64), (4, 3, 5, 2, True, 64), (4, 2, 6, 2, True, 64), (4, 2, 5, 2, True, 64), (2, 2, 6, 2, True, 64)]
 if "--occupancy" in sys.argv:
     VARIANTS = OCCUPANCY_VARIANTS
+ROWS128_LONG_VARIANTS = [dict(name="shipped rule"), (4, 2, 3, 2, True, 128), (4, 3, 2, 2, True, 128)]
+if "--rows128-long" in sys.argv:  # LONG's 6 x 64-row programs per SM against 3 (or 2) of 128 rows sharing x
+    VARIANTS = ROWS128_LONG_VARIANTS
 ONE_ROW_VARIANTS = [  # --one-row: SHORT_INT4 (KS 2, 2 loads, 5 per SM) against more programs or loads per SM
     dict(name="shipped rule"), (2, 2, 6, 2, True, 64), (2, 2, 7, 2, True, 64), (2, 3, 5, 2, True, 64),
     (2, 3, 6, 2, True, 64)]
