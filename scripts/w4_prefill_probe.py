@@ -1,9 +1,11 @@
-"""Probe (device tool): the 4-bit ops' prefill route (ops/packed_prefill.py: dequantize to bf16, then the
-A16W16 GEMM, from DEQUANT_MIN_M rows) against the fused tl kernel with its table / derived config at
-the same rows, and F.linear bf16 on the dequantized weight, in one CUDA-graph run per problem (3 weight
-copies). INT4 g128 asymmetric (--fp4: MXFP4), the Llama-3 8B / 70B layers.
+"""Probe (device tool): the 4-bit ops' prefill routes against F.linear bf16 on the dequantized weight, in
+one CUDA-graph run per problem (3 weight copies): the Hopper prefill kernel (kernels/gemm_w4_prefill.py,
+from hopper_w4.PREFILL_MIN_M rows), dequantize to bf16 then the A16W16 GEMM (ops/packed_prefill.py, from
+DEQUANT_MIN_M rows), the fused tl kernel with its table / derived config. INT4 g128 asymmetric (--fp4:
+MXFP4), the Llama-3 8B / 70B layers (--small: four of them). --variants: also the prefill kernel with one
+and two K steps per loop iteration and with 3 stages.
 
-Usage: python3 scripts/w4_prefill_probe.py [OUT_FILE] [--fp4] [--m 256 512 1024] (--m last)
+Usage: python3 scripts/w4_prefill_probe.py [OUT_FILE] [--fp4] [--small] [--variants] [--m 256 512 1024] (--m last)
 """
 
 import os
@@ -14,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from gemmkit.core import hopper_w4  # noqa: E402
 from gemmkit.ops import a16w4, fp4  # noqa: E402
 from gemmkit.tools import registry, tune  # noqa: E402
 
@@ -25,7 +28,17 @@ M_LIST = [int(a) for a in sys.argv[sys.argv.index("--m") + 1:]] if "--m" in sys.
 FP4 = "--fp4" in sys.argv
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192), (57344, 8192),
           (8192, 28672)]
-DEFAULT = a16w4.DEQUANT_MIN_M
+if "--small" in sys.argv:
+    SHAPES = [(6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)]
+DEFAULT, PREFILL = a16w4.DEQUANT_MIN_M, hopper_w4.PREFILL_MIN_M
+KNOBS = ("PREFILL_MIN_M", "PREFILL_UNROLL", "PREFILL_STAGES")
+SHIPPED = {k: getattr(hopper_w4, k) for k in KNOBS}
+ROUTES = [("prefill kernel (shipped)", {}, DEFAULT), ("dequantize + A16W16", {"PREFILL_MIN_M": 1 << 30}, DEFAULT),
+          ("fused tl kernel", {"PREFILL_MIN_M": 1 << 30}, 1 << 30)]
+if "--variants" in sys.argv:
+    ROUTES += [("prefill kernel, 1 step per iteration", {"PREFILL_UNROLL": 1}, DEFAULT),
+               ("prefill kernel, 2 steps per iteration", {"PREFILL_UNROLL": 2}, DEFAULT),
+               ("prefill kernel, 3 stages", {"PREFILL_STAGES": 3}, DEFAULT)]
 
 print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {'MXFP4' if FP4 else 'INT4 g128 asymmetric'}, "
       "3 weight copies", file=out, flush=True)
@@ -36,10 +49,14 @@ for N, K in SHAPES:
                 else [probe_util.int4_inputs(M, N, K) for _ in range(3)])
         ref = inps[0]["x"].float() @ inps[0]["w16"].float().T
         named = {"F.linear bf16": [lambda inp=inp: F.linear(inp["x"], inp["w16"]) for inp in inps]}
-        for name, min_m in (("dequantize + A16W16 (shipped)", DEFAULT), ("fused tl kernel", 1 << 30)):
+        for name, knobs, min_m in ROUTES:
+            for k, v in {**SHIPPED, **knobs}.items():
+                setattr(hopper_w4, k, v)
             a16w4.DEQUANT_MIN_M = fp4.DEQUANT_MIN_M = min_m
-            calls = probe_util.w4_plan_calls(inps, FP4)[1]
-            named[f"{name} (rel err {tune.rel_error(calls[0](), ref):.1e})"] = calls
+            plans, calls = probe_util.w4_plan_calls(inps, FP4)
+            named[f"{name} (rel err {tune.rel_error(calls[0](), ref):.1e}; {type(plans[0]).__name__})"] = calls
+        for k, v in SHIPPED.items():
+            setattr(hopper_w4, k, v)
         a16w4.DEQUANT_MIN_M = fp4.DEQUANT_MIN_M = DEFAULT
         probe_util.time_and_print(named, f"M={M} N={N} K={K}:", N * K / 2, out)
         del inps, ref, named

@@ -13,6 +13,7 @@ import gemmkit
 import gemmkit.nn as gnn
 from gemmkit import quant
 from gemmkit.core.config import GemmConfig, derive_config
+from gemmkit.core.config import clear_caches as config_clear_caches
 from gemmkit.core.device import known_device
 from gemmkit.core.formats import Scale, check_block_k, dense, packed4
 from conftest import DEVICE, ON_GPU, assert_close, kernel_paths, poisoned, randn, reference, sizes
@@ -215,11 +216,15 @@ def test_convert_int4():
 
 
 @pytest.mark.parametrize("group_size,dtype", [(128, BF16), (32, FP16), (None, BF16)])
-def test_prefill_route(group_size, dtype):
-    """From DEQUANT_MIN_M rows (config None) the weight is dequantized in one pass and the A16W16
-    GEMM runs on it (ops/packed_prefill.py); an explicit config still runs the fused kernel. Both
-    agree with the float64 reference, with bias, activation and a preallocated output."""
+def test_prefill_route(monkeypatch, group_size, dtype):
+    """From DEQUANT_MIN_M rows (config None; the Hopper prefill kernel off) the weight is dequantized in
+    one pass and the A16W16 GEMM runs on it (ops/packed_prefill.py); an explicit config still runs the
+    fused kernel. Both agree with the float64 reference, with bias, activation and a preallocated output."""
+    from gemmkit.core import hopper_w4
     from gemmkit.ops import a16w4, packed_prefill
+
+    monkeypatch.setattr(hopper_w4, "PREFILL_MIN_M", 1 << 30)
+    config_clear_caches()
 
     M, N, K = packed_prefill.DEQUANT_MIN_M + 3, 40, 96 if group_size is None else 256
     x = randn(M, K, dtype=dtype)

@@ -414,3 +414,132 @@ class W4DecodePlan:
         self.groups = programs // self.slices
 
     __call__ = run
+
+
+# ---------------------------------------------------------------------------------------------
+# prefill sizes: kernels/gemm_w4_prefill.py
+
+PREFILL_MIN_M = 65  # from here gemm_a16w4 / gemm_a16wfp4 take the prefill kernel (where w4_prefill_ok)
+PREFILL_BN, PREFILL_GROUP_M = 128, 8  # weight rows per tile (two warp groups); x tile rows grouped per sweep
+PREFILL_BM_SMALL, PREFILL_BM = 128, 128  # x rows per tile below / from PREFILL_BM_FROM rows
+PREFILL_BM_FROM = 1 << 30
+PREFILL_STAGES = 4
+PREFILL_UNROLL = 4  # K steps per loop iteration at most (a divisor of the steps; kernels/gemm_w4_prefill.py)
+
+
+@functools.lru_cache(maxsize=1)
+def prefill_kernel():
+    from ..kernels import gemm_w4_prefill
+
+    return gemm_w4_prefill.w4_prefill_kernel
+
+
+@functools.lru_cache(maxsize=1)
+def permute_kernel():
+    from ..kernels import packed
+
+    return packed.permute_k_kernel
+
+
+def prefill_sizes_ok(M: int, N: int, K: int, group: int, mxfp4: bool) -> bool:
+    """The sizes and scale groups the prefill kernel takes: K a multiple of 128; INT4 groups of 32,
+    64, 128 * 2^s or one per channel; MXFP4."""
+    if M < PREFILL_MIN_M or N < 1 or K < BLOCK_K or K % BLOCK_K:
+        return False
+    return mxfp4 or group in SMALL_GROUPS or group_shift(group, K) is not None
+
+
+def w4_prefill_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, config, mxfp4: bool = False) -> bool:
+    """Whether gemm_a16w4 (gemm_a16wfp4: mxfp4, bf16 x only) takes this call to the prefill kernel:
+    no explicit config, prefill_sizes_ok, 16-byte aligned weight rows (TMA), sm_90 with Gluon."""
+    dtypes = (torch.bfloat16,) if mxfp4 else (torch.bfloat16, torch.float16)
+    return (config is None and prefill_sizes_ok(M, N, K, group, mxfp4) and x2.dtype in dtypes
+            and w_q.stride(0) % 16 == 0 and w_q.data_ptr() % 16 == 0 and ws_enabled(dev, x2.device))
+
+
+def prefill_rows(M: int) -> int:
+    """BM: the rows of x per output tile."""
+    return PREFILL_BM if M >= PREFILL_BM_FROM else PREFILL_BM_SMALL
+
+
+def prefill_unroll(steps: int) -> int:
+    """K steps per iteration of the prefill kernel's loop: the largest power of two up to
+    PREFILL_UNROLL dividing the step count."""
+    u = 1
+    while u * 2 <= PREFILL_UNROLL and steps % (u * 2) == 0:
+        u *= 2
+    return u
+
+
+PREFILL_CALL = ("w_desc", "x_desc", "ws", "wz", "y", "bias")
+
+
+class W4PrefillPlan:
+    """y = activation(x @ dequant(w_q)^T + bias) through permute_k_kernel (x into the kernels' K order)
+    and w4_prefill_kernel, for fixed tensor facts; called as W4DecodePlan."""
+
+    def __init__(self, dev: DeviceInfo, x2, w_q, w_zero, y2, M, N, K, group, bias, activation, out_dtype, out_shape,
+                 flatten_x, mxfp4: bool = False):
+        from triton.experimental.gluon import language as gl
+
+        from .hopper_ws import _Descriptors
+        from .launcher import CachedLaunch
+
+        self.M, self.N, self.K = M, N, K
+        self.out_dtype, self.out_shape, self.flatten_x = out_dtype, tuple(out_shape), flatten_x
+        self.out_strides = contiguous_strides(self.out_shape)
+        self.device = x2.device
+        self.device_index = x2.device.index or 0
+        self.x_dtype = x2.dtype
+        bm, bn = prefill_rows(M), PREFILL_BN
+        self.y_strides = (N, 1) if y2 is None else y2.stride()
+        tiles = -(-M // bm) * -(-N // bn)
+        self.kernel = prefill_kernel()
+        self.launch = CachedLaunch(self.kernel, (min(tiles, dev.num_sms),), bn // 16, 1, self.device_index)
+        self.permute = CachedLaunch(permute_kernel(), (-(-M // 32), K // BLOCK_K), 4, 1, self.device_index)
+        self.permute_tail = (M, K, x2.stride(0), x2.stride(1), 32, M * K >= 2**31 or M * x2.stride(0) >= 2**31)
+        self.w_desc = _Descriptors((N, K // 8), (w_q.stride(0) // 4, 1), (bn, 16),
+                                   gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+        self.x_desc = _Descriptors((M, K), (K, 1), (bm, BLOCK_K),
+                                   gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+        small = not mxfp4 and group in SMALL_GROUPS
+        self.values = dict(M=M, N=N, K=K, stride_ym=self.y_strides[0], stride_yn=self.y_strides[1],
+                           group_shift=0 if mxfp4 or small else group_shift(group, K), BM=bm, BN=bn,
+                           STAGES=PREFILL_STAGES, GROUP_M=PREFILL_GROUP_M, UNROLL=prefill_unroll(K // BLOCK_K), FP16=x2.dtype == torch.float16,
+                           HAS_ZERO=w_zero is not None, HAS_BIAS=bias is not None, ACTIVATION=activation,
+                           MXFP4=mxfp4, GROUP_WORDS=group // 8 if small else 0, WORDS=decode_words_layout(bn))
+        self.tail = None
+        self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w_q)
+        self.y_extent = 0 if y2 is None else extent_bytes(y2)
+
+    def _tail(self, w_scale, w_zero):
+        zn, zk = w_zero.stride() if w_zero is not None else (0, 0)
+        return kernel_tail(self.kernel, PREFILL_CALL, dict(self.values, stride_sn=w_scale.stride(0),
+                                                            stride_sk=w_scale.stride(1), stride_zn=zn, stride_zk=zk))
+
+    def run(self, x, w_q, bias, y, _x_scale, w_scale, *rest):
+        if _get_device() != self.device_index:  # launches go to the current device
+            with torch.cuda.device(self.device_index):
+                return self._run(x, w_q, bias, y, w_scale, rest[-1] if rest else None)
+        return self._run(x, w_q, bias, y, w_scale, rest[-1] if rest else None)
+
+    def _run(self, x, w_q, bias, y, w_scale, w_zero):
+        M, N, K = self.M, self.N, self.K
+        if self.tail is None:  # (w_scale's and w_zero's strides: the plan key fixes them)
+            self.tail = self._tail(w_scale, w_zero)
+        if self.flatten_x:
+            x = x.reshape(M, K)
+        out = torch.empty_strided(self.out_shape, self.out_strides, dtype=self.out_dtype,
+                                  device=self.device) if y is None else y
+        c = out.view(M, N) if len(self.out_shape) != 2 else out
+        if y is not None:
+            clash = overlapping_input(y, self.y_extent, (("x", x, self.x_extent), ("w_q", w_q, self.w_extent)))
+            if clash:
+                raise ValueError(f"y shares memory with {clash}: the output must not overlap an input "
+                                 "(other programs would still read what one has written)")
+        xp = torch.empty((M, K), dtype=self.x_dtype, device=self.device)
+        self.permute((x, xp), self.permute_tail)
+        self.launch((self.w_desc(w_q.view(torch.int32)), self.x_desc(xp), w_scale, w_zero, c, bias), self.tail)
+        return out
+
+    __call__ = run

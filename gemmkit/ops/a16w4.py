@@ -14,7 +14,7 @@ from ..core.dense import DensePlan
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense, packed4
-from ..core.hopper_w4 import W4DecodePlan, w4_decode_ok
+from ..core.hopper_w4 import W4DecodePlan, W4PrefillPlan, w4_decode_ok, w4_prefill_ok
 from ..core.plan import PlanCache, plan_key
 from ..core.tracing import is_compiling as _is_compiling, library as _library
 from .packed_prefill import DEQUANT_MIN_M, DequantThenGemm
@@ -119,10 +119,13 @@ def _make_plan(x, w_q, w_scale, w_zero, group_size, bias, y, activation, out_dty
     out_dtype, y2, degenerate = output_checks(x2, lead, N, K, bias, y, out_dtype, x.dtype, device, activation)
     if degenerate:
         return degenerate
+    dev = device_info(device)
+    if w4_prefill_ok(dev, x2, w_q, M, N, K, g, config):
+        return W4PrefillPlan(dev, x2, w_q, w_zero, y2, M, N, K, g, bias, activation, out_dtype, (*lead, N),
+                             x.ndim != 2)
     if config is None and M >= DEQUANT_MIN_M:
         return DequantThenGemm(w_q, w_scale, w_zero, g if g != K else next_pow2(K), True, x.dtype, activation,
                                out_dtype)
-    dev = device_info(device)
     if w4_decode_ok(dev, x2, w_q, M, N, K, g, config):
         return W4DecodePlan(dev, x2, w_q, w_zero, y2, M, N, K, g, bias, activation, out_dtype, (*lead, N),
                             x.ndim != 2)

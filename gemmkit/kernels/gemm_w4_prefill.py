@@ -1,0 +1,163 @@
+"""Hopper (sm_90) 4-bit weight-only GEMM for prefill sizes (Gluon): y (M, N) = x @ dequant(w)^T, INT4 in
+groups or MXFP4, for M from core/hopper_w4.PREFILL_MIN_M rows (core/hopper_w4.py routes).
+
+The decode kernel's product (kernels/gemm_w4_decode.py) with x streamed instead of staged: each
+program takes (BN weight rows x BM rows of x) output tiles in turn (persistent, grouped so that the
+programs running at once share x's rows and the weight's tiles in L2), and per 128-deep K step TMA
+brings the step's packed weight (BN rows x 64 bytes) and x's (BM, 128) tile into one of STAGES stages.
+Each warp group decodes its 64 weight rows into wgmma's left operand in registers (the decode
+kernel's PTX and relabelling: the K order within each 128-wide block is permuted, position kp
+holding column host_true_k(kp)), applies the scales to the decoded values, and multiplies with x's
+tile from shared memory, asynchronously: the next step is decoded while the tensor cores run this one.
+
+x must come in the same permuted K order, and TMA cannot reorder elements within a row: the caller
+passes xp, x with each 128-wide K block permuted by kernels/packed.py permute_k_kernel (one
+memory-bound pass over x; at prefill sizes a few per cent of the call).
+
+The scales are applied before the product, in x's dtype (INT4: (q - z) * s, exact but for the
+product's rounding, as the dequantizing route rounds it; MXFP4: e2m1 * 2^(e - 127), exact): with
+BM >= 64 columns per tile the decoded values are far fewer per thread than the accumulator's, so
+this costs less than the decode kernel's fp32 correction of each step's product.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait
+
+from .gemm_w4_decode import (BLOCK_K, _cta_barrier, _decode_groups, _decode_mx, _finish, _group, _mx_scales, _tma_load,
+                             _word_groups)
+
+
+@gluon.jit
+def _tile_mn(t, tiles_m, tiles_n, GROUP_M: gl.constexpr):
+    """(tile row of x, tile of weight rows) of output tile t: GROUP_M tile rows of x at a time, x's
+    rows fastest, so that the programs running at once read each weight tile once from HBM."""
+    width = GROUP_M * tiles_n
+    first_m = (t // width) * GROUP_M
+    size_m = gl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (t % width) % size_m, (t % width) // size_m
+
+
+@gluon.jit
+def _issue(w_desc, x_desc, wbuf, xbuf, bars, j, pid, P, steps, tiles_m, tiles_n, STAGES: gl.constexpr,
+           BM: gl.constexpr, BN: gl.constexpr, GROUP_M: gl.constexpr):
+    """TMA loads of iteration j's weight words (BN rows x 16 words) and x tile (BM rows x 128) into
+    its stage (rows past N or M read zero)."""
+    tm, tn = _tile_mn(pid + (j // steps) * P, tiles_m, tiles_n, GROUP_M)
+    kstep = j % steps
+    slot = j % STAGES
+    mbarrier.expect(bars.index(slot), BN * 64 + BM * BLOCK_K * x_desc.dtype.primitive_bitwidth // 8)
+    _tma_load(w_desc, [tn * BN, kstep * 16], bars.index(slot), wbuf.index(slot))
+    _tma_load(x_desc, [tm * BM, kstep * BLOCK_K], bars.index(slot), xbuf.index(slot))
+
+
+@gluon.jit
+def _scales(ws, wz, off_n, kstep, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk, HAS_ZERO: gl.constexpr,
+            BASE: gl.constexpr, MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr, DT: gl.constexpr,
+            WORDS: gl.constexpr, BN: gl.constexpr):
+    """A K step's scales, broadcastable to its (BN, 16) words: MXFP4, the e8m0 tile (twice); INT4,
+    (scale, BASE + zero point) in DT, per word (GROUP_WORDS: groups of 32 or 64) or per row (groups
+    of 128 * 2^group_shift, or one per channel)."""
+    if MXFP4:
+        s = _mx_scales(ws, off_n, kstep, N, stride_sn, stride_sk, WORDS, BN)
+        z = s
+    elif GROUP_WORDS > 0:
+        s, z = _word_groups(ws, wz, off_n, kstep, N, stride_sn, stride_sk, stride_zn, stride_zk, HAS_ZERO, BASE,
+                            GROUP_WORDS, DT, WORDS, BN)
+    else:
+        s1, z1 = _group(ws, wz, off_n, kstep >> group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
+                        gl.SliceLayout(1, WORDS), HAS_ZERO, BASE, BN)
+        s = gl.expand_dims(s1.to(DT), 1)
+        z = gl.expand_dims(z1.to(DT), 1)
+    return s, z
+
+
+@gluon.jit
+def _step(j, acc, s0, z0, tm, tn, w_desc, x_desc, wbuf, xbuf, bars, ws, wz, y, bias, pid, P, total, steps, tiles_m,
+          tiles_n, M, N, stride_sn, stride_sk, stride_zn, stride_zk, stride_ym, stride_yn, group_shift,
+          BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, FP16: gl.constexpr,
+          HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, MXFP4: gl.constexpr,
+          GROUP_WORDS: gl.constexpr, WORDS: gl.constexpr, BASE: gl.constexpr, DT: gl.constexpr):
+    """Iteration j (tile tm, tn; its scales s0, z0): the step's product added to acc, the stage of
+    iteration j - 1 refilled, and at the tile's last step its epilogue. Returns the next iteration's
+    (acc, scales, tile)."""
+    acc_l: gl.constexpr = acc.type.layout
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+    slot = j % STAGES
+    kstep = j % steps
+    # the next step's scales are in flight while this one is decoded and multiplied
+    jn = gl.minimum(j + 1, total - 1)
+    tm1, tn1 = _tile_mn(pid + (jn // steps) * P, tiles_m, tiles_n, GROUP_M)
+    s1, z1 = _scales(ws, wz, tn1 * BN, jn % steps, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
+                     HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN)
+    mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
+    words = wbuf.index(slot).load(WORDS)
+    if MXFP4:
+        a = _decode_mx(words, s0, a_l)
+    else:
+        a = _decode_groups(words, s0, z0, a_l, FP16)
+    acc = warpgroup_mma(a, xbuf.index(slot).permute((1, 0)), acc, is_async=True)
+    # the previous step's product is done: its stage can be refilled once both warp groups say so
+    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+    _cta_barrier()
+    if j + STAGES - 1 < total:
+        _issue(w_desc, x_desc, wbuf, xbuf, bars, j + STAGES - 1, pid, P, steps, tiles_m, tiles_n, STAGES, BM, BN,
+               GROUP_M)
+    if kstep == steps - 1:
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        rm = tm * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
+        _finish(acc, y, bias, tn * BN, rm, M, N, stride_ym, stride_yn, gl.SliceLayout(1, acc_l), HAS_BIAS,
+                ACTIVATION)
+        acc = gl.zeros([BN, BM], gl.float32, acc_l)
+    return acc, s1, z1, tm1, tn1
+
+
+@gluon.jit
+def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, M, N, K, stride_sn, stride_sk, stride_zn, stride_zk,
+                      stride_ym, stride_yn, group_shift,
+                      BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+                      FP16: gl.constexpr, HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
+                      MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr, WORDS: gl.constexpr, UNROLL: gl.constexpr):
+    """y (M, N) = ACTIVATION(x @ dequant(w)^T + bias). w_desc: a TMA descriptor of the packed weight
+    (gemmkit's INT4 or MXFP4 layout, uint8 (N, K // 2)) viewed as int32 (N, K // 8), block (BN, 16);
+    x_desc: of xp (M, K) bf16 (fp16: FP16) in the permuted K order (module docstring), block
+    (BM, 128); K a multiple of 128. INT4: ws (N, G) scales, wz (N, G) uint8 zero points (HAS_ZERO;
+    else 8), step k in group k >> group_shift, or GROUP_WORDS (4, 8): groups of 32 or 64. MXFP4 (bf16
+    x): ws (N, K // 32) uint8 e8m0 scales. BN = 64 per warp group (WORDS = words_layout(BN)); BM up
+    to 256 (wgmma's N). Persistent: program p takes output tiles p, p + programs, ..."""
+    pid = gl.program_id(0)
+    P = gl.num_programs(0)
+    tiles_m = gl.cdiv(M, BM)
+    tiles_n = gl.cdiv(N, BN)
+    steps = K // BLOCK_K
+    total = gl.cdiv(gl.maximum(tiles_m * tiles_n - pid, 0), P) * steps
+    if FP16:
+        BASE: gl.constexpr = 1024.0
+        DT: gl.constexpr = gl.float16
+    else:
+        BASE: gl.constexpr = 128.0
+        DT: gl.constexpr = gl.bfloat16
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BN // 16, 1],
+                                                    instr_shape=[16, BM, 16])
+    wbuf = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 16], w_desc.layout)
+    xbuf = gl.allocate_shared_memory(DT, [STAGES, BM, BLOCK_K], x_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+    for i in gl.static_range(STAGES - 1):
+        if i < total:
+            _issue(w_desc, x_desc, wbuf, xbuf, bars, i, pid, P, steps, tiles_m, tiles_n, STAGES, BM, BN, GROUP_M)
+    tm, tn = _tile_mn(pid, tiles_m, tiles_n, GROUP_M)
+    s0, z0 = _scales(ws, wz, tn * BN, 0, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk, HAS_ZERO, BASE,
+                     MXFP4, GROUP_WORDS, DT, WORDS, BN)
+    acc = gl.zeros([BN, BM], gl.float32, acc_l)
+    # UNROLL steps per iteration (a divisor of steps): a step's decoded registers are then not the ones
+    # the tensor cores may still be reading, which makes ptxas wait for the product first (it still
+    # does at the loop's back edge)
+    for j0 in range(0, total, UNROLL):
+        for u in gl.static_range(UNROLL):
+            acc, s0, z0, tm, tn = _step(j0 + u, acc, s0, z0, tm, tn, w_desc, x_desc, wbuf, xbuf, bars, ws, wz, y, bias,
+                                        pid, P, total, steps, tiles_m, tiles_n, M, N, stride_sn, stride_sk, stride_zn,
+                                        stride_zk, stride_ym, stride_yn, group_shift, BM, BN, STAGES, GROUP_M, FP16,
+                                        HAS_ZERO, HAS_BIAS, ACTIVATION, MXFP4, GROUP_WORDS, WORDS, BASE, DT)

@@ -1,0 +1,191 @@
+"""The Hopper 4-bit prefill kernel (sm_90; kernels/gemm_w4_prefill.py, core/hopper_w4.W4PrefillPlan):
+which gemm_a16w4 / gemm_a16wfp4 calls take it and, on a Hopper GPU, its results against float64
+references of the dequantized weights. The CPU tests check the size rule and x's permutation into
+the kernels' K order (permute_k_kernel, under the interpreter)."""
+
+import pytest
+import torch
+
+import gemmkit
+from gemmkit import quant
+from gemmkit.core import config as config_mod
+from gemmkit.core import hopper_w4, hopper_ws
+from gemmkit.core.device import device_info
+from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference, replay_with_new_inputs, spy_plans
+from test_w4_decode import int4_weight
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0) and hopper_ws.gluon_kernel() is not None
+needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on sm_90 GPUs only")
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """The W4PrefillPlans built while the test runs (plan caches cleared first)."""
+    yield from spy_plans(monkeypatch, hopper_w4.W4PrefillPlan, config_mod.clear_caches)
+
+
+# CPU: the rule and x's permutation ------------------------------------------------------------------
+
+@pytest.mark.parametrize("M,N,K,group,mxfp4,ok", [
+    (65, 64, 128, 128, False, True), (64, 64, 128, 128, False, False), (4096, 8192, 8192, 32, False, True),
+    (300, 100, 4096, 64, False, True), (300, 100, 4096, 256, False, True), (300, 100, 4096, 4096, False, True),
+    (300, 100, 4096, 96, False, False), (300, 100, 4000, 32, True, False), (300, 100, 64, 32, True, False),
+    (300, 100, 4096, 32, True, True), (300, 0, 4096, 128, False, False)])
+def test_size_rule(M, N, K, group, mxfp4, ok):
+    assert hopper_w4.prefill_sizes_ok(M, N, K, group, mxfp4) == ok
+
+
+@pytest.mark.parametrize("steps,unroll", [(1, 1), (2, 2), (3, 1), (6, 2), (8, 4), (28, 4), (86, 2), (112, 4)])
+def test_unroll_divides_the_steps(steps, unroll):
+    assert hopper_w4.prefill_unroll(steps) == unroll
+
+
+@pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("M,K", [(1, 128), (37, 384), (70, 256)])
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_permute_k_kernel(M, K, dtype):
+    """permute_k_kernel puts column host_true_k(kp) of each 128-wide block at position kp (the order
+    of the decoded weight's registers), for strided x too, rows past BLOCK_M included."""
+    from gemmkit.core.interpreter import apply_interpreter_fixes
+    from gemmkit.kernels import gemm_w4_decode, packed
+
+    apply_interpreter_fixes()
+    big = randn(M, 2 * K, dtype=dtype)
+    x = big[:, 1::2]  # a stride along K, rows strided
+    out = torch.full((M, K), float("nan"), dtype=dtype, device=DEVICE)
+    packed.permute_k_kernel[(-(-M // 32), K // 128)](x, out, M, K, x.stride(0), x.stride(1), BLOCK_M=32, INDEX_64=False)
+    order = torch.tensor([kb * 128 + gemm_w4_decode.host_true_k(kp) for kb in range(K // 128) for kp in range(128)],
+                         device=DEVICE)
+    assert torch.equal(out, x[:, order])
+
+
+def test_not_taken_off_hopper(built):
+    """On the CPU (the interpreter) or another GPU, prefill sizes go the dequantizing route."""
+    if HOPPER:
+        pytest.skip("on sm_90 the prefill kernel takes these calls")
+    x = randn(80, 256, dtype=BF16)
+    q, s, z, wd = int4_weight(64, 256, 128)
+    assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=128), reference(x, wd))
+    assert not built
+    assert not hopper_w4.w4_prefill_ok(device_info(x.device), x, q, 80, 64, 256, 128, None)
+
+
+# results on the H100 (GPU) -------------------------------------------------------------------------
+
+@needs_hopper
+@pytest.mark.parametrize("M", [65, 128, 200, 256, 1000])
+@pytest.mark.parametrize("N,K", [(64, 128), (200, 384), (1000, 1152), (4096, 4096), (1536, 1280), (8192, 512)])
+def test_shapes(built, M, N, K):
+    """Ragged M and N, K of 1 to 32 steps (one, two and four steps per loop iteration), more tiles than SMs."""
+    x = randn(M, K, dtype=BF16)
+    q, s, z, wd = int4_weight(N, K, 128)
+    y = poisoned((M, N), BF16)
+    out = gemmkit.gemm_a16w4(x, q, s, z, group_size=128, y=y)
+    assert out is y and len(built) == 1
+    assert_close(out, reference(x, wd))
+
+
+@needs_hopper
+@pytest.mark.parametrize("group_size", [32, 64, 128, 256, None])
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+def test_groups_and_dtypes(built, group_size, symmetric, dtype):
+    M, N, K = 300, 333, 2048
+    x = randn(M, K, dtype=dtype)
+    q, s, z, wd = int4_weight(N, K, group_size, symmetric, dtype)
+    out = gemmkit.gemm_a16w4(x, q, s, None if symmetric else z, group_size=group_size)
+    assert len(built) == 1 and out.dtype == dtype
+    assert_close(out, reference(x, wd))
+
+
+@needs_hopper
+@pytest.mark.parametrize("activation", ["relu", "silu", "gelu_tanh"])
+@pytest.mark.parametrize("out_dtype", [BF16, FP32])
+def test_bias_activation_out_dtype_3d(built, activation, out_dtype):
+    x = randn(2, 67, 1024, dtype=BF16)
+    q, s, z, wd = int4_weight(640, 1024, 128)
+    bias = randn(640, dtype=FP32)
+    out = gemmkit.gemm_a16w4(x, q, s.float(), z, group_size=128, bias=bias, activation=activation,
+                             out_dtype=out_dtype)
+    assert len(built) == 1 and out.shape == (2, 67, 640) and out.dtype == out_dtype
+    act = {"relu": torch.relu, "silu": torch.nn.functional.silu,
+           "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[activation]
+    assert_close(out, act(reference(x.reshape(134, 1024), wd, bias)).reshape(2, 67, 640))
+
+
+@needs_hopper
+@pytest.mark.parametrize("layout", ["row stride", "column major"])
+def test_strided_x_y_and_scales(built, layout):
+    """x rows strided or x column-major, y a column slice of a wider buffer, scales and zero points
+    transposed views."""
+    M, N, K = 130, 520, 1536
+    x = randn(M, 2 * K, dtype=BF16)[:, K:] if layout == "row stride" else randn(K, M, dtype=BF16).t()
+    q, s, z, wd = int4_weight(N, K, 128)
+    s_t, z_t = s.t().contiguous().t(), z.t().contiguous().t()
+    buf = poisoned((M, N + 24), BF16)
+    y = buf[:, 8:8 + N]
+    out = gemmkit.gemm_a16w4(x, q, s_t, z_t, group_size=128, y=y)
+    assert out is y and len(built) == 1
+    assert_close(out, reference(x, wd))
+    assert torch.isnan(buf[:, :8]).all() and torch.isnan(buf[:, 8 + N:]).all()  # nothing else written
+
+
+@needs_hopper
+@pytest.mark.parametrize("M,N,K", [(65, 4096, 4096), (300, 333, 1152), (1000, 1000, 256), (256, 64, 128),
+                                   (2048, 2048, 2048)])
+def test_mxfp4(built, M, N, K):
+    x = randn(M, K, dtype=BF16)
+    wq, ws = quant.quantize_mxfp4(randn(N, K, dtype=FP32, scale=K**-0.5))
+    y = poisoned((M, N), BF16)
+    out = gemmkit.gemm_a16wfp4(x, wq, ws, y=y)
+    assert out is y and len(built) == 1
+    assert_close(out, reference(x, quant.dequantize_mxfp4(wq, ws, torch.float64)))
+
+
+@needs_hopper
+def test_mxfp4_extreme_scales(built):
+    """Scales at the ends of the e8m0 range (2^-127 .. 2^100 here) stay exact."""
+    M, N, K = 100, 256, 512
+    x = randn(M, K, dtype=BF16)
+    wq, ws = quant.quantize_mxfp4(randn(N, K, dtype=FP32, scale=K**-0.5))
+    ws = ws.clone()
+    ws[:, 0] = 0
+    ws[:, 1] = 227
+    assert_close(gemmkit.gemm_a16wfp4(x, wq, ws), reference(x, quant.dequantize_mxfp4(wq, ws, torch.float64)))
+    assert len(built) == 1
+
+
+@needs_hopper
+def test_not_taken(built):
+    """K not a multiple of 128, an explicit config, 64 rows or fewer: other kernels."""
+    x = randn(100, 96 * 2, dtype=BF16)
+    q, s, z, wd = int4_weight(64, 192, 64)
+    assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=64), reference(x, wd))
+    x2 = randn(100, 256, dtype=BF16)
+    q2, s2, z2, wd2 = int4_weight(64, 256, 128)
+    assert_close(gemmkit.gemm_a16w4(x2, q2, s2, z2, group_size=128, config=dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128)),
+                 reference(x2, wd2))
+    assert_close(gemmkit.gemm_a16w4(x2[:64], q2, s2, z2, group_size=128), reference(x2[:64], wd2))
+    assert not built
+
+
+@needs_hopper
+def test_cuda_graph_replays_new_inputs(built):
+    x = randn(300, 2048, dtype=BF16)
+    q, s, z, wd = int4_weight(1536, 2048, 128)
+    gemmkit.gemm_a16w4(x, q, s, z, group_size=128)  # plan built and compiled outside the capture
+    x2 = randn(300, 2048, dtype=BF16)
+    out = replay_with_new_inputs(lambda: gemmkit.gemm_a16w4(x, q, s, z, group_size=128), lambda: x.copy_(x2),
+                                 replays=2)
+    assert len(built) == 1
+    assert_close(out, reference(x2, wd))
+
+
+@needs_hopper
+def test_disabled_by_env(built, monkeypatch):
+    monkeypatch.setenv(hopper_ws.GLUON_ENV, "0")
+    x = randn(100, 1024, dtype=BF16)
+    q, s, z, wd = int4_weight(512, 1024, 128)
+    assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=128), reference(x, wd))
+    assert not built
