@@ -424,7 +424,8 @@ PREFILL_BN, PREFILL_GROUP_M = 128, 8  # weight rows per tile (two warp groups); 
 PREFILL_BM_SMALL, PREFILL_BM = 128, 128  # x rows per tile below / from PREFILL_BM_FROM rows
 PREFILL_BM_FROM = 1 << 30
 PREFILL_STAGES = 4
-PREFILL_UNROLL = 4  # K steps per loop iteration at most (a divisor of the steps; kernels/gemm_w4_prefill.py)
+PREFILL_OUTSTANDING = 1  # products left in flight while the next step is decoded
+PREFILL_UNROLL = 1  # K steps per loop iteration at most (a divisor of the steps; kernels/gemm_w4_prefill.py)
 
 
 @functools.lru_cache(maxsize=1)
@@ -505,7 +506,7 @@ class W4PrefillPlan:
         small = not mxfp4 and group in SMALL_GROUPS
         self.values = dict(M=M, N=N, K=K, stride_ym=self.y_strides[0], stride_yn=self.y_strides[1],
                            group_shift=0 if mxfp4 or small else group_shift(group, K), BM=bm, BN=bn,
-                           STAGES=PREFILL_STAGES, GROUP_M=PREFILL_GROUP_M, UNROLL=prefill_unroll(K // BLOCK_K), FP16=x2.dtype == torch.float16,
+                           STAGES=PREFILL_STAGES, GROUP_M=PREFILL_GROUP_M, UNROLL=prefill_unroll(K // BLOCK_K), OUTSTANDING=PREFILL_OUTSTANDING, FP16=x2.dtype == torch.float16,
                            HAS_ZERO=w_zero is not None, HAS_BIAS=bias is not None, ACTIVATION=activation,
                            MXFP4=mxfp4, GROUP_WORDS=group // 8 if small else 0, WORDS=decode_words_layout(bn))
         self.tail = None

@@ -77,7 +77,8 @@ def _step(j, acc, s0, z0, tm, tn, w_desc, x_desc, wbuf, xbuf, bars, ws, wz, y, b
           tiles_n, M, N, stride_sn, stride_sk, stride_zn, stride_zk, stride_ym, stride_yn, group_shift,
           BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, FP16: gl.constexpr,
           HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, MXFP4: gl.constexpr,
-          GROUP_WORDS: gl.constexpr, WORDS: gl.constexpr, BASE: gl.constexpr, DT: gl.constexpr):
+          GROUP_WORDS: gl.constexpr, WORDS: gl.constexpr, BASE: gl.constexpr, DT: gl.constexpr,
+          OUTSTANDING: gl.constexpr):
     """Iteration j (tile tm, tn; its scales s0, z0): the step's product added to acc, the stage of
     iteration j - 1 refilled, and at the tile's last step its epilogue. Returns the next iteration's
     (acc, scales, tile)."""
@@ -85,11 +86,6 @@ def _step(j, acc, s0, z0, tm, tn, w_desc, x_desc, wbuf, xbuf, bars, ws, wz, y, b
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
     slot = j % STAGES
     kstep = j % steps
-    # the next step's scales are in flight while this one is decoded and multiplied
-    jn = gl.minimum(j + 1, total - 1)
-    tm1, tn1 = _tile_mn(pid + (jn // steps) * P, tiles_m, tiles_n, GROUP_M)
-    s1, z1 = _scales(ws, wz, tn1 * BN, jn % steps, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
-                     HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN)
     mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
     words = wbuf.index(slot).load(WORDS)
     if MXFP4:
@@ -97,8 +93,15 @@ def _step(j, acc, s0, z0, tm, tn, w_desc, x_desc, wbuf, xbuf, bars, ws, wz, y, b
     else:
         a = _decode_groups(words, s0, z0, a_l, FP16)
     acc = warpgroup_mma(a, xbuf.index(slot).permute((1, 0)), acc, is_async=True)
+    # the next step's scales, loaded once this product is issued: the fence before a product waits for
+    # every register load in flight (and so does the proxy fence before the TMA loads below, while the
+    # tensor cores run this product)
+    jn = gl.minimum(j + 1, total - 1)
+    tm1, tn1 = _tile_mn(pid + (jn // steps) * P, tiles_m, tiles_n, GROUP_M)
+    s1, z1 = _scales(ws, wz, tn1 * BN, jn % steps, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
+                     HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN)
     # the previous step's product is done: its stage can be refilled once both warp groups say so
-    acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+    acc = warpgroup_mma_wait(num_outstanding=OUTSTANDING, deps=(acc, ))
     _cta_barrier()
     if j + STAGES - 1 < total:
         _issue(w_desc, x_desc, wbuf, xbuf, bars, j + STAGES - 1, pid, P, steps, tiles_m, tiles_n, STAGES, BM, BN,
@@ -117,7 +120,8 @@ def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, M, N, K, stride_sn, strid
                       stride_ym, stride_yn, group_shift,
                       BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                       FP16: gl.constexpr, HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
-                      MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr, WORDS: gl.constexpr, UNROLL: gl.constexpr):
+                      MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr, WORDS: gl.constexpr, UNROLL: gl.constexpr,
+                      OUTSTANDING: gl.constexpr):
     """y (M, N) = ACTIVATION(x @ dequant(w)^T + bias). w_desc: a TMA descriptor of the packed weight
     (gemmkit's INT4 or MXFP4 layout, uint8 (N, K // 2)) viewed as int32 (N, K // 8), block (BN, 16);
     x_desc: of xp (M, K) bf16 (fp16: FP16) in the permuted K order (module docstring), block
@@ -160,4 +164,4 @@ def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, M, N, K, stride_sn, strid
             acc, s0, z0, tm, tn = _step(j0 + u, acc, s0, z0, tm, tn, w_desc, x_desc, wbuf, xbuf, bars, ws, wz, y, bias,
                                         pid, P, total, steps, tiles_m, tiles_n, M, N, stride_sn, stride_sk, stride_zn,
                                         stride_zk, stride_ym, stride_yn, group_shift, BM, BN, STAGES, GROUP_M, FP16,
-                                        HAS_ZERO, HAS_BIAS, ACTIVATION, MXFP4, GROUP_WORDS, WORDS, BASE, DT)
+                                        HAS_ZERO, HAS_BIAS, ACTIVATION, MXFP4, GROUP_WORDS, WORDS, BASE, DT, OUTSTANDING)
