@@ -37,7 +37,8 @@ def test_size_rule(M, N, K, group, mxfp4, ok):
 
 
 @pytest.mark.parametrize("steps,unroll", [(1, 1), (2, 2), (3, 1), (6, 2), (8, 4), (28, 4), (86, 2), (112, 4)])
-def test_unroll_divides_the_steps(steps, unroll):
+def test_unroll_divides_the_steps(monkeypatch, steps, unroll):
+    monkeypatch.setattr(hopper_w4, "PREFILL_UNROLL", 4)
     assert hopper_w4.prefill_unroll(steps) == unroll
 
 
