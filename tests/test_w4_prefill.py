@@ -36,10 +36,13 @@ def test_size_rule(M, N, K, group, mxfp4, ok):
     assert hopper_w4.prefill_sizes_ok(M, N, K, group, mxfp4) == ok
 
 
-@pytest.mark.parametrize("steps,unroll", [(1, 1), (2, 2), (3, 1), (6, 2), (8, 4), (28, 4), (86, 2), (112, 4)])
-def test_unroll_divides_the_steps(monkeypatch, steps, unroll):
-    monkeypatch.setattr(hopper_w4, "PREFILL_UNROLL", 4)
-    assert hopper_w4.prefill_unroll(steps) == unroll
+@pytest.mark.parametrize("M,N,bm", [(65, 4096, 128), (256, 8192, 128), (300, 8192, 256), (4096, 1000, 256),
+                                    (4096, 128, 128), (2000, 64, 128)])
+def test_x_tile_rows(M, N, bm):
+    """The wider x tile where its tiles still make a wave of the H100's 132 SMs."""
+    from gemmkit.core.device import known_device
+
+    assert hopper_w4.prefill_rows(M, N, known_device("NVIDIA_H100_80GB_HBM3")) == bm
 
 
 @pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")

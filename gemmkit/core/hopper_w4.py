@@ -421,11 +421,8 @@ class W4DecodePlan:
 
 PREFILL_MIN_M = 65  # from here gemm_a16w4 / gemm_a16wfp4 take the prefill kernel (where w4_prefill_ok)
 PREFILL_BN, PREFILL_GROUP_M = 128, 8  # weight rows per tile (two warp groups); x tile rows grouped per sweep
-PREFILL_BM_SMALL, PREFILL_BM = 128, 128  # x rows per tile below / from PREFILL_BM_FROM rows
-PREFILL_BM_FROM = 1 << 30
-PREFILL_STAGES = 4
-PREFILL_OUTSTANDING = 1  # products left in flight while the next step is decoded
-PREFILL_UNROLL = 1  # K steps per loop iteration at most (a divisor of the steps; kernels/gemm_w4_prefill.py)
+PREFILL_BM = (128, 256)  # x rows per tile: the wider where its tiles still fill the SMs (prefill_rows)
+PREFILL_MAX_STAGES = 5
 
 
 @functools.lru_cache(maxsize=1)
@@ -458,18 +455,17 @@ def w4_prefill_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, 
             and w_q.stride(0) % 16 == 0 and w_q.data_ptr() % 16 == 0 and ws_enabled(dev, x2.device))
 
 
-def prefill_rows(M: int) -> int:
-    """BM: the rows of x per output tile."""
-    return PREFILL_BM if M >= PREFILL_BM_FROM else PREFILL_BM_SMALL
+def prefill_rows(M: int, N: int, dev: DeviceInfo) -> int:
+    """BM: the rows of x per output tile, the widest of PREFILL_BM whose tiles make a wave of the SMs
+    (the narrowest where none does): each step's decode then feeds the most tensor-core work."""
+    fits = [bm for bm in PREFILL_BM if -(-M // bm) * -(-N // PREFILL_BN) >= dev.num_sms]
+    return max(fits) if fits else min(PREFILL_BM)
 
 
-def prefill_unroll(steps: int) -> int:
-    """K steps per iteration of the prefill kernel's loop: the largest power of two up to
-    PREFILL_UNROLL dividing the step count."""
-    u = 1
-    while u * 2 <= PREFILL_UNROLL and steps % (u * 2) == 0:
-        u *= 2
-    return u
+def prefill_stages(bm: int, dev: DeviceInfo) -> int:
+    """Pipeline stages: as many (weight words and x tile) as shared memory holds, at most PREFILL_MAX_STAGES."""
+    stage = PREFILL_BN * BLOCK_K // 2 + bm * BLOCK_K * 2
+    return max(2, min(PREFILL_MAX_STAGES, (dev.smem_per_block - SMEM_RESERVE) // stage))
 
 
 PREFILL_CALL = ("w_desc", "x_desc", "ws", "wz", "y", "bias")
@@ -492,7 +488,7 @@ class W4PrefillPlan:
         self.device = x2.device
         self.device_index = x2.device.index or 0
         self.x_dtype = x2.dtype
-        bm, bn = prefill_rows(M), PREFILL_BN
+        bm, bn = prefill_rows(M, N, dev), PREFILL_BN
         self.y_strides = (N, 1) if y2 is None else y2.stride()
         tiles = -(-M // bm) * -(-N // bn)
         self.kernel = prefill_kernel()
@@ -506,7 +502,7 @@ class W4PrefillPlan:
         small = not mxfp4 and group in SMALL_GROUPS
         self.values = dict(M=M, N=N, K=K, stride_ym=self.y_strides[0], stride_yn=self.y_strides[1],
                            group_shift=0 if mxfp4 or small else group_shift(group, K), BM=bm, BN=bn,
-                           STAGES=PREFILL_STAGES, GROUP_M=PREFILL_GROUP_M, UNROLL=prefill_unroll(K // BLOCK_K), OUTSTANDING=PREFILL_OUTSTANDING, FP16=x2.dtype == torch.float16,
+                           STAGES=prefill_stages(bm, dev), GROUP_M=PREFILL_GROUP_M, FP16=x2.dtype == torch.float16,
                            HAS_ZERO=w_zero is not None, HAS_BIAS=bias is not None, ACTIVATION=activation,
                            MXFP4=mxfp4, GROUP_WORDS=group // 8 if small else 0, WORDS=decode_words_layout(bn))
         self.tail = None

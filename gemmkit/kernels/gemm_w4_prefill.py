@@ -39,16 +39,24 @@ def _tile_mn(t, tiles_m, tiles_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _issue(w_desc, x_desc, wbuf, xbuf, bars, j, pid, P, steps, tiles_m, tiles_n, STAGES: gl.constexpr,
-           BM: gl.constexpr, BN: gl.constexpr, GROUP_M: gl.constexpr):
-    """TMA loads of iteration j's weight words (BN rows x 16 words) and x tile (BM rows x 128) into
-    its stage (rows past N or M read zero)."""
-    tm, tn = _tile_mn(pid + (j // steps) * P, tiles_m, tiles_n, GROUP_M)
-    kstep = j % steps
-    slot = j % STAGES
+def _advance(t, k, tm, tn, P, steps, tiles_m, tiles_n, GROUP_M: gl.constexpr):
+    """The (tile, K step) after (t, k) in a program's stream (tiles t, t + P, ...), with the tile's
+    (tm, tn): the tile map's divisions only when a tile ends (past the last tile: the last's)."""
+    k += 1
+    if k == steps:
+        k = 0
+        t += P
+        tm, tn = _tile_mn(gl.minimum(t, tiles_m * tiles_n - 1), tiles_m, tiles_n, GROUP_M)
+    return t, k, tm, tn
+
+
+@gluon.jit
+def _load(w_desc, x_desc, wbuf, xbuf, bars, slot, tm, tn, k, BM: gl.constexpr, BN: gl.constexpr):
+    """TMA loads of K step k of tile (tm, tn): the weight words (BN rows x 16 words) and x's tile (BM
+    rows x 128) into stage `slot` (rows past N or M read zero)."""
     mbarrier.expect(bars.index(slot), BN * 64 + BM * BLOCK_K * x_desc.dtype.primitive_bitwidth // 8)
-    _tma_load(w_desc, [tn * BN, kstep * 16], bars.index(slot), wbuf.index(slot))
-    _tma_load(x_desc, [tm * BM, kstep * BLOCK_K], bars.index(slot), xbuf.index(slot))
+    _tma_load(w_desc, [tn * BN, k * 16], bars.index(slot), wbuf.index(slot))
+    _tma_load(x_desc, [tm * BM, k * BLOCK_K], bars.index(slot), xbuf.index(slot))
 
 
 @gluon.jit
@@ -73,55 +81,11 @@ def _scales(ws, wz, off_n, kstep, group_shift, N, stride_sn, stride_sk, stride_z
 
 
 @gluon.jit
-def _step(j, acc, s0, z0, tm, tn, w_desc, x_desc, wbuf, xbuf, bars, ws, wz, y, bias, pid, P, total, steps, tiles_m,
-          tiles_n, M, N, stride_sn, stride_sk, stride_zn, stride_zk, stride_ym, stride_yn, group_shift,
-          BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr, FP16: gl.constexpr,
-          HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr, MXFP4: gl.constexpr,
-          GROUP_WORDS: gl.constexpr, WORDS: gl.constexpr, BASE: gl.constexpr, DT: gl.constexpr,
-          OUTSTANDING: gl.constexpr):
-    """Iteration j (tile tm, tn; its scales s0, z0): the step's product added to acc, the stage of
-    iteration j - 1 refilled, and at the tile's last step its epilogue. Returns the next iteration's
-    (acc, scales, tile)."""
-    acc_l: gl.constexpr = acc.type.layout
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
-    slot = j % STAGES
-    kstep = j % steps
-    mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
-    words = wbuf.index(slot).load(WORDS)
-    if MXFP4:
-        a = _decode_mx(words, s0, a_l)
-    else:
-        a = _decode_groups(words, s0, z0, a_l, FP16)
-    acc = warpgroup_mma(a, xbuf.index(slot).permute((1, 0)), acc, is_async=True)
-    # the next step's scales, loaded once this product is issued: the fence before a product waits for
-    # every register load in flight (and so does the proxy fence before the TMA loads below, while the
-    # tensor cores run this product)
-    jn = gl.minimum(j + 1, total - 1)
-    tm1, tn1 = _tile_mn(pid + (jn // steps) * P, tiles_m, tiles_n, GROUP_M)
-    s1, z1 = _scales(ws, wz, tn1 * BN, jn % steps, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
-                     HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN)
-    # the previous step's product is done: its stage can be refilled once both warp groups say so
-    acc = warpgroup_mma_wait(num_outstanding=OUTSTANDING, deps=(acc, ))
-    _cta_barrier()
-    if j + STAGES - 1 < total:
-        _issue(w_desc, x_desc, wbuf, xbuf, bars, j + STAGES - 1, pid, P, steps, tiles_m, tiles_n, STAGES, BM, BN,
-               GROUP_M)
-    if kstep == steps - 1:
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-        rm = tm * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
-        _finish(acc, y, bias, tn * BN, rm, M, N, stride_ym, stride_yn, gl.SliceLayout(1, acc_l), HAS_BIAS,
-                ACTIVATION)
-        acc = gl.zeros([BN, BM], gl.float32, acc_l)
-    return acc, s1, z1, tm1, tn1
-
-
-@gluon.jit
 def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, M, N, K, stride_sn, stride_sk, stride_zn, stride_zk,
                       stride_ym, stride_yn, group_shift,
                       BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                       FP16: gl.constexpr, HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
-                      MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr, WORDS: gl.constexpr, UNROLL: gl.constexpr,
-                      OUTSTANDING: gl.constexpr):
+                      MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr, WORDS: gl.constexpr):
     """y (M, N) = ACTIVATION(x @ dequant(w)^T + bias). w_desc: a TMA descriptor of the packed weight
     (gemmkit's INT4 or MXFP4 layout, uint8 (N, K // 2)) viewed as int32 (N, K // 8), block (BN, 16);
     x_desc: of xp (M, K) bf16 (fp16: FP16) in the permuted K order (module docstring), block
@@ -143,25 +107,57 @@ def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, M, N, K, stride_sn, strid
         DT: gl.constexpr = gl.bfloat16
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BN // 16, 1],
                                                     instr_shape=[16, BM, 16])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
     wbuf = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 16], w_desc.layout)
     xbuf = gl.allocate_shared_memory(DT, [STAGES, BM, BLOCK_K], x_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
     fence_async_shared()
+    t0 = gl.minimum(pid, tiles_m * tiles_n - 1)
+    tm, tn = _tile_mn(t0, tiles_m, tiles_n, GROUP_M)
+    # the loads run STAGES - 1 steps ahead: (lt, lk) the next one's tile and step
+    lt = pid
+    lk = 0
+    ltm = tm
+    ltn = tn
     for i in gl.static_range(STAGES - 1):
         if i < total:
-            _issue(w_desc, x_desc, wbuf, xbuf, bars, i, pid, P, steps, tiles_m, tiles_n, STAGES, BM, BN, GROUP_M)
-    tm, tn = _tile_mn(pid, tiles_m, tiles_n, GROUP_M)
+            _load(w_desc, x_desc, wbuf, xbuf, bars, i, ltm, ltn, lk, BM, BN)
+            lt, lk, ltm, ltn = _advance(lt, lk, ltm, ltn, P, steps, tiles_m, tiles_n, GROUP_M)
+    t = pid
+    k = 0
     s0, z0 = _scales(ws, wz, tn * BN, 0, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk, HAS_ZERO, BASE,
                      MXFP4, GROUP_WORDS, DT, WORDS, BN)
     acc = gl.zeros([BN, BM], gl.float32, acc_l)
-    # UNROLL steps per iteration (a divisor of steps): a step's decoded registers are then not the ones
-    # the tensor cores may still be reading, which makes ptxas wait for the product first (it still
-    # does at the loop's back edge)
-    for j0 in range(0, total, UNROLL):
-        for u in gl.static_range(UNROLL):
-            acc, s0, z0, tm, tn = _step(j0 + u, acc, s0, z0, tm, tn, w_desc, x_desc, wbuf, xbuf, bars, ws, wz, y, bias,
-                                        pid, P, total, steps, tiles_m, tiles_n, M, N, stride_sn, stride_sk, stride_zn,
-                                        stride_zk, stride_ym, stride_yn, group_shift, BM, BN, STAGES, GROUP_M, FP16,
-                                        HAS_ZERO, HAS_BIAS, ACTIVATION, MXFP4, GROUP_WORDS, WORDS, BASE, DT, OUTSTANDING)
+    for j in range(total):
+        slot = j % STAGES
+        mbarrier.wait(bars.index(slot), (j // STAGES) & 1)
+        words = wbuf.index(slot).load(WORDS)
+        if MXFP4:
+            a = _decode_mx(words, s0, a_l)
+        else:
+            a = _decode_groups(words, s0, z0, a_l, FP16)
+        acc = warpgroup_mma(a, xbuf.index(slot).permute((1, 0)), acc, is_async=True)
+        # the next step's scales, loaded once this product is issued: the fence before a product waits
+        # for every register load in flight (and so does the proxy fence before the TMA loads below,
+        # while the tensor cores run this product)
+        t1, k1, tm1, tn1 = _advance(t, k, tm, tn, P, steps, tiles_m, tiles_n, GROUP_M)
+        s0, z0 = _scales(ws, wz, tn1 * BN, k1, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
+                         HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN)
+        # the previous step's product is done: its stage can be refilled once both warp groups say so
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        _cta_barrier()
+        if j + STAGES - 1 < total:
+            _load(w_desc, x_desc, wbuf, xbuf, bars, (j + STAGES - 1) % STAGES, ltm, ltn, lk, BM, BN)
+            lt, lk, ltm, ltn = _advance(lt, lk, ltm, ltn, P, steps, tiles_m, tiles_n, GROUP_M)
+        if k == steps - 1:
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            rm = tm * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
+            _finish(acc, y, bias, tn * BN, rm, M, N, stride_ym, stride_yn, gl.SliceLayout(1, acc_l), HAS_BIAS,
+                    ACTIVATION)
+            acc = gl.zeros([BN, BM], gl.float32, acc_l)
+        t = t1
+        k = k1
+        tm = tm1
+        tn = tn1
