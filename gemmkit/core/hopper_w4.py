@@ -420,7 +420,9 @@ class W4DecodePlan:
 # prefill sizes: kernels/gemm_w4_prefill.py
 
 PREFILL_MIN_M = 65  # from here gemm_a16w4 / gemm_a16wfp4 take the prefill kernel (where w4_prefill_ok)
-PREFILL_BN, PREFILL_GROUP_M = 128, 8  # weight rows per tile (two warp groups); x tile rows grouped per sweep
+PREFILL_BN = 128  # weight rows per tile: 128 (two warp groups) or 64 (one) ...
+PREFILL_PER_SM = {128: 1, 64: 2}  # ... with this many programs per SM
+PREFILL_GROUP_M = 8  # x's tile rows per sweep of the weight's tiles
 PREFILL_BM = (128, 256)  # x rows per tile: the wider where its tiles still fill the SMs (prefill_rows)
 PREFILL_MAX_STAGES = 5
 
@@ -455,17 +457,24 @@ def w4_prefill_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, 
             and w_q.stride(0) % 16 == 0 and w_q.data_ptr() % 16 == 0 and ws_enabled(dev, x2.device))
 
 
-def prefill_rows(M: int, N: int, dev: DeviceInfo) -> int:
-    """BM: the rows of x per output tile, the widest of PREFILL_BM whose tiles make a wave of the SMs
-    (the narrowest where none does): each step's decode then feeds the most tensor-core work."""
-    fits = [bm for bm in PREFILL_BM if -(-M // bm) * -(-N // PREFILL_BN) >= dev.num_sms]
-    return max(fits) if fits else min(PREFILL_BM)
+def prefill_rows(M: int, N: int, dev: DeviceInfo, bn: int = 128, per_sm: int = 1) -> int:
+    """BM: the rows of x per output tile, the widest of PREFILL_BM whose (BM x bn) tiles make a wave of
+    the SMs' programs (the narrowest where none does): each step's decode then feeds the most
+    tensor-core work."""
+    held = [bm for bm in PREFILL_BM if _stages_held(bm, bn, per_sm, dev) >= 2] or [min(PREFILL_BM)]
+    fits = [bm for bm in held if -(-M // bm) * -(-N // bn) >= dev.num_sms * per_sm]
+    return max(fits) if fits else min(held)
 
 
-def prefill_stages(bm: int, dev: DeviceInfo) -> int:
-    """Pipeline stages: as many (weight words and x tile) as shared memory holds, at most PREFILL_MAX_STAGES."""
-    stage = PREFILL_BN * BLOCK_K // 2 + bm * BLOCK_K * 2
-    return max(2, min(PREFILL_MAX_STAGES, (dev.smem_per_block - SMEM_RESERVE) // stage))
+def _stages_held(bm: int, bn: int, per_sm: int, dev: DeviceInfo) -> int:
+    stage = bn * BLOCK_K // 2 + bm * BLOCK_K * 2
+    return (min(dev.smem_per_block, SM90_SMEM // per_sm - 1024) - SMEM_RESERVE) // stage
+
+
+def prefill_stages(bm: int, bn: int, per_sm: int, dev: DeviceInfo) -> int:
+    """Pipeline stages: as many (weight words and x tile) as the shared memory of per_sm programs holds,
+    at most PREFILL_MAX_STAGES."""
+    return max(2, min(PREFILL_MAX_STAGES, _stages_held(bm, bn, per_sm, dev)))
 
 
 PREFILL_CALL = ("w_desc", "x_desc", "ws", "wz", "y", "bias")
@@ -488,11 +497,13 @@ class W4PrefillPlan:
         self.device = x2.device
         self.device_index = x2.device.index or 0
         self.x_dtype = x2.dtype
-        bm, bn = prefill_rows(M, N, dev), PREFILL_BN
+        bn = PREFILL_BN
+        per_sm = PREFILL_PER_SM[bn]
+        bm = prefill_rows(M, N, dev, bn, per_sm)
         self.y_strides = (N, 1) if y2 is None else y2.stride()
         tiles = -(-M // bm) * -(-N // bn)
         self.kernel = prefill_kernel()
-        self.launch = CachedLaunch(self.kernel, (min(tiles, dev.num_sms),), bn // 16, 1, self.device_index)
+        self.launch = CachedLaunch(self.kernel, (min(tiles, per_sm * dev.num_sms),), bn // 16, 1, self.device_index)
         self.permute = CachedLaunch(permute_kernel(), (-(-M // 32), K // BLOCK_K), 4, 1, self.device_index)
         self.permute_tail = (M, K, x2.stride(0), x2.stride(1), 32, M * K >= 2**31 or M * x2.stride(0) >= 2**31)
         self.w_desc = _Descriptors((N, K // 8), (w_q.stride(0) // 4, 1), (bn, 16),
@@ -502,7 +513,7 @@ class W4PrefillPlan:
         small = not mxfp4 and group in SMALL_GROUPS
         self.values = dict(M=M, N=N, K=K, stride_ym=self.y_strides[0], stride_yn=self.y_strides[1],
                            group_shift=0 if mxfp4 or small else group_shift(group, K), BM=bm, BN=bn,
-                           STAGES=prefill_stages(bm, dev), GROUP_M=PREFILL_GROUP_M, FP16=x2.dtype == torch.float16,
+                           STAGES=prefill_stages(bm, bn, per_sm, dev), GROUP_M=PREFILL_GROUP_M, FP16=x2.dtype == torch.float16,
                            HAS_ZERO=w_zero is not None, HAS_BIAS=bias is not None, ACTIVATION=activation,
                            MXFP4=mxfp4, GROUP_WORDS=group // 8 if small else 0, WORDS=decode_words_layout(bn))
         self.tail = None
