@@ -3,8 +3,7 @@ one CUDA-graph run per problem (3 weight copies): the Hopper prefill kernel (ker
 from hopper_w4.PREFILL_MIN_M rows), dequantize to bf16 then the A16W16 GEMM (ops/packed_prefill.py, from
 DEQUANT_MIN_M rows), the fused tl kernel with its table / derived config. INT4 g128 asymmetric (--fp4:
 MXFP4), the Llama-3 8B / 70B layers (--small: four of them). --variants: also the prefill kernel with x tiles
-of 128 and of 256 rows only, with at most 3 stages, and with 64-row weight tiles (one warp group, two
-programs per SM).
+of 128 rows only and with 64-row weight tiles (one warp group, two programs per SM).
 
 Usage: python3 scripts/w4_prefill_probe.py [OUT_FILE] [--fp4] [--small] [--variants] [--m 256 512 1024] (--m last)
 """
@@ -38,8 +37,6 @@ ROUTES = [("prefill kernel (shipped)", {}, DEFAULT), ("dequantize + A16W16", {"P
           ("fused tl kernel", {"PREFILL_MIN_M": 1 << 30}, 1 << 30)]
 if "--variants" in sys.argv:
     ROUTES += [("prefill kernel, 128-row x tiles", {"PREFILL_BM": (128,)}, DEFAULT),
-               ("prefill kernel, 256-row x tiles", {"PREFILL_BM": (256,)}, DEFAULT),
-               ("prefill kernel, at most 3 stages", {"PREFILL_MAX_STAGES": 3}, DEFAULT),
                ("prefill kernel, 64-row weight tiles, 2 per SM", {"PREFILL_BN": 64}, DEFAULT)]
 
 print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {'MXFP4' if FP4 else 'INT4 g128 asymmetric'}, "

@@ -36,7 +36,7 @@ def test_size_rule(M, N, K, group, mxfp4, ok):
     assert hopper_w4.prefill_sizes_ok(M, N, K, group, mxfp4) == ok
 
 
-@pytest.mark.parametrize("M,N,bm", [(65, 4096, 128), (256, 8192, 128), (300, 8192, 128), (600, 8192, 256), (4096, 2000, 256), (4096, 1000, 128),
+@pytest.mark.parametrize("M,N,bm", [(65, 4096, 128), (256, 8192, 128), (300, 8192, 128), (600, 8192, 256), (4096, 2000, 256), (4096, 1000, 128), (128, 28672, 128),
                                     (4096, 128, 128), (2000, 64, 128)])
 def test_x_tile_rows(M, N, bm):
     """The wider x tile where its tiles still make a wave of the H100's 132 SMs."""

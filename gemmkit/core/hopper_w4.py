@@ -458,12 +458,12 @@ def w4_prefill_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, 
 
 
 def prefill_rows(M: int, N: int, dev: DeviceInfo, bn: int = 128, per_sm: int = 1) -> int:
-    """BM: the rows of x per output tile, the widest of PREFILL_BM whose (BM x bn) tiles make a wave of
-    the SMs' programs (the narrowest where none does): each step's decode then feeds the most
-    tensor-core work."""
-    held = [bm for bm in PREFILL_BM if _stages_held(bm, bn, per_sm, dev) >= 2] or [min(PREFILL_BM)]
+    """BM: the rows of x per output tile, the widest of PREFILL_BM (no wider than M) whose (BM x bn)
+    tiles make a wave of the SMs' programs (the narrowest where none does): each step's decode then
+    feeds the most tensor-core work."""
+    held = [bm for bm in PREFILL_BM if _stages_held(bm, bn, per_sm, dev) >= 2 and (bm <= M or bm == min(PREFILL_BM))]
     fits = [bm for bm in held if -(-M // bm) * -(-N // bn) >= dev.num_sms * per_sm]
-    return max(fits) if fits else min(held)
+    return max(fits) if fits else min(held or PREFILL_BM)
 
 
 def _stages_held(bm: int, bn: int, per_sm: int, dev: DeviceInfo) -> int:

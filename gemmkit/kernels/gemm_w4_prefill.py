@@ -139,18 +139,17 @@ def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, M, N, K, stride_sn, strid
         else:
             a = _decode_groups(words, s0, z0, a_l, FP16)
         acc = warpgroup_mma(a, xbuf.index(slot).permute((1, 0)), acc, is_async=True)
-        # the next step's scales, loaded once this product is issued: the fence before a product waits
-        # for every register load in flight (and so does the proxy fence before the TMA loads below,
-        # while the tensor cores run this product)
-        t1, k1, tm1, tn1 = _advance(t, k, tm, tn, P, steps, tiles_m, tiles_n, GROUP_M)
-        s0, z0 = _scales(ws, wz, tn1 * BN, k1, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
-                         HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN)
-        # the previous step's product is done: its stage can be refilled once both warp groups say so
+        # the previous step's product is done: its stage can be refilled once every warp group says so
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
         _cta_barrier()
         if j + STAGES - 1 < total:
             _load(w_desc, x_desc, wbuf, xbuf, bars, (j + STAGES - 1) % STAGES, ltm, ltn, lk, BM, BN)
             lt, lk, ltm, ltn = _advance(lt, lk, ltm, ltn, P, steps, tiles_m, tiles_n, GROUP_M)
+        # the next step's scales, loaded while this product runs but only now: the proxy fence before
+        # the TMA loads above and the fence before the next product both wait for every load in flight
+        t1, k1, tm1, tn1 = _advance(t, k, tm, tn, P, steps, tiles_m, tiles_n, GROUP_M)
+        s0, z0 = _scales(ws, wz, tn1 * BN, k1, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
+                         HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN)
         if k == steps - 1:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             rm = tm * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
