@@ -21,14 +21,18 @@ needs_hopper = pytest.mark.skipif(not HOPPER, reason="the Gluon kernel runs on s
 
 @pytest.fixture
 def built(monkeypatch):
-    """The W4PrefillPlans built while the test runs (plan caches cleared first)."""
+    """The W4PrefillPlans built while the test runs (plan caches cleared first). The size rule is
+    widened to every M from PREFILL_MIN_M, so that the kernel's results are checked beyond the rows it
+    is routed (test_size_rule checks the rule itself)."""
+    monkeypatch.setattr(hopper_w4, "PREFILL_MAX_M", 1 << 30)
     yield from spy_plans(monkeypatch, hopper_w4.W4PrefillPlan, config_mod.clear_caches)
 
 
 # CPU: the rule and x's permutation ------------------------------------------------------------------
 
 @pytest.mark.parametrize("M,N,K,group,mxfp4,ok", [
-    (65, 64, 128, 128, False, True), (64, 64, 128, 128, False, False), (4096, 8192, 8192, 32, False, True),
+    (65, 64, 128, 128, False, True), (64, 64, 128, 128, False, False), (511, 8192, 8192, 32, False, True),
+    (512, 8192, 8192, 128, False, False),
     (300, 100, 4096, 64, False, True), (300, 100, 4096, 256, False, True), (300, 100, 4096, 4096, False, True),
     (300, 100, 4096, 96, False, False), (300, 100, 4000, 32, True, False), (300, 100, 64, 32, True, False),
     (300, 100, 4096, 32, True, True), (300, 0, 4096, 128, False, False)])
@@ -43,6 +47,16 @@ def test_x_tile_rows(M, N, bm):
     from gemmkit.core.device import known_device
 
     assert hopper_w4.prefill_rows(M, N, known_device("NVIDIA_H100_80GB_HBM3")) == bm
+
+
+@pytest.mark.parametrize("M,N,tile", [(128, 28672, (128, 64, 2)), (256, 28672, (256, 128, 1)), (256, 8192, (128, 64, 2)),
+                                      (500, 6144, (128, 64, 2)), (500, 14336, (256, 128, 1)), (65, 100, (128, 64, 2))])
+def test_tile_rule(M, N, tile):
+    """128-row weight tiles by 256 rows of x where those make a wave of the H100's SMs, else 64-row weight
+    tiles (two programs per SM) by 128 rows."""
+    from gemmkit.core.device import known_device
+
+    assert hopper_w4.prefill_tile(M, N, known_device("NVIDIA_H100_80GB_HBM3")) == tile
 
 
 @pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")

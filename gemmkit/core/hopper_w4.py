@@ -419,11 +419,13 @@ class W4DecodePlan:
 # ---------------------------------------------------------------------------------------------
 # prefill sizes: kernels/gemm_w4_prefill.py
 
-PREFILL_MIN_M = 65  # from here gemm_a16w4 / gemm_a16wfp4 take the prefill kernel (where w4_prefill_ok)
-PREFILL_BN = 128  # weight rows per tile: 128 (two warp groups) or 64 (one) ...
-PREFILL_PER_SM = {128: 1, 64: 2}  # ... with this many programs per SM
+PREFILL_MIN_M, PREFILL_MAX_M = 65, 511  # gemm_a16w4 / gemm_a16wfp4 take the prefill kernel at these rows (where
+# w4_prefill_ok; from 512 rows the dequantizing route ran level or faster: BENCHMARKS.md, twelfth session)
+PREFILL_BN = None  # weight rows per tile: 128 (two warp groups, one program per SM) or 64 (one, two per SM);
+# None: prefill_tile's rule
+PREFILL_PER_SM = {128: 1, 64: 2}
 PREFILL_GROUP_M = 8  # x's tile rows per sweep of the weight's tiles
-PREFILL_BM = (128, 256)  # x rows per tile: the wider where its tiles still fill the SMs (prefill_rows)
+PREFILL_BM = (128, 256)  # x rows per tile (prefill_rows)
 PREFILL_MAX_STAGES = 5
 
 
@@ -444,7 +446,7 @@ def permute_kernel():
 def prefill_sizes_ok(M: int, N: int, K: int, group: int, mxfp4: bool) -> bool:
     """The sizes and scale groups the prefill kernel takes: K a multiple of 128; INT4 groups of 32,
     64, 128 * 2^s or one per channel; MXFP4."""
-    if M < PREFILL_MIN_M or N < 1 or K < BLOCK_K or K % BLOCK_K:
+    if not PREFILL_MIN_M <= M <= PREFILL_MAX_M or N < 1 or K < BLOCK_K or K % BLOCK_K:
         return False
     return mxfp4 or group in SMALL_GROUPS or group_shift(group, K) is not None
 
@@ -464,6 +466,18 @@ def prefill_rows(M: int, N: int, dev: DeviceInfo, bn: int = 128, per_sm: int = 1
     held = [bm for bm in PREFILL_BM if _stages_held(bm, bn, per_sm, dev) >= 2 and (bm <= M or bm == min(PREFILL_BM))]
     fits = [bm for bm in held if -(-M // bm) * -(-N // bn) >= dev.num_sms * per_sm]
     return max(fits) if fits else min(held or PREFILL_BM)
+
+
+def prefill_tile(M: int, N: int, dev: DeviceInfo) -> tuple[int, int, int]:
+    """(BM, BN, programs per SM): 128-row weight tiles by 256 rows of x where those tiles make a wave of
+    the SMs (the most tensor-core work per decoded step), else 64-row weight tiles by 128 rows of x, two
+    programs per SM (more tiles; one program decodes while the other's product runs). PREFILL_BN
+    forces the weight tile."""
+    bn = PREFILL_BN
+    if bn is None:
+        bn = 128 if 256 in PREFILL_BM and M >= 256 and -(-M // 256) * -(-N // 128) >= dev.num_sms else 64
+    per_sm = PREFILL_PER_SM[bn]
+    return prefill_rows(M, N, dev, bn, per_sm), bn, per_sm
 
 
 def _stages_held(bm: int, bn: int, per_sm: int, dev: DeviceInfo) -> int:
@@ -497,9 +511,7 @@ class W4PrefillPlan:
         self.device = x2.device
         self.device_index = x2.device.index or 0
         self.x_dtype = x2.dtype
-        bn = PREFILL_BN
-        per_sm = PREFILL_PER_SM[bn]
-        bm = prefill_rows(M, N, dev, bn, per_sm)
+        bm, bn, per_sm = prefill_tile(M, N, dev)
         self.y_strides = (N, 1) if y2 is None else y2.stride()
         tiles = -(-M // bm) * -(-N // bn)
         self.kernel = prefill_kernel()
