@@ -4,7 +4,8 @@ one CUDA-graph run per problem (3 weight copies): the shipped routing, the Hoppe
 dequantize to bf16 then the A16W16 GEMM (ops/packed_prefill.py, from DEQUANT_MIN_M rows), the fused tl
 kernel with its table / derived config. INT4 g128 asymmetric (--fp4:
 MXFP4), the Llama-3 8B / 70B layers (--small: four of them). --variants: also the prefill kernel with each weight
-tile height forced (128 rows: two warp groups; 64: one, two programs per SM).
+tile height forced (128 rows: two warp groups; 64: one, two programs per SM) and with no K slices.
+--narrow: the narrow layers (N <= 5120) of the held-out set instead.
 
 Usage: python3 scripts/w4_prefill_probe.py [OUT_FILE] [--fp4] [--small] [--variants] [--m 256 512 1024] (--m last)
 """
@@ -29,17 +30,20 @@ M_LIST = [int(a) for a in sys.argv[sys.argv.index("--m") + 1:]] if "--m" in sys.
 FP4 = "--fp4" in sys.argv
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192), (57344, 8192),
           (8192, 28672)]
+if "--narrow" in sys.argv:
+    SHAPES = [(4096, 4096), (4096, 14336), (2560, 8192), (5120, 14336), (4608, 36864), (3072, 3072), (3072, 8192)]
 if "--small" in sys.argv:
     SHAPES = [(6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)]
 DEFAULT, PREFILL = a16w4.DEQUANT_MIN_M, hopper_w4.PREFILL_MIN_M
-KNOBS = ("PREFILL_MIN_M", "PREFILL_MAX_M", "PREFILL_BM", "PREFILL_MAX_STAGES", "PREFILL_BN")
+KNOBS = ("PREFILL_MIN_M", "PREFILL_MAX_M", "PREFILL_BM", "PREFILL_MAX_STAGES", "PREFILL_BN", "PREFILL_SPLIT_BELOW")
 SHIPPED = {k: getattr(hopper_w4, k) for k in KNOBS}
 ROUTES = [("shipped", {}, DEFAULT), ("prefill kernel", {"PREFILL_MAX_M": 1 << 30}, DEFAULT),
           ("dequantize + A16W16", {"PREFILL_MIN_M": 1 << 30}, DEFAULT),
           ("fused tl kernel", {"PREFILL_MIN_M": 1 << 30}, 1 << 30)]
 if "--variants" in sys.argv:
     ROUTES += [("prefill kernel, 128-row weight tiles", {"PREFILL_BN": 128, "PREFILL_MAX_M": 1 << 30}, DEFAULT),
-               ("prefill kernel, 64-row weight tiles, 2 per SM", {"PREFILL_BN": 64, "PREFILL_MAX_M": 1 << 30}, DEFAULT)]
+               ("prefill kernel, 64-row weight tiles, 2 per SM", {"PREFILL_BN": 64, "PREFILL_MAX_M": 1 << 30}, DEFAULT),
+               ("prefill kernel, no K slices", {"PREFILL_SPLIT_BELOW": 0, "PREFILL_MAX_M": 1 << 30}, DEFAULT)]
 
 print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {'MXFP4' if FP4 else 'INT4 g128 asymmetric'}, "
       "3 weight copies", file=out, flush=True)

@@ -59,6 +59,18 @@ def test_tile_rule(M, N, tile):
     assert hopper_w4.prefill_tile(M, N, known_device("NVIDIA_H100_80GB_HBM3")) == tile
 
 
+@pytest.mark.parametrize("M,N,K,splits", [(128, 4096, 4096, 4), (256, 4096, 14336, 2), (128, 4096, 1024, 1),
+                                           (256, 28672, 4096, 1), (200, 3072, 8192, 2), (128, 8192, 1152, 1)])
+def test_split_rule(M, N, K, splits):
+    """K slices where the tiles fill under PREFILL_SPLIT_BELOW of the programs: the largest divisor of the
+    steps keeping the units within the programs and the slices at least PREFILL_MIN_SLICE_STEPS deep."""
+    from gemmkit.core.device import known_device
+
+    dev = known_device("NVIDIA_H100_80GB_HBM3")
+    bm, bn, per_sm = hopper_w4.prefill_tile(M, N, dev)
+    assert hopper_w4.prefill_splits(M, N, K, bm, bn, per_sm, dev) == splits
+
+
 @pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")
 @pytest.mark.parametrize("M,K", [(1, 128), (37, 384), (70, 256)])
 @pytest.mark.parametrize("dtype", [BF16, FP16])
@@ -195,6 +207,40 @@ def test_weight_tiles(built, monkeypatch, bn, fmt):
             out, ref = gemmkit.gemm_a16w4(x, q, s, z, group_size=group), reference(x, wd)
         assert_close(out, ref)
     assert len(built) == 2 and {p.values["BN"] for p in built} == {bn}
+
+
+@needs_hopper
+@pytest.mark.parametrize("bn", [64, 128])
+@pytest.mark.parametrize("fmt", ["int4 g128 bias silu", "mxfp4", "int4 g64 fp16 fp32 out"])
+def test_k_slices(built, monkeypatch, bn, fmt):
+    """K slices summed by atomics and finished by finish_sums (bias, activation, out dtype, a strided y),
+    repeated (the sums left zero), against the float64 reference."""
+    monkeypatch.setattr(hopper_w4, "PREFILL_BN", bn)
+    monkeypatch.setattr(hopper_w4, "PREFILL_SPLIT_BELOW", 1e9)
+    monkeypatch.setattr(hopper_w4, "PREFILL_MIN_SLICE_STEPS", 2)
+    M, N, K = 130, 700, 2048
+    act = torch.nn.functional.silu if "silu" in fmt else (lambda t: t)
+    out_dtype = FP32 if "fp32" in fmt else None
+    for _ in range(2):
+        buf = poisoned((M, N + 8), out_dtype or (FP16 if "fp16" in fmt else BF16))
+        y = buf[:, :N]
+        if fmt == "mxfp4":
+            x = randn(M, K, dtype=BF16)
+            wq, ws = quant.quantize_mxfp4(randn(N, K, dtype=FP32, scale=K**-0.5))
+            out = gemmkit.gemm_a16wfp4(x, wq, ws, y=y)
+            ref = reference(x, quant.dequantize_mxfp4(wq, ws, torch.float64))
+        else:
+            group, dtype = (64, FP16) if "fp16" in fmt else (128, BF16)
+            x = randn(M, K, dtype=dtype)
+            q, s, z, wd = int4_weight(N, K, group, dtype=dtype)
+            bias = randn(N, dtype=dtype) if "bias" in fmt else None
+            out = gemmkit.gemm_a16w4(x, q, s, z, group_size=group, bias=bias, activation="silu" if "silu" in fmt else None,
+                                     out_dtype=out_dtype, y=y)
+            ref = act(reference(x, wd, bias))
+        assert out is y
+        assert_close(out, ref, tol=1e-2)
+        assert torch.isnan(buf[:, N:]).all()
+    assert built and all(p.splits > 1 and p.values["BN"] == bn for p in built)
 
 
 @needs_hopper

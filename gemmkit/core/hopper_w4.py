@@ -427,6 +427,8 @@ PREFILL_PER_SM = {128: 1, 64: 2}
 PREFILL_GROUP_M = 8  # x's tile rows per sweep of the weight's tiles
 PREFILL_BM = (128, 256)  # x rows per tile (prefill_rows)
 PREFILL_MAX_STAGES = 5
+PREFILL_SPLIT_BELOW = 0.75  # K slices where the tiles fill less of the SMs' programs than this ...
+PREFILL_MIN_SLICE_STEPS = 8  # ... each of at least this many 128-deep steps
 
 
 @functools.lru_cache(maxsize=1)
@@ -480,6 +482,18 @@ def prefill_tile(M: int, N: int, dev: DeviceInfo) -> tuple[int, int, int]:
     return prefill_rows(M, N, dev, bn, per_sm), bn, per_sm
 
 
+def prefill_splits(M: int, N: int, K: int, bm: int, bn: int, per_sm: int, dev: DeviceInfo) -> int:
+    """K slices: 1 where the tiles fill PREFILL_SPLIT_BELOW of the programs the SMs hold, else the
+    largest divisor of the steps that brings the units to at most those programs, each slice at least
+    PREFILL_MIN_SLICE_STEPS steps (their fp32 sums meet by atomics, finish_sums stores y)."""
+    tiles, slots, steps = -(-M // bm) * -(-N // bn), per_sm * dev.num_sms, K // BLOCK_K
+    if tiles >= PREFILL_SPLIT_BELOW * slots:
+        return 1
+    fits = [d for d in range(1, steps + 1)
+            if steps % d == 0 and tiles * d <= slots and steps // d >= PREFILL_MIN_SLICE_STEPS]
+    return max(fits, default=1)
+
+
 def _stages_held(bm: int, bn: int, per_sm: int, dev: DeviceInfo) -> int:
     stage = bn * BLOCK_K // 2 + bm * BLOCK_K * 2
     return (min(dev.smem_per_block, SM90_SMEM // per_sm - 1024) - SMEM_RESERVE) // stage
@@ -491,7 +505,7 @@ def prefill_stages(bm: int, bn: int, per_sm: int, dev: DeviceInfo) -> int:
     return max(2, min(PREFILL_MAX_STAGES, _stages_held(bm, bn, per_sm, dev)))
 
 
-PREFILL_CALL = ("w_desc", "x_desc", "ws", "wz", "y", "bias")
+PREFILL_CALL = ("w_desc", "x_desc", "ws", "wz", "y", "bias", "sums")
 
 
 class W4PrefillPlan:
@@ -512,10 +526,15 @@ class W4PrefillPlan:
         self.device_index = x2.device.index or 0
         self.x_dtype = x2.dtype
         bm, bn, per_sm = prefill_tile(M, N, dev)
+        self.splits = prefill_splits(M, N, K, bm, bn, per_sm, dev)
         self.y_strides = (N, 1) if y2 is None else y2.stride()
-        tiles = -(-M // bm) * -(-N // bn)
+        units = -(-M // bm) * -(-N // bn) * self.splits
         self.kernel = prefill_kernel()
-        self.launch = CachedLaunch(self.kernel, (min(tiles, per_sm * dev.num_sms),), bn // 16, 1, self.device_index)
+        self.launch = CachedLaunch(self.kernel, (min(units, per_sm * dev.num_sms),), bn // 16, 1, self.device_index)
+        if self.splits > 1:
+            self.finish = CachedLaunch(finish_kernel(), (-(-M // FINISH_BLOCK[0]), -(-N // FINISH_BLOCK[1])), 4, 1,
+                                       self.device_index)
+            self.finish_tail = (M, N, M, N, 1, *self.y_strides, bias is not None, activation, *FINISH_BLOCK, False)
         self.permute = CachedLaunch(permute_kernel(), (-(-M // 32), K // BLOCK_K), 4, 1, self.device_index)
         self.permute_tail = (M, K, x2.stride(0), x2.stride(1), 32, M * K >= 2**31 or M * x2.stride(0) >= 2**31)
         self.w_desc = _Descriptors((N, K // 8), (w_q.stride(0) // 4, 1), (bn, 16),
@@ -523,8 +542,9 @@ class W4PrefillPlan:
         self.x_desc = _Descriptors((M, K), (K, 1), (bm, BLOCK_K),
                                    gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
         small = not mxfp4 and group in SMALL_GROUPS
-        self.values = dict(M=M, N=N, K=K, stride_ym=self.y_strides[0], stride_yn=self.y_strides[1],
-                           group_shift=0 if mxfp4 or small else group_shift(group, K), BM=bm, BN=bn,
+        self.values = dict(M=M, N=N, K=K, SPLITS=self.splits, SLICED=self.splits > 1, stride_ym=self.y_strides[0],
+                           stride_yn=self.y_strides[1], group_shift=0 if mxfp4 or small else group_shift(group, K),
+                           BM=bm, BN=bn,
                            STAGES=prefill_stages(bm, bn, per_sm, dev), GROUP_M=PREFILL_GROUP_M, FP16=x2.dtype == torch.float16,
                            HAS_ZERO=w_zero is not None, HAS_BIAS=bias is not None, ACTIVATION=activation,
                            MXFP4=mxfp4, GROUP_WORDS=group // 8 if small else 0, WORDS=decode_words_layout(bn))
@@ -559,7 +579,14 @@ class W4PrefillPlan:
                                  "(other programs would still read what one has written)")
         xp = torch.empty((M, K), dtype=self.x_dtype, device=self.device)
         self.permute((x, xp), self.permute_tail)
-        self.launch((self.w_desc(w_q.view(torch.int32)), self.x_desc(xp), w_scale, w_zero, c, bias), self.tail)
+        w_desc, x_desc = self.w_desc(w_q.view(torch.int32)), self.x_desc(xp)
+        if self.splits == 1:
+            self.launch((w_desc, x_desc, w_scale, w_zero, c, bias, None), self.tail)
+            return out
+        # (left zero by finish_sums)
+        sums = zeroed_buffer(self.device, self.device_index, M * N, torch.float32)
+        self.launch((w_desc, x_desc, w_scale, w_zero, c, bias, sums), self.tail)
+        self.finish((sums, c, bias), self.finish_tail)
         return out
 
     __call__ = run

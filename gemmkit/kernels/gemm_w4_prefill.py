@@ -39,15 +39,19 @@ def _tile_mn(t, tiles_m, tiles_n, GROUP_M: gl.constexpr):
 
 
 @gluon.jit
-def _advance(t, k, tm, tn, P, steps, tiles_m, tiles_n, GROUP_M: gl.constexpr):
-    """The (tile, K step) after (t, k) in a program's stream (tiles t, t + P, ...), with the tile's
-    (tm, tn): the tile map's divisions only when a tile ends (past the last tile: the last's)."""
+def _advance(u, k, tm, tn, k0, P, KS, units, SPLITS, tiles_m, tiles_n, GROUP_M: gl.constexpr):
+    """The (work unit, step) after (u, k) in a program's stream (units u, u + P, ...; a unit is a tile
+    and one of SPLITS K slices of KS steps, k counting within it), with the unit's tile (tm, tn) and
+    first K step k0: the tile map's divisions only when a unit ends (past the last unit: the last's)."""
     k += 1
-    if k == steps:
+    if k == KS:
         k = 0
-        t += P
-        tm, tn = _tile_mn(gl.minimum(t, tiles_m * tiles_n - 1), tiles_m, tiles_n, GROUP_M)
-    return t, k, tm, tn
+        u += P
+        last = gl.minimum(u, units - 1)
+        tile = last // SPLITS
+        tm, tn = _tile_mn(tile, tiles_m, tiles_n, GROUP_M)
+        k0 = (last - tile * SPLITS) * KS
+    return u, k, tm, tn, k0
 
 
 @gluon.jit
@@ -81,24 +85,28 @@ def _scales(ws, wz, off_n, kstep, group_shift, N, stride_sn, stride_sk, stride_z
 
 
 @gluon.jit
-def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, M, N, K, stride_sn, stride_sk, stride_zn, stride_zk,
-                      stride_ym, stride_yn, group_shift,
+def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, sums, M, N, K, SPLITS, stride_sn, stride_sk, stride_zn,
+                      stride_zk, stride_ym, stride_yn, group_shift,
                       BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                       FP16: gl.constexpr, HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
-                      MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr, WORDS: gl.constexpr):
+                      MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr, WORDS: gl.constexpr, SLICED: gl.constexpr):
     """y (M, N) = ACTIVATION(x @ dequant(w)^T + bias). w_desc: a TMA descriptor of the packed weight
     (gemmkit's INT4 or MXFP4 layout, uint8 (N, K // 2)) viewed as int32 (N, K // 8), block (BN, 16);
     x_desc: of xp (M, K) bf16 (fp16: FP16) in the permuted K order (module docstring), block
     (BM, 128); K a multiple of 128. INT4: ws (N, G) scales, wz (N, G) uint8 zero points (HAS_ZERO;
     else 8), step k in group k >> group_shift, or GROUP_WORDS (4, 8): groups of 32 or 64. MXFP4 (bf16
     x): ws (N, K // 32) uint8 e8m0 scales. BN = 64 per warp group (WORDS = words_layout(BN)); BM up
-    to 256 (wgmma's N). Persistent: program p takes output tiles p, p + programs, ..."""
+    to 256 (wgmma's N). Persistent: program p takes work units p, p + programs, ..., a unit being an
+    output tile and one of SPLITS K slices (SPLITS divides K // 128). SLICED (SPLITS > 1): each unit's
+    fp32 sum is added to sums (M, N), zeros, by atomics, and reduce.finish_sums stores y; else y is
+    stored here."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     tiles_m = gl.cdiv(M, BM)
     tiles_n = gl.cdiv(N, BN)
-    steps = K // BLOCK_K
-    total = gl.cdiv(gl.maximum(tiles_m * tiles_n - pid, 0), P) * steps
+    KS = K // BLOCK_K // SPLITS
+    units = tiles_m * tiles_n * SPLITS
+    total = gl.cdiv(gl.maximum(units - pid, 0), P) * KS
     if FP16:
         BASE: gl.constexpr = 1024.0
         DT: gl.constexpr = gl.float16
@@ -114,20 +122,22 @@ def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, M, N, K, stride_sn, strid
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
     fence_async_shared()
-    t0 = gl.minimum(pid, tiles_m * tiles_n - 1)
-    tm, tn = _tile_mn(t0, tiles_m, tiles_n, GROUP_M)
-    # the loads run STAGES - 1 steps ahead: (lt, lk) the next one's tile and step
-    lt = pid
+    u0 = gl.minimum(pid, units - 1)
+    tm, tn = _tile_mn(u0 // SPLITS, tiles_m, tiles_n, GROUP_M)
+    k0 = (u0 % SPLITS) * KS
+    # the loads run STAGES - 1 steps ahead: (lu, lk) the next one's unit and step
+    lu = pid
     lk = 0
     ltm = tm
     ltn = tn
+    lk0 = k0
     for i in gl.static_range(STAGES - 1):
         if i < total:
-            _load(w_desc, x_desc, wbuf, xbuf, bars, i, ltm, ltn, lk, BM, BN)
-            lt, lk, ltm, ltn = _advance(lt, lk, ltm, ltn, P, steps, tiles_m, tiles_n, GROUP_M)
-    t = pid
+            _load(w_desc, x_desc, wbuf, xbuf, bars, i, ltm, ltn, lk0 + lk, BM, BN)
+            lu, lk, ltm, ltn, lk0 = _advance(lu, lk, ltm, ltn, lk0, P, KS, units, SPLITS, tiles_m, tiles_n, GROUP_M)
+    u = pid
     k = 0
-    s0, z0 = _scales(ws, wz, tn * BN, 0, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk, HAS_ZERO, BASE,
+    s0, z0 = _scales(ws, wz, tn * BN, k0, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk, HAS_ZERO, BASE,
                      MXFP4, GROUP_WORDS, DT, WORDS, BN)
     acc = gl.zeros([BN, BM], gl.float32, acc_l)
     for j in range(total):
@@ -143,20 +153,26 @@ def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, M, N, K, stride_sn, strid
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
         _cta_barrier()
         if j + STAGES - 1 < total:
-            _load(w_desc, x_desc, wbuf, xbuf, bars, (j + STAGES - 1) % STAGES, ltm, ltn, lk, BM, BN)
-            lt, lk, ltm, ltn = _advance(lt, lk, ltm, ltn, P, steps, tiles_m, tiles_n, GROUP_M)
+            _load(w_desc, x_desc, wbuf, xbuf, bars, (j + STAGES - 1) % STAGES, ltm, ltn, lk0 + lk, BM, BN)
+            lu, lk, ltm, ltn, lk0 = _advance(lu, lk, ltm, ltn, lk0, P, KS, units, SPLITS, tiles_m, tiles_n, GROUP_M)
         # the next step's scales, loaded while this product runs but only now: the proxy fence before
         # the TMA loads above and the fence before the next product both wait for every load in flight
-        t1, k1, tm1, tn1 = _advance(t, k, tm, tn, P, steps, tiles_m, tiles_n, GROUP_M)
-        s0, z0 = _scales(ws, wz, tn1 * BN, k1, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
+        u1, k1, tm1, tn1, k01 = _advance(u, k, tm, tn, k0, P, KS, units, SPLITS, tiles_m, tiles_n, GROUP_M)
+        s0, z0 = _scales(ws, wz, tn1 * BN, k01 + k1, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
                          HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN)
-        if k == steps - 1:
+        if k == KS - 1:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             rm = tm * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
-            _finish(acc, y, bias, tn * BN, rm, M, N, stride_ym, stride_yn, gl.SliceLayout(1, acc_l), HAS_BIAS,
-                    ACTIVATION)
+            if SLICED:
+                rn = tn * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_l))
+                gl.atomic_add(sums + rm[None, :] * N + rn[:, None], acc, mask=(rm < M)[None, :] & (rn < N)[:, None],
+                              sem="relaxed")
+            else:
+                _finish(acc, y, bias, tn * BN, rm, M, N, stride_ym, stride_yn, gl.SliceLayout(1, acc_l), HAS_BIAS,
+                        ACTIVATION)
             acc = gl.zeros([BN, BM], gl.float32, acc_l)
-        t = t1
+        u = u1
         k = k1
         tm = tm1
         tn = tn1
+        k0 = k01
