@@ -427,7 +427,7 @@ PREFILL_PER_SM = {128: 1, 64: 2}
 PREFILL_GROUP_M = 8  # x's tile rows per sweep of the weight's tiles
 PREFILL_BM = (128, 256)  # x rows per tile (prefill_rows)
 PREFILL_MAX_STAGES = 5
-PREFILL_SPLIT_BELOW = 0.75  # K slices where the tiles fill less of the SMs' programs than this ...
+PREFILL_SPLIT_BELOW = 0.3  # K slices where the tiles fill less of the SMs' programs than this ...
 PREFILL_MIN_SLICE_STEPS = 8  # ... each of at least this many 128-deep steps
 
 
@@ -527,14 +527,16 @@ class W4PrefillPlan:
         self.x_dtype = x2.dtype
         bm, bn, per_sm = prefill_tile(M, N, dev)
         self.splits = prefill_splits(M, N, K, bm, bn, per_sm, dev)
+        self.sums_rows = -(-M // 16) * 16  # the K slices' sums (N, sums_rows): x's rows, padded for vector atomics
         self.y_strides = (N, 1) if y2 is None else y2.stride()
         units = -(-M // bm) * -(-N // bn) * self.splits
         self.kernel = prefill_kernel()
         self.launch = CachedLaunch(self.kernel, (min(units, per_sm * dev.num_sms),), bn // 16, 1, self.device_index)
         if self.splits > 1:
-            self.finish = CachedLaunch(finish_kernel(), (-(-M // FINISH_BLOCK[0]), -(-N // FINISH_BLOCK[1])), 4, 1,
+            self.finish = CachedLaunch(finish_kernel(), (-(-self.sums_rows // FINISH_BLOCK[0]), -(-N // FINISH_BLOCK[1])), 4, 1,
                                        self.device_index)
-            self.finish_tail = (M, N, M, N, 1, *self.y_strides, bias is not None, activation, *FINISH_BLOCK, False)
+            self.finish_tail = (M, N, self.sums_rows, 1, self.sums_rows, *self.y_strides, bias is not None, activation,
+                                *FINISH_BLOCK, False)
         self.permute = CachedLaunch(permute_kernel(), (-(-M // 32), K // BLOCK_K), 4, 1, self.device_index)
         self.permute_tail = (M, K, x2.stride(0), x2.stride(1), 32, M * K >= 2**31 or M * x2.stride(0) >= 2**31)
         self.w_desc = _Descriptors((N, K // 8), (w_q.stride(0) // 4, 1), (bn, 16),
@@ -542,7 +544,8 @@ class W4PrefillPlan:
         self.x_desc = _Descriptors((M, K), (K, 1), (bm, BLOCK_K),
                                    gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
         small = not mxfp4 and group in SMALL_GROUPS
-        self.values = dict(M=M, N=N, K=K, SPLITS=self.splits, SLICED=self.splits > 1, stride_ym=self.y_strides[0],
+        self.values = dict(M=M, N=N, K=K, SPLITS=self.splits, MP=self.sums_rows, SLICED=self.splits > 1,
+                           stride_ym=self.y_strides[0],
                            stride_yn=self.y_strides[1], group_shift=0 if mxfp4 or small else group_shift(group, K),
                            BM=bm, BN=bn,
                            STAGES=prefill_stages(bm, bn, per_sm, dev), GROUP_M=PREFILL_GROUP_M, FP16=x2.dtype == torch.float16,
@@ -584,7 +587,7 @@ class W4PrefillPlan:
             self.launch((w_desc, x_desc, w_scale, w_zero, c, bias, None), self.tail)
             return out
         # (left zero by finish_sums)
-        sums = zeroed_buffer(self.device, self.device_index, M * N, torch.float32)
+        sums = zeroed_buffer(self.device, self.device_index, self.sums_rows * N, torch.float32)
         self.launch((w_desc, x_desc, w_scale, w_zero, c, bias, sums), self.tail)
         self.finish((sums, c, bias), self.finish_tail)
         return out

@@ -85,7 +85,7 @@ def _scales(ws, wz, off_n, kstep, group_shift, N, stride_sn, stride_sk, stride_z
 
 
 @gluon.jit
-def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, sums, M, N, K, SPLITS, stride_sn, stride_sk, stride_zn,
+def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, sums, M, N, K, SPLITS, MP, stride_sn, stride_sk, stride_zn,
                       stride_zk, stride_ym, stride_yn, group_shift,
                       BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
                       FP16: gl.constexpr, HAS_ZERO: gl.constexpr, HAS_BIAS: gl.constexpr, ACTIVATION: gl.constexpr,
@@ -98,8 +98,8 @@ def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, sums, M, N, K, SPLITS, st
     x): ws (N, K // 32) uint8 e8m0 scales. BN = 64 per warp group (WORDS = words_layout(BN)); BM up
     to 256 (wgmma's N). Persistent: program p takes work units p, p + programs, ..., a unit being an
     output tile and one of SPLITS K slices (SPLITS divides K // 128). SLICED (SPLITS > 1): each unit's
-    fp32 sum is added to sums (M, N), zeros, by atomics, and reduce.finish_sums stores y; else y is
-    stored here."""
+    fp32 sum is added to sums (N, MP), zeros (MP: M rounded up to 16; x's rows past M add zeros), by
+    atomics, and reduce.finish_sums stores y; else y is stored here."""
     pid = gl.program_id(0)
     P = gl.num_programs(0)
     tiles_m = gl.cdiv(M, BM)
@@ -163,9 +163,9 @@ def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, sums, M, N, K, SPLITS, st
         if k == KS - 1:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             rm = tm * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))
-            if SLICED:
+            if SLICED:  # sums (N, MP): a thread's two neighbouring columns of x's rows in one vector atomic
                 rn = tn * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, acc_l))
-                gl.atomic_add(sums + rm[None, :] * N + rn[:, None], acc, mask=(rm < M)[None, :] & (rn < N)[:, None],
+                gl.atomic_add(sums + rn[:, None] * MP + rm[None, :], acc, mask=(rn < N)[:, None] & (rm < MP)[None, :],
                               sem="relaxed")
             else:
                 _finish(acc, y, bias, tn * BN, rm, M, N, stride_ym, stride_yn, gl.SliceLayout(1, acc_l), HAS_BIAS,

@@ -295,6 +295,24 @@ def compile_w4_decode(M: int, N: int, K: int, dtype=torch.bfloat16, group: int =
                                    *plan._tail(ws, wz)), plan.num_warps)
 
 
+def compile_w4_prefill(M: int, N: int, K: int, dtype=torch.bfloat16, group: int = 128, zero: bool = True,
+                       bias: bool = False, activation: str = "none", mxfp4: bool = False,
+                       dev: DeviceInfo = H100) -> Binary:
+    """Compile the Hopper 4-bit prefill kernel (kernels/gemm_w4_prefill.py) for sm_90 with the arguments
+    core/hopper_w4.W4PrefillPlan passes for this problem (as compile_w4_decode)."""
+    from ..core import hopper_w4 as hw
+
+    x, w_q = torch.empty(M, K, dtype=dtype), torch.empty(N, K // 2, dtype=torch.uint8)
+    ws = torch.empty(N, K // group, dtype=torch.uint8 if mxfp4 else dtype)
+    wz = torch.empty(N, K // group, dtype=torch.uint8) if zero and not mxfp4 else None
+    b = torch.empty(N, dtype=dtype) if bias else None
+    y = torch.empty(M, N, dtype=dtype)
+    plan = hw.W4PrefillPlan(dev, x, w_q, wz, None, M, N, K, group, b, activation, dtype, (M, N), False, mxfp4)
+    sums = torch.empty(plan.sums_rows * N, dtype=torch.float32) if plan.splits > 1 else None
+    return _compile_gluon(plan.kernel, (plan.w_desc(w_q.view(torch.int32)), plan.x_desc(x), ws, wz, y, b, sums,
+                                        *plan._tail(ws, wz)), plan.values["BN"] // 16)
+
+
 def _compile(kernel, args, cfg: GemmConfig) -> Binary:
     """Compile a JIT kernel for sm_90 with the specialization a launch with `args` would get."""
     import triton
@@ -592,6 +610,33 @@ W4_CHECKS = {  # (M, N, K, compile_w4_decode keywords)
 }
 
 
+W4_PREFILL_CHECKS = {  # (M, N, K, compile_w4_prefill keywords)
+    "gluon int4 prefill, 128-row weight tiles by 256 rows of x": (1024, 8192, 8192, dict()),
+    "gluon int4 prefill, 64-row weight tiles (two per SM), K slices": (128, 4096, 4096, dict()),
+    "gluon int4 prefill, fp16, groups of 32, bias + silu": (300, 1000, 2048, dict(dtype=torch.float16, group=32,
+                                                                                  bias=True, activation="silu")),
+    "gluon mxfp4 prefill, 128-row weight tiles": (512, 28672, 4096, dict(group=32, mxfp4=True)),
+}
+
+
+def check_w4_prefill(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
+    """Compile one of W4_PREFILL_CHECKS: (passed, binary, one-line report): no local memory, registers and
+    shared memory for the tile's programs per SM, HGMMA from registers with one product left in flight,
+    TMA loads."""
+    from ..core import hopper_w4 as hw
+
+    M, N, K, kw = W4_PREFILL_CHECKS[name]
+    b = compile_w4_prefill(M, N, K, **kw)
+    _, bn, per_sm = hw.prefill_tile(M, N, dev)
+    resident = hw.resident_programs(b.registers, b.shared_bytes, bn // 16)
+    in_flight = "WARPGROUP.DEPBAR.LE gsb0, 0x1" in b.sass
+    ok = (b.local_bytes == 0 and b.count("HGMMA") > 0 and b.count("UTMALDG") > 0 and in_flight
+          and b.shared_bytes <= dev.smem_per_block and resident >= per_sm)
+    return ok, b, (f"{'ok ' if ok else 'BAD'} {name}: {b.registers} registers, {b.local_bytes} B local, "
+                   f"{b.shared_bytes} B shared, {resident} resident per SM ({per_sm} wanted), "
+                   f"HGMMA {b.count('HGMMA')}, one product in flight: {in_flight}")
+
+
 def check_w4(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
     """Compile one of W4_CHECKS: (passed, binary, one-line report): no local memory, the
     registers and shared memory fit (the report says how many programs an SM holds against the
@@ -641,6 +686,10 @@ def main(argv=None) -> int:
         print(report, flush=True)
     for name in W4_CHECKS:
         ok, _, report = check_w4(name)
+        failed += not ok
+        print(report, flush=True)
+    for name in W4_PREFILL_CHECKS:
+        ok, _, report = check_w4_prefill(name)
         failed += not ok
         print(report, flush=True)
     return 1 if failed else 0
