@@ -20,4 +20,5 @@ def test_gpu_paths_compile_for_sm90():
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.splitlines()
     assert len([ln for ln in lines if ln.startswith("ok ")]) == (len(codegen.CHECKS) + len(codegen.WS_CHECKS)
-                                                                  + len(codegen.W4_CHECKS)), run.stdout
+                                                                  + len(codegen.W4_CHECKS)
+                                                                  + len(codegen.W4_PREFILL_CHECKS)), run.stdout

@@ -1,4 +1,5 @@
-"""Where gemm_a16w4 runs the Hopper INT4 decode kernel (kernels/gemm_w4_decode.py), and its launch.
+"""Where gemm_a16w4 runs the Hopper INT4 decode kernel (kernels/gemm_w4_decode.py), and its launch;
+at the end, the same for the prefill kernel (kernels/gemm_w4_prefill.py, W4PrefillPlan: 65 to 511 rows).
 
 The kernel takes decode-sized calls on sm_90 (CUDA, Gluon, GEMMKIT_GLUON not 0): M <= DECODE_MAX_M
 rows of bf16 / fp16 x (INT4 groups of 128 or more also from INT4_WIDE_MIN_M to INT4_WIDE_MAX_M rows,
@@ -418,6 +419,21 @@ class W4DecodePlan:
 
 # ---------------------------------------------------------------------------------------------
 # prefill sizes: kernels/gemm_w4_prefill.py
+#
+# W4PrefillPlan: x permuted into the kernels' K order (packed.permute_k_kernel), then the prefill kernel
+# (one launch; with K slices finish_sums after it). Measured with scripts/w4_prefill_probe.py against the
+# dequantizing route and the tl kernel in the same process (tuning/w4_gluon/w4_prefill_*_h100.txt,
+# twelfth session) and with `gemmkit bench` (bench_a16w4_prefill_*): INT4 g128 on the Llama-3 layers at
+# M = 128 geomean 1.00x cuBLAS bf16 (the tl kernel 0.70x), at M = 256 0.64x (dequantizing 0.44x); MXFP4
+# 0.98x / 0.64x (0.41x at 256 before). Tiles (prefill_tile): 128 weight rows by 256 of x where those
+# make a wave of the SMs (the most tensor-core work per decoded step: 1.0x to 1.3x the 128-row x tiles
+# from 1024 rows), else 64 by 128 with two programs per SM (at 128 rows 1.1x to 1.8x the 128-row weight
+# tiles: one program decodes while the other's product runs, and twice the tiles). K slices
+# (prefill_splits) where the tiles fill under PREFILL_SPLIT_BELOW of the programs: at 128 rows 1.1x to
+# 1.4x on the layers of N <= 4608 (w4_prefill_narrow_*), at 256 rows slower (the sums' atomics and
+# finish cost more than the idle programs; hence 0.3). From PREFILL_MAX_M + 1 rows the dequantizing route
+# measured level at 512 and 1.1x to 1.6x faster from 1024 (the kernel's 0.55x to 0.70x of cuBLAS there:
+# gemm_w4_prefill's docstring says what bounds it).
 
 PREFILL_MIN_M, PREFILL_MAX_M = 65, 511  # gemm_a16w4 / gemm_a16wfp4 take the prefill kernel at these rows (where
 # w4_prefill_ok; from 512 rows the dequantizing route ran level or faster: BENCHMARKS.md, twelfth session)

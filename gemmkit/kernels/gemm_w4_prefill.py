@@ -1,23 +1,33 @@
 """Hopper (sm_90) 4-bit weight-only GEMM for prefill sizes (Gluon): y (M, N) = x @ dequant(w)^T, INT4 in
-groups or MXFP4, for M from core/hopper_w4.PREFILL_MIN_M rows (core/hopper_w4.py routes).
+groups or MXFP4, from core/hopper_w4.PREFILL_MIN_M to PREFILL_MAX_M rows (core/hopper_w4.py routes).
 
 The decode kernel's product (kernels/gemm_w4_decode.py) with x streamed instead of staged: each
-program takes (BN weight rows x BM rows of x) output tiles in turn (persistent, grouped so that the
-programs running at once share x's rows and the weight's tiles in L2), and per 128-deep K step TMA
-brings the step's packed weight (BN rows x 64 bytes) and x's (BM, 128) tile into one of STAGES stages.
-Each warp group decodes its 64 weight rows into wgmma's left operand in registers (the decode
-kernel's PTX and relabelling: the K order within each 128-wide block is permuted, position kp
+program takes work units in turn (persistent; a unit is a (BN weight rows x BM rows of x) output tile
+and one of SPLITS K slices, tiles grouped GROUP_M rows of x at a time so that the programs running at
+once share x's rows and the weight's tiles in L2), and per 128-deep K step TMA brings the step's
+packed weight (BN rows x 64 bytes) and x's (BM, 128) tile into one of STAGES stages. Each warp group
+(BN = 64: one, BN = 128: two) decodes its 64 weight rows into wgmma's left operand in registers (the
+decode kernel's PTX and relabelling: the K order within each 128-wide block is permuted, position kp
 holding column host_true_k(kp)), applies the scales to the decoded values, and multiplies with x's
-tile from shared memory, asynchronously: the next step is decoded while the tensor cores run this one.
+tile from shared memory, the product left in flight while the stage it read two steps ago is refilled.
 
 x must come in the same permuted K order, and TMA cannot reorder elements within a row: the caller
 passes xp, x with each 128-wide K block permuted by kernels/packed.py permute_k_kernel (one
-memory-bound pass over x; at prefill sizes a few per cent of the call).
+memory-bound pass over x).
 
 The scales are applied before the product, in x's dtype (INT4: (q - z) * s, exact but for the
 product's rounding, as the dequantizing route rounds it; MXFP4: e2m1 * 2^(e - 127), exact): with
-BM >= 64 columns per tile the decoded values are far fewer per thread than the accumulator's, so
+BM >= 128 columns per tile the decoded values are far fewer per thread than the accumulator's, so
 this costs less than the decode kernel's fp32 correction of each step's product.
+
+What bounds it (BENCHMARKS.md, twelfth session; tuning/w4_gluon/w4_prefill_*): a warp group's next
+step is decoded only once its product is done (ptxas waits for it at the loop's back edge: the
+decoded registers are rewritten there), so decode and tensor cores overlap only across warp groups
+or programs; ncu at M = 4096 (128 x 256 tiles) puts 43% of the warps' stall samples on barriers (the
+warp groups' per-step barrier and that wait) and the tensor cores at 59% of the steps' product time.
+Two K steps per iteration (distinct registers, no wait) raced: wrong sums unless the product was
+waited for; two warp-specialized consumers and a TMA warp compile with every product serialized
+(ptxas C7514, the epilogue's reads of the accumulator).
 """
 
 from triton.experimental import gluon
