@@ -5,9 +5,11 @@ dequantize to bf16 then the A16W16 GEMM (ops/packed_prefill.py, from DEQUANT_MIN
 kernel with its table / derived config. INT4 g128 asymmetric (--fp4:
 MXFP4), the Llama-3 8B / 70B layers (--small: four of them). --variants: also the prefill kernel with each weight
 tile height forced (128 rows: two warp groups; 64: one, two programs per SM) and with no K slices.
---narrow: the narrow layers (N <= 5120) of the held-out set instead.
+--narrow: the narrow layers (N <= 5120) of the held-out set instead. --x-pass: also the prefill kernel without
+x's permuting pass (timing only) and that pass alone.
 
-Usage: python3 scripts/w4_prefill_probe.py [OUT_FILE] [--fp4] [--small] [--variants] [--m 256 512 1024] (--m last)
+Usage: python3 scripts/w4_prefill_probe.py [OUT_FILE] [--fp4] [--small | --narrow] [--variants] [--x-pass] [--m 256 512 1024]
+(--m last)
 """
 
 import os
@@ -44,6 +46,8 @@ if "--variants" in sys.argv:
     ROUTES += [("prefill kernel, 128-row weight tiles", {"PREFILL_BN": 128, "PREFILL_MAX_M": 1 << 30}, DEFAULT),
                ("prefill kernel, 64-row weight tiles, 2 per SM", {"PREFILL_BN": 64, "PREFILL_MAX_M": 1 << 30}, DEFAULT),
                ("prefill kernel, no K slices", {"PREFILL_SPLIT_BELOW": 0, "PREFILL_MAX_M": 1 << 30}, DEFAULT)]
+X_PASS = "--x-pass" in sys.argv  # also the shipped prefill kernel without x's permuting pass (timing only: its
+# sums are wrong) and that pass alone
 
 print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {'MXFP4' if FP4 else 'INT4 g128 asymmetric'}, "
       "3 weight copies", file=out, flush=True)
@@ -60,6 +64,14 @@ for N, K in SHAPES:
             a16w4.DEQUANT_MIN_M = fp4.DEQUANT_MIN_M = min_m
             plans, calls = probe_util.w4_plan_calls(inps, FP4)
             named[f"{name} (rel err {tune.rel_error(calls[0](), ref):.1e}; {type(plans[0]).__name__})"] = calls
+            if X_PASS and name == "prefill kernel" and isinstance(plans[0], hopper_w4.W4PrefillPlan):
+                xps = [torch.empty_like(inp["x"]) for inp in inps]
+                named["x's permuting pass alone"] = [lambda p=p, inp=inp, xp=xp: p.permute((inp["x"], xp), p.permute_tail)
+                                                     for p, inp, xp in zip(plans, inps, xps)]
+                plans2, calls2 = probe_util.w4_plan_calls(inps, FP4)
+                for p in plans2:
+                    p.permute = lambda *a: None
+                named["prefill kernel without the x pass (wrong sums)"] = calls2
         for k, v in SHIPPED.items():
             setattr(hopper_w4, k, v)
         a16w4.DEQUANT_MIN_M = fp4.DEQUANT_MIN_M = DEFAULT
