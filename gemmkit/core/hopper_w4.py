@@ -443,6 +443,7 @@ PREFILL_PER_SM = {128: 1, 64: 2}
 PREFILL_GROUP_M = 8  # x's tile rows per sweep of the weight's tiles
 PREFILL_BM = (128, 256)  # x rows per tile (prefill_rows)
 PREFILL_MAX_STAGES = 5
+PERMUTE_ROWS = 32  # x's rows per program of permute_k_kernel
 PREFILL_SPLIT_BELOW = 0.3  # K slices where the tiles fill less of the SMs' programs than this ...
 PREFILL_MIN_SLICE_STEPS = 8  # ... each of at least this many 128-deep steps
 
@@ -553,8 +554,8 @@ class W4PrefillPlan:
                                        self.device_index)
             self.finish_tail = (M, N, self.sums_rows, 1, self.sums_rows, *self.y_strides, bias is not None, activation,
                                 *FINISH_BLOCK, False)
-        self.permute = CachedLaunch(permute_kernel(), (-(-M // 32), K // BLOCK_K), 4, 1, self.device_index)
-        self.permute_tail = (M, K, x2.stride(0), x2.stride(1), 32, M * K >= 2**31 or M * x2.stride(0) >= 2**31)
+        self.permute = CachedLaunch(permute_kernel(), (-(-M // PERMUTE_ROWS), K // BLOCK_K), 4, 1, self.device_index)
+        self.permute_tail = (M, K, x2.stride(0), x2.stride(1), PERMUTE_ROWS, M * K >= 2**31 or M * x2.stride(0) >= 2**31)
         self.w_desc = _Descriptors((N, K // 8), (w_q.stride(0) // 4, 1), (bn, 16),
                                    gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
         self.x_desc = _Descriptors((M, K), (K, 1), (bm, BLOCK_K),

@@ -219,14 +219,15 @@ def dequantize_kernel(b, b_scale, b_zero, out, N, K, stride_bn, stride_bsn, stri
 def permute_k_kernel(x, out, M, K, stride_xm, stride_xk, BLOCK_M: tl.constexpr, INDEX_64: tl.constexpr):
     """out (M, K) contiguous = x (M, K) with each 128-wide K block in the Hopper 4-bit kernels'
     register order (kernels/gemm_w4_decode.py host_true_k): position kp holds column 8 w + i, where
-    kp's bits are, from the lowest, c0, c2, c3, c1 (w = c0 + 2 c1 + 4 c2 + 8 c3) and then i. Grid:
-    (cdiv(M, BLOCK_M), K // 128)."""
+    kp's bits are, from the lowest, c0, c2, c3, c1 (w = c0 + 2 c1 + 4 c2 + 8 c3) and then i. Read and
+    written in K order (whole vectors); the reshape / permute / reshape relabels the values.
+    Grid: (cdiv(M, BLOCK_M), K // 128)."""
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     if INDEX_64:
         rm = rm.to(tl.int64)
-    kp = tl.arange(0, 128)
-    w = (kp & 1) + 2 * ((kp >> 3) & 1) + 4 * ((kp >> 1) & 1) + 8 * ((kp >> 2) & 1)
-    k0 = tl.program_id(1) * 128
+    k = tl.program_id(1) * 128 + tl.arange(0, 128)
     mask = (rm < M)[:, None]
-    v = tl.load(x + rm[:, None] * stride_xm + (k0 + 8 * w + (kp >> 4))[None, :] * stride_xk, mask=mask)
-    tl.store(out + rm[:, None] * K + (k0 + kp)[None, :], v, mask=mask)
+    v = tl.load(x + rm[:, None] * stride_xm + k[None, :] * stride_xk, mask=mask)
+    # column bits (c3, c2, c1, c0, i) -> (i, c1, c3, c2, c0)
+    v = tl.reshape(tl.permute(tl.reshape(v, [BLOCK_M, 2, 2, 2, 2, 8]), (0, 5, 3, 1, 2, 4)), [BLOCK_M, 128])
+    tl.store(out + rm[:, None] * K + k[None, :], v, mask=mask)
