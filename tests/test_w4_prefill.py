@@ -32,12 +32,16 @@ def built(monkeypatch):
 
 @pytest.mark.parametrize("M,N,K,group,mxfp4,ok", [
     (65, 64, 128, 128, False, True), (64, 64, 128, 128, False, False), (511, 8192, 8192, 32, False, True),
-    (512, 8192, 8192, 128, False, False),
+    (512, 8192, 8192, 128, False, False), (512, 28672, 4096, 128, False, True), (1023, 28672, 4096, 128, True, True),
+    (1024, 28672, 4096, 128, False, False), (768, 14336, 4096, 128, False, False),
     (300, 100, 4096, 64, False, True), (300, 100, 4096, 256, False, True), (300, 100, 4096, 4096, False, True),
     (300, 100, 4096, 96, False, False), (300, 100, 4000, 32, True, False), (300, 100, 64, 32, True, False),
     (300, 100, 4096, 32, True, True), (300, 0, 4096, 128, False, False)])
 def test_size_rule(M, N, K, group, mxfp4, ok):
-    assert hopper_w4.prefill_sizes_ok(M, N, K, group, mxfp4) == ok
+    """65 to 511 rows, to 1023 where the 128 x 256 tiles make three waves of the H100's SMs."""
+    from gemmkit.core.device import known_device
+
+    assert hopper_w4.prefill_sizes_ok(M, N, K, group, mxfp4, known_device("NVIDIA_H100_80GB_HBM3")) == ok
 
 
 @pytest.mark.parametrize("M,N,bm", [(65, 4096, 128), (256, 8192, 128), (300, 8192, 128), (600, 8192, 256), (4096, 2000, 256), (4096, 1000, 128), (128, 28672, 128),

@@ -1,5 +1,6 @@
 """Where gemm_a16w4 runs the Hopper INT4 decode kernel (kernels/gemm_w4_decode.py), and its launch;
-at the end, the same for the prefill kernel (kernels/gemm_w4_prefill.py, W4PrefillPlan: 65 to 511 rows).
+at the end, the same for the prefill kernel (kernels/gemm_w4_prefill.py, W4PrefillPlan: 65 to 511 rows, to
+1023 on wide layers).
 
 The kernel takes decode-sized calls on sm_90 (CUDA, Gluon, GEMMKIT_GLUON not 0): M <= DECODE_MAX_M
 rows of bf16 / fp16 x (INT4 groups of 128 or more also from INT4_WIDE_MIN_M to INT4_WIDE_MAX_M rows,
@@ -431,12 +432,17 @@ class W4DecodePlan:
 # tiles: one program decodes while the other's product runs, and twice the tiles). K slices
 # (prefill_splits) where the tiles fill under PREFILL_SPLIT_BELOW of the programs: at 128 rows 1.1x to
 # 1.4x on the layers of N <= 4608 (w4_prefill_narrow_*), at 256 rows slower (the sums' atomics and
-# finish cost more than the idle programs; hence 0.3). From PREFILL_MAX_M + 1 rows the dequantizing route
-# measured level at 512 and 1.1x to 1.6x faster from 1024 (the kernel's 0.55x to 0.70x of cuBLAS there:
-# gemm_w4_prefill's docstring says what bounds it).
+# finish cost more than the idle programs; hence 0.3). x's permuting pass reads and writes whole vectors
+# (2 to 3 us at 256 rows; its first form's gather loads took 4 to 19 us: w4_prefill_xpass_*). From
+# PREFILL_MAX_M + 1 rows the dequantizing route measured level at 512 and up to 1.5x faster from 768 but on
+# the widest layers (PREFILL_WIDE_MAX_M), and from 2048 rows faster everywhere (gemm_w4_prefill's
+# docstring says what bounds the kernel).
 
 PREFILL_MIN_M, PREFILL_MAX_M = 65, 511  # gemm_a16w4 / gemm_a16wfp4 take the prefill kernel at these rows (where
-# w4_prefill_ok; from 512 rows the dequantizing route ran level or faster: BENCHMARKS.md, twelfth session)
+# w4_prefill_ok; from 512 rows the dequantizing route ran level or faster: BENCHMARKS.md, twelfth session) ...
+PREFILL_WIDE_MAX_M, PREFILL_WIDE_WAVES = 1023, 3  # ... and up to here where its 128 x 256 tiles make this many
+# waves of the SMs (28672 x 4096 at 512 / 768 / 1024 rows: 1.29x / 1.14x / 1.02x the dequantizing route; 0.9x at
+# 2048; layers of fewer tiles lost from 768 rows: w4_prefill_mid_*_h100.txt)
 PREFILL_BN = None  # weight rows per tile: 128 (two warp groups, one program per SM) or 64 (one, two per SM);
 # None: prefill_tile's rule
 PREFILL_PER_SM = {128: 1, 64: 2}
@@ -462,10 +468,12 @@ def permute_kernel():
     return packed.permute_k_kernel
 
 
-def prefill_sizes_ok(M: int, N: int, K: int, group: int, mxfp4: bool) -> bool:
-    """The sizes and scale groups the prefill kernel takes: K a multiple of 128; INT4 groups of 32,
-    64, 128 * 2^s or one per channel; MXFP4."""
-    if not PREFILL_MIN_M <= M <= PREFILL_MAX_M or N < 1 or K < BLOCK_K or K % BLOCK_K:
+def prefill_sizes_ok(M: int, N: int, K: int, group: int, mxfp4: bool, dev: DeviceInfo) -> bool:
+    """The sizes and scale groups the prefill kernel takes: PREFILL_MIN_M to PREFILL_MAX_M rows (to
+    PREFILL_WIDE_MAX_M where the 128 x 256 tiles make PREFILL_WIDE_WAVES waves of the SMs), K a multiple of
+    128; INT4 groups of 32, 64, 128 * 2^s or one per channel; MXFP4."""
+    wide = M <= PREFILL_WIDE_MAX_M and -(-M // 256) * -(-N // 128) >= PREFILL_WIDE_WAVES * dev.num_sms
+    if M < PREFILL_MIN_M or (M > PREFILL_MAX_M and not wide) or N < 1 or K < BLOCK_K or K % BLOCK_K:
         return False
     return mxfp4 or group in SMALL_GROUPS or group_shift(group, K) is not None
 
@@ -474,7 +482,7 @@ def w4_prefill_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, 
     """Whether gemm_a16w4 (gemm_a16wfp4: mxfp4, bf16 x only) takes this call to the prefill kernel:
     no explicit config, prefill_sizes_ok, 16-byte aligned weight rows (TMA), sm_90 with Gluon."""
     dtypes = (torch.bfloat16,) if mxfp4 else (torch.bfloat16, torch.float16)
-    return (config is None and prefill_sizes_ok(M, N, K, group, mxfp4) and x2.dtype in dtypes
+    return (config is None and prefill_sizes_ok(M, N, K, group, mxfp4, dev) and x2.dtype in dtypes
             and w_q.stride(0) % 16 == 0 and w_q.data_ptr() % 16 == 0 and ws_enabled(dev, x2.device))
 
 
