@@ -425,8 +425,8 @@ class W4DecodePlan:
 # (one launch; with K slices finish_sums after it). Measured with scripts/w4_prefill_probe.py against the
 # dequantizing route and the tl kernel in the same process (tuning/w4_gluon/w4_prefill_*_h100.txt,
 # twelfth session) and with `gemmkit bench` (bench_a16w4_prefill_*): INT4 g128 on the Llama-3 layers at
-# M = 128 geomean 1.00x cuBLAS bf16 (the tl kernel 0.70x), at M = 256 0.64x (dequantizing 0.44x); MXFP4
-# 0.98x / 0.64x (0.41x at 256 before). Tiles (prefill_tile): 128 weight rows by 256 of x where those
+# M = 128 geomean 1.07x cuBLAS bf16 (the tl kernel 0.70x), at M = 256 0.69x (dequantizing 0.44x); MXFP4
+# 1.06x / 0.69x (0.41x at 256 before). Tiles (prefill_tile): 128 weight rows by 256 of x where those
 # make a wave of the SMs (the most tensor-core work per decoded step: 1.0x to 1.3x the 128-row x tiles
 # from 1024 rows), else 64 by 128 with two programs per SM (at 128 rows 1.1x to 1.8x the 128-row weight
 # tiles: one program decodes while the other's product runs, and twice the tiles). K slices
@@ -441,8 +441,8 @@ class W4DecodePlan:
 PREFILL_MIN_M, PREFILL_MAX_M = 65, 511  # gemm_a16w4 / gemm_a16wfp4 take the prefill kernel at these rows (where
 # w4_prefill_ok; from 512 rows the dequantizing route ran level or faster: BENCHMARKS.md, twelfth session) ...
 PREFILL_WIDE_MAX_M, PREFILL_WIDE_WAVES = 1023, 3  # ... and up to here where its 128 x 256 tiles make this many
-# waves of the SMs (28672 x 4096 at 512 / 768 / 1024 rows: 1.29x / 1.14x / 1.02x the dequantizing route; 0.9x at
-# 2048; layers of fewer tiles lost from 768 rows: w4_prefill_mid_*_h100.txt)
+# waves of the SMs (28672 x 4096 at 512 / 768 / 1024 rows: 1.29x / 1.14x / 1.02x the dequantizing route; 0.91x at
+# 2048; layers of fewer tiles 0.55x to 1.04x from 768 rows: w4_prefill_mid_*_h100.txt)
 PREFILL_BN = None  # weight rows per tile: 128 (two warp groups, one program per SM) or 64 (one, two per SM);
 # None: prefill_tile's rule
 PREFILL_PER_SM = {128: 1, 64: 2}

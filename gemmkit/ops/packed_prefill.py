@@ -6,7 +6,7 @@ no explicit config dequantizes the weight to x's dtype in one memory-bound pass
 (kernels/packed.py dequantize_kernel: reads 4 bits, writes 16 bits per weight) and runs the A16W16
 GEMM on it; vLLM's AWQ path switches the same way. An explicit `config` always runs the fused
 kernel with that config. On sm_90 the Hopper prefill kernel (core/hopper_w4.W4PrefillPlan) takes
-the calls from 65 to 511 rows (to 1023 on wide layers) first: decoding in registers for the tensor cores, it ran 1.4x this
+the calls from 65 to 511 rows (to 1023 on wide layers) first: decoding in registers for the tensor cores, it ran 1.6x this
 route at 256 rows; from 512 rows this route measured level or faster (BENCHMARKS.md, twelfth session).
 """
 
