@@ -14,7 +14,9 @@ from gemmkit.core import config as config_mod
 from gemmkit.core import hopper_w4, hopper_ws
 from gemmkit.core.device import device_info
 from gemmkit.core import plan as plan_mod
-from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference, replay_with_new_inputs, spy_plans
+from conftest import ON_GPU, assert_close, poisoned, randn, reference, spy_plans
+import w4_checks
+from w4_checks import int4_weight
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0) and hopper_ws.gluon_kernel() is not None
@@ -30,22 +32,6 @@ def built(monkeypatch):
     monkeypatch.setattr(hopper_w4, "MX_DECODE_MAX_M", 64)
     monkeypatch.setattr(hopper_w4, "SMALL_DECODE_MAX_M", 64)
     yield from spy_plans(monkeypatch, hopper_w4.W4DecodePlan, config_mod.clear_caches)
-
-
-def int4_weight(N, K, group_size, symmetric=False, dtype=BF16):
-    """(packed q, scales, zero points, float64 dequantization): quantize_int4's groups (32, 64, 128,
-    per channel), other groups from random codes, scales and zero points."""
-    if group_size in (32, 64, 128, None):
-        w = randn(N, K, dtype=FP32, scale=K**-0.5).to(dtype)
-        q, s, z = quant.quantize_int4(w, group_size, symmetric)
-        return q, s, z, quant.dequantize_int4(q, s, z, group_size, torch.float64)
-    codes = torch.randint(0, 16, (N, K), dtype=torch.uint8, device=DEVICE)
-    q = codes[:, 0::2] | (codes[:, 1::2] << 4)
-    s = (torch.rand(N, K // group_size, device=DEVICE) * 0.02 + 0.005).to(dtype)
-    z = torch.randint(0, 16, (N, K // group_size), dtype=torch.uint8, device=DEVICE)
-    zz = torch.full_like(z, 8) if symmetric else z
-    wd = (codes.double() - zz.double().repeat_interleave(group_size, 1)) * s.double().repeat_interleave(group_size, 1)
-    return q, s, z, wd
 
 
 # the K relabelling (CPU) ---------------------------------------------------------------------------
@@ -304,11 +290,7 @@ def test_not_taken_off_hopper(built):
     """On the CPU (the interpreter) or another GPU the tl kernel serves every call."""
     if HOPPER:
         pytest.skip("on sm_90 the decode kernel takes these calls")
-    x = randn(2, 256, dtype=BF16)
-    q, s, z, wd = int4_weight(64, 256, 128)
-    assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=128), reference(x, wd))
-    assert not built
-    assert not hopper_w4.w4_decode_ok(device_info(x.device), x, q, 2, 64, 256, 128, None)
+    w4_checks.check_not_taken_off_hopper(built, 2, hopper_w4.w4_decode_ok)
 
 
 # results on the H100 (GPU) -------------------------------------------------------------------------
@@ -317,56 +299,25 @@ def test_not_taken_off_hopper(built):
 @pytest.mark.parametrize("M", [1, 2, 4, 5, 9, 16, 17, 40, 64])
 @pytest.mark.parametrize("N,K", [(64, 128), (100, 384), (4096, 4096), (1000, 4864), (6144, 1152)])
 def test_shapes(built, M, N, K):
-    x = randn(M, K, dtype=BF16)
-    q, s, z, wd = int4_weight(N, K, 128)
-    y = poisoned((M, N), BF16)
-    out = gemmkit.gemm_a16w4(x, q, s, z, group_size=128, y=y)
-    assert out is y and len(built) == 1
-    assert_close(out, reference(x, wd))
+    w4_checks.check_shape(built, M, N, K)
 
 
 @needs_hopper
-@pytest.mark.parametrize("group_size", [32, 64, 128, 256, None])
-@pytest.mark.parametrize("symmetric", [False, True])
-@pytest.mark.parametrize("dtype", [BF16, FP16])
+@w4_checks.groups_and_dtypes
 def test_groups_and_dtypes(built, group_size, symmetric, dtype):
-    M, N, K = 5, 333, 2048
-    x = randn(M, K, dtype=dtype)
-    q, s, z, wd = int4_weight(N, K, group_size, symmetric, dtype)
-    out = gemmkit.gemm_a16w4(x, q, s, None if symmetric else z, group_size=group_size)
-    assert len(built) == 1 and out.dtype == dtype
-    assert_close(out, reference(x, wd))
+    w4_checks.check_group_and_dtype(built, 5, group_size, symmetric, dtype)
 
 
 @needs_hopper
-@pytest.mark.parametrize("activation", ["relu", "silu", "gelu_tanh"])
-@pytest.mark.parametrize("out_dtype", [BF16, FP32])
+@w4_checks.activations_and_out_dtypes
 def test_bias_activation_out_dtype_3d(built, activation, out_dtype):
-    x = randn(2, 3, 1024, dtype=BF16)
-    q, s, z, wd = int4_weight(640, 1024, 128)
-    bias = randn(640, dtype=FP32)
-    out = gemmkit.gemm_a16w4(x, q, s.float(), z, group_size=128, bias=bias, activation=activation,
-                             out_dtype=out_dtype)
-    assert len(built) == 1 and out.shape == (2, 3, 640) and out.dtype == out_dtype
-    act = {"relu": torch.relu, "silu": torch.nn.functional.silu,
-           "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[activation]
-    assert_close(out, act(reference(x.reshape(6, 1024), wd, bias)).reshape(2, 3, 640))
+    w4_checks.check_bias_activation_out_dtype_3d(built, 3, activation, out_dtype)
 
 
 @needs_hopper
 def test_strided_x_y_and_scales(built):
     """x rows strided, y a column slice of a wider buffer, scales and zero points transposed views."""
-    M, N, K = 12, 520, 1536
-    big = randn(M, 2 * K, dtype=BF16)
-    x = big[:, K:]
-    q, s, z, wd = int4_weight(N, K, 128)
-    s_t, z_t = s.t().contiguous().t(), z.t().contiguous().t()
-    buf = poisoned((M, N + 24), BF16)
-    y = buf[:, 8:8 + N]
-    out = gemmkit.gemm_a16w4(x, q, s_t, z_t, group_size=128, y=y)
-    assert out is y and len(built) == 1
-    assert_close(out, reference(x, wd))
-    assert torch.isnan(buf[:, :8]).all() and torch.isnan(buf[:, 8 + N:]).all()  # nothing else written
+    w4_checks.check_strided(built, randn(12, 2 * 1536, dtype=BF16)[:, 1536:], 520)
 
 
 SPLITS = {"SHORT": hopper_w4.SHORT, "LONG": hopper_w4.LONG, "128 rows": hopper_w4.Split(4, 3, 2, 128),
@@ -517,13 +468,8 @@ def test_not_taken(built):
 def test_mxfp4(built, M, N, K):
     """gemm_a16wfp4 (MXFP4 weight, bf16 x): e2m1 codes decoded with their e8m0 scales; from 33 rows in
     128-row tiles (WIDE), also where N is under a tile."""
-    x = randn(M, K, dtype=BF16)
-    wq, ws = quant.quantize_mxfp4(randn(N, K, dtype=FP32, scale=K**-0.5))
-    y = poisoned((M, N), BF16)
-    out = gemmkit.gemm_a16wfp4(x, wq, ws, y=y)
-    assert out is y and len(built) == 1
-    assert built[0].values["BN"] == (128 if M >= hopper_w4.WIDE_MIN_M else 64)
-    assert_close(out, reference(x, quant.dequantize_mxfp4(wq, ws, torch.float64)))
+    plan = w4_checks.check_mxfp4(built, M, N, K)
+    assert plan.values["BN"] == (128 if M >= hopper_w4.WIDE_MIN_M else 64)
 
 
 @needs_hopper
@@ -550,37 +496,17 @@ def test_rows128_formats(built, monkeypatch, fmt, M):
 
 @needs_hopper
 def test_mxfp4_extreme_scales_and_fp16_x(built):
-    """Scales at the ends of the e8m0 range (2^-127 .. 2^100 here) stay exact; fp16 x: the tl kernel."""
-    M, N, K = 2, 256, 512
-    x = randn(M, K, dtype=BF16)
-    wq, ws = quant.quantize_mxfp4(randn(N, K, dtype=FP32, scale=K**-0.5))
-    ws = ws.clone()
-    ws[:, 0] = 0
-    ws[:, 1] = 227
-    ref = reference(x, quant.dequantize_mxfp4(wq, ws, torch.float64))
-    assert_close(gemmkit.gemm_a16wfp4(x, wq, ws), ref)
-    assert len(built) == 1
-    xh = x.half()
-    gemmkit.gemm_a16wfp4(xh, wq, ws[:, :].clone().fill_(127))
+    """Scales at the ends of the e8m0 range stay exact; fp16 x: the tl kernel."""
+    x, wq, ws = w4_checks.check_mxfp4_extreme_scales(built, 2)
+    gemmkit.gemm_a16wfp4(x.half(), wq, ws.clone().fill_(127))
     assert len(built) == 1
 
 
 @needs_hopper
 def test_cuda_graph_replays_new_inputs(built):
-    x = randn(4, 2048, dtype=BF16)
-    q, s, z, wd = int4_weight(1536, 2048, 128)
-    gemmkit.gemm_a16w4(x, q, s, z, group_size=128)  # plan built and compiled outside the capture
-    x2 = randn(4, 2048, dtype=BF16)
-    out = replay_with_new_inputs(lambda: gemmkit.gemm_a16w4(x, q, s, z, group_size=128), lambda: x.copy_(x2),
-                                 replays=2)
-    assert len(built) == 1
-    assert_close(out, reference(x2, wd))
+    w4_checks.check_cuda_graph(built, 4)
 
 
 @needs_hopper
 def test_disabled_by_env(built, monkeypatch):
-    monkeypatch.setenv(hopper_ws.GLUON_ENV, "0")
-    x = randn(4, 1024, dtype=BF16)
-    q, s, z, wd = int4_weight(512, 1024, 128)
-    assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=128), reference(x, wd))
-    assert not built
+    w4_checks.check_disabled_by_env(built, monkeypatch, 4)

@@ -10,9 +10,9 @@ import gemmkit
 from gemmkit import quant
 from gemmkit.core import config as config_mod
 from gemmkit.core import hopper_w4, hopper_ws
-from gemmkit.core.device import device_info
-from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference, replay_with_new_inputs, spy_plans
-from test_w4_decode import int4_weight
+from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference, spy_plans
+import w4_checks
+from w4_checks import int4_weight
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 HOPPER = ON_GPU and torch.cuda.get_device_capability() == (9, 0) and hopper_ws.gluon_kernel() is not None
@@ -98,11 +98,7 @@ def test_not_taken_off_hopper(built):
     """On the CPU (the interpreter) or another GPU, prefill sizes go the dequantizing route."""
     if HOPPER:
         pytest.skip("on sm_90 the prefill kernel takes these calls")
-    x = randn(80, 256, dtype=BF16)
-    q, s, z, wd = int4_weight(64, 256, 128)
-    assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=128), reference(x, wd))
-    assert not built
-    assert not hopper_w4.w4_prefill_ok(device_info(x.device), x, q, 80, 64, 256, 128, None)
+    w4_checks.check_not_taken_off_hopper(built, 80, hopper_w4.w4_prefill_ok)
 
 
 # results on the H100 (GPU) -------------------------------------------------------------------------
@@ -111,42 +107,21 @@ def test_not_taken_off_hopper(built):
 @pytest.mark.parametrize("M", [65, 128, 200, 256, 1000])
 @pytest.mark.parametrize("N,K", [(64, 128), (200, 384), (1000, 1152), (4096, 4096), (1536, 1280), (8192, 512)])
 def test_shapes(built, M, N, K):
-    """Ragged M and N, K of 1 to 32 steps (one, two and four steps per loop iteration), more tiles than SMs."""
-    x = randn(M, K, dtype=BF16)
-    q, s, z, wd = int4_weight(N, K, 128)
-    y = poisoned((M, N), BF16)
-    out = gemmkit.gemm_a16w4(x, q, s, z, group_size=128, y=y)
-    assert out is y and len(built) == 1
-    assert_close(out, reference(x, wd))
+    """Ragged M and N, K of 1 to 32 steps, more tiles than SMs."""
+    w4_checks.check_shape(built, M, N, K)
 
 
 @needs_hopper
-@pytest.mark.parametrize("group_size", [32, 64, 128, 256, None])
-@pytest.mark.parametrize("symmetric", [False, True])
-@pytest.mark.parametrize("dtype", [BF16, FP16])
+@w4_checks.groups_and_dtypes
 def test_groups_and_dtypes(built, group_size, symmetric, dtype):
-    M, N, K = 300, 333, 2048
-    x = randn(M, K, dtype=dtype)
-    q, s, z, wd = int4_weight(N, K, group_size, symmetric, dtype)
-    out = gemmkit.gemm_a16w4(x, q, s, None if symmetric else z, group_size=group_size)
-    assert len(built) == 1 and out.dtype == dtype
-    assert_close(out, reference(x, wd))
+    w4_checks.check_group_and_dtype(built, 300, group_size, symmetric, dtype)
 
 
 @needs_hopper
-@pytest.mark.parametrize("activation", ["relu", "silu", "gelu_tanh"])
-@pytest.mark.parametrize("out_dtype", [BF16, FP32])
+@w4_checks.activations_and_out_dtypes
 def test_bias_activation_out_dtype_3d(built, activation, out_dtype):
-    x = randn(2, 67, 1024, dtype=BF16)
-    q, s, z, wd = int4_weight(640, 1024, 128)
-    bias = randn(640, dtype=FP32)
-    out = gemmkit.gemm_a16w4(x, q, s.float(), z, group_size=128, bias=bias, activation=activation,
-                             out_dtype=out_dtype)
-    assert len(built) == 1 and out.shape == (2, 67, 640) and out.dtype == out_dtype
-    act = {"relu": torch.relu, "silu": torch.nn.functional.silu,
-           "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh")}[activation]
     # (the weight is dequantized to x's dtype before the product: bf16-level error in an fp32 output too)
-    assert_close(out, act(reference(x.reshape(134, 1024), wd, bias)).reshape(2, 67, 640), tol=1e-2)
+    w4_checks.check_bias_activation_out_dtype_3d(built, 67, activation, out_dtype, tol=1e-2)
 
 
 @needs_hopper
@@ -154,41 +129,21 @@ def test_bias_activation_out_dtype_3d(built, activation, out_dtype):
 def test_strided_x_y_and_scales(built, layout):
     """x rows strided or x column-major, y a column slice of a wider buffer, scales and zero points
     transposed views."""
-    M, N, K = 130, 520, 1536
+    M, K = 130, 1536
     x = randn(M, 2 * K, dtype=BF16)[:, K:] if layout == "row stride" else randn(K, M, dtype=BF16).t()
-    q, s, z, wd = int4_weight(N, K, 128)
-    s_t, z_t = s.t().contiguous().t(), z.t().contiguous().t()
-    buf = poisoned((M, N + 24), BF16)
-    y = buf[:, 8:8 + N]
-    out = gemmkit.gemm_a16w4(x, q, s_t, z_t, group_size=128, y=y)
-    assert out is y and len(built) == 1
-    assert_close(out, reference(x, wd))
-    assert torch.isnan(buf[:, :8]).all() and torch.isnan(buf[:, 8 + N:]).all()  # nothing else written
+    w4_checks.check_strided(built, x, 520)
 
 
 @needs_hopper
 @pytest.mark.parametrize("M,N,K", [(65, 4096, 4096), (300, 333, 1152), (1000, 1000, 256), (256, 64, 128),
                                    (2048, 2048, 2048)])
 def test_mxfp4(built, M, N, K):
-    x = randn(M, K, dtype=BF16)
-    wq, ws = quant.quantize_mxfp4(randn(N, K, dtype=FP32, scale=K**-0.5))
-    y = poisoned((M, N), BF16)
-    out = gemmkit.gemm_a16wfp4(x, wq, ws, y=y)
-    assert out is y and len(built) == 1
-    assert_close(out, reference(x, quant.dequantize_mxfp4(wq, ws, torch.float64)))
+    w4_checks.check_mxfp4(built, M, N, K)
 
 
 @needs_hopper
 def test_mxfp4_extreme_scales(built):
-    """Scales at the ends of the e8m0 range (2^-127 .. 2^100 here) stay exact."""
-    M, N, K = 100, 256, 512
-    x = randn(M, K, dtype=BF16)
-    wq, ws = quant.quantize_mxfp4(randn(N, K, dtype=FP32, scale=K**-0.5))
-    ws = ws.clone()
-    ws[:, 0] = 0
-    ws[:, 1] = 227
-    assert_close(gemmkit.gemm_a16wfp4(x, wq, ws), reference(x, quant.dequantize_mxfp4(wq, ws, torch.float64)))
-    assert len(built) == 1
+    w4_checks.check_mxfp4_extreme_scales(built, 100)
 
 
 @needs_hopper
@@ -263,20 +218,9 @@ def test_not_taken(built):
 
 @needs_hopper
 def test_cuda_graph_replays_new_inputs(built):
-    x = randn(300, 2048, dtype=BF16)
-    q, s, z, wd = int4_weight(1536, 2048, 128)
-    gemmkit.gemm_a16w4(x, q, s, z, group_size=128)  # plan built and compiled outside the capture
-    x2 = randn(300, 2048, dtype=BF16)
-    out = replay_with_new_inputs(lambda: gemmkit.gemm_a16w4(x, q, s, z, group_size=128), lambda: x.copy_(x2),
-                                 replays=2)
-    assert len(built) == 1
-    assert_close(out, reference(x2, wd))
+    w4_checks.check_cuda_graph(built, 300)
 
 
 @needs_hopper
 def test_disabled_by_env(built, monkeypatch):
-    monkeypatch.setenv(hopper_ws.GLUON_ENV, "0")
-    x = randn(100, 1024, dtype=BF16)
-    q, s, z, wd = int4_weight(512, 1024, 128)
-    assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=128), reference(x, wd))
-    assert not built
+    w4_checks.check_disabled_by_env(built, monkeypatch, 100)

@@ -304,7 +304,56 @@ def w4_decode_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, c
             and ws_enabled(dev, x2.device))
 
 
-class W4DecodePlan:
+def _scales_tail(kernel, per_call: tuple, values: dict, w_scale, w_zero) -> tuple:
+    """The 4-bit kernels' arguments after the per-call ones: `values` with the scales' and zero points'
+    strides."""
+    zn, zk = w_zero.stride() if w_zero is not None else (0, 0)
+    return kernel_tail(kernel, per_call, dict(values, stride_sn=w_scale.stride(0), stride_sk=w_scale.stride(1),
+                                              stride_zn=zn, stride_zk=zk))
+
+
+class _W4Plan:
+    """What the Hopper 4-bit plans share: the call's facts, run() as the ops' other plans
+    (run(x, w_q, bias, y, x_scale (unused), w_scale, ..., w_zero)) on the plan's device, and the output."""
+
+    def _facts(self, x2, w_q, y2, M, N, K, out_dtype, out_shape, flatten_x):
+        self.M, self.N, self.K = M, N, K
+        self.out_dtype, self.out_shape, self.flatten_x = out_dtype, tuple(out_shape), flatten_x
+        self.out_strides = contiguous_strides(self.out_shape)
+        self.device = x2.device
+        self.device_index = x2.device.index or 0
+        self.y_strides = (N, 1) if y2 is None else y2.stride()
+        self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w_q)
+        self.y_extent = 0 if y2 is None else extent_bytes(y2)
+        self.tail = None
+
+    def run(self, x, w_q, bias, y, _x_scale, w_scale, *rest):
+        if _get_device() != self.device_index:  # launches go to the current device
+            with torch.cuda.device(self.device_index):
+                return self._run(x, w_q, bias, y, w_scale, rest[-1] if rest else None)
+        return self._run(x, w_q, bias, y, w_scale, rest[-1] if rest else None)
+
+    __call__ = run
+
+    def _output(self, x, w_q, y, w_scale, w_zero):
+        """(x as (M, K), the output, its (M, N) view), the kernel's tail built on the first call (the
+        plan key fixes w_scale's and w_zero's strides); y checked against the inputs' memory."""
+        if self.tail is None:
+            self.tail = self._tail(w_scale, w_zero)
+        if self.flatten_x:
+            x = x.reshape(self.M, self.K)
+        out = torch.empty_strided(self.out_shape, self.out_strides, dtype=self.out_dtype,
+                                  device=self.device) if y is None else y
+        c = out.view(self.M, self.N) if len(self.out_shape) != 2 else out
+        if y is not None:
+            clash = overlapping_input(y, self.y_extent, (("x", x, self.x_extent), ("w_q", w_q, self.w_extent)))
+            if clash:
+                raise ValueError(f"y shares memory with {clash}: the output must not overlap an input "
+                                 "(other programs would still read what one has written)")
+        return x, out, c
+
+
+class W4DecodePlan(_W4Plan):
     """y = activation(x @ dequant(w_q)^T + bias) through w4_decode_kernel, for fixed tensor facts
     (mxfp4: w_q MXFP4 codes, w_scale e8m0). Called like the ops' other plans: run(x, w_q, bias, y,
     x_scale (unused), w_scale, ..., w_zero)."""
@@ -313,16 +362,11 @@ class W4DecodePlan:
                  flatten_x, mxfp4: bool = False):
         from .launcher import CachedLaunch
 
-        self.M, self.N, self.K = M, N, K
-        self.out_dtype, self.out_shape, self.flatten_x = out_dtype, tuple(out_shape), flatten_x
-        self.out_strides = contiguous_strides(self.out_shape)
-        self.device = x2.device
-        self.device_index = x2.device.index or 0
+        self._facts(x2, w_q, y2, M, N, K, out_dtype, out_shape, flatten_x)
         split = decode_split(M, N, K, dev, group, mxfp4)
         self.split, self.num_sms, self.fitted = split, dev.num_sms, False
         self.slices = split.slices
         self.has_zero = w_zero is not None
-        self.y_strides = (N, 1) if y2 is None else y2.stride()
         self.kernel = decode_kernel()
         self.num_warps = split.bn // 16
         self.launch = CachedLaunch(self.kernel, (split.programs,), self.num_warps, 1, self.device_index)
@@ -352,35 +396,13 @@ class W4DecodePlan:
                                                          -(-N // FINISH_BLOCK[1])), 4, 1, self.device_index, pdl=pdl)
             self.finish_tail = (M, N, self.sums_rows, *sums_strides, *self.y_strides, bias is not None, activation,
                                 *FINISH_BLOCK, pdl)
-        self.tail = None
-        self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w_q)
-        self.y_extent = 0 if y2 is None else extent_bytes(y2)
 
     def _tail(self, w_scale, w_zero):
-        zn, zk = w_zero.stride() if w_zero is not None else (0, 0)
-        return kernel_tail(self.kernel, PER_CALL, dict(self.values, stride_sn=w_scale.stride(0),
-                                                        stride_sk=w_scale.stride(1), stride_zn=zn, stride_zk=zk))
-
-    def run(self, x, w_q, bias, y, _x_scale, w_scale, *rest):
-        if _get_device() != self.device_index:  # launches go to the current device
-            with torch.cuda.device(self.device_index):
-                return self._run(x, w_q, bias, y, w_scale, rest[-1] if rest else None)
-        return self._run(x, w_q, bias, y, w_scale, rest[-1] if rest else None)
+        return _scales_tail(self.kernel, PER_CALL, self.values, w_scale, w_zero)
 
     def _run(self, x, w_q, bias, y, w_scale, w_zero):
-        M, N = self.M, self.N
-        if self.tail is None:  # (w_scale's and w_zero's strides: the plan key fixes them)
-            self.tail = self._tail(w_scale, w_zero)
-        if self.flatten_x:
-            x = x.reshape(M, self.K)
-        out = torch.empty_strided(self.out_shape, self.out_strides, dtype=self.out_dtype,
-                                  device=self.device) if y is None else y
-        c = out.view(M, N) if len(self.out_shape) != 2 else out
-        if y is not None:
-            clash = overlapping_input(y, self.y_extent, (("x", x, self.x_extent), ("w_q", w_q, self.w_extent)))
-            if clash:
-                raise ValueError(f"y shares memory with {clash}: the output must not overlap an input "
-                                 "(other programs would still read what one has written)")
+        x, out, c = self._output(x, w_q, y, w_scale, w_zero)
+        N = self.N
         w_desc = self.w_desc(w_q.view(torch.int32))
         if not self.fitted and self.launch.kernel is not None:
             self._fit_residency()
@@ -414,8 +436,6 @@ class W4DecodePlan:
         programs = self.slices * max(1, min(tiles, resident * self.num_sms // self.slices))
         self.launch.grid = (programs, 1, 1)
         self.groups = programs // self.slices
-
-    __call__ = run
 
 
 # ---------------------------------------------------------------------------------------------
@@ -533,9 +553,10 @@ def prefill_stages(bm: int, bn: int, per_sm: int, dev: DeviceInfo) -> int:
 PREFILL_CALL = ("w_desc", "x_desc", "ws", "wz", "y", "bias", "sums")
 
 
-class W4PrefillPlan:
+class W4PrefillPlan(_W4Plan):
     """y = activation(x @ dequant(w_q)^T + bias) through permute_k_kernel (x into the kernels' K order)
-    and w4_prefill_kernel, for fixed tensor facts; called as W4DecodePlan."""
+    and w4_prefill_kernel (with K slices, then finish_sums), for fixed tensor facts; called as
+    W4DecodePlan."""
 
     def __init__(self, dev: DeviceInfo, x2, w_q, w_zero, y2, M, N, K, group, bias, activation, out_dtype, out_shape,
                  flatten_x, mxfp4: bool = False):
@@ -544,77 +565,48 @@ class W4PrefillPlan:
         from .hopper_ws import _Descriptors
         from .launcher import CachedLaunch
 
-        self.M, self.N, self.K = M, N, K
-        self.out_dtype, self.out_shape, self.flatten_x = out_dtype, tuple(out_shape), flatten_x
-        self.out_strides = contiguous_strides(self.out_shape)
-        self.device = x2.device
-        self.device_index = x2.device.index or 0
+        self._facts(x2, w_q, y2, M, N, K, out_dtype, out_shape, flatten_x)
         self.x_dtype = x2.dtype
         bm, bn, per_sm = prefill_tile(M, N, dev)
         self.splits = prefill_splits(M, N, K, bm, bn, per_sm, dev)
         self.sums_rows = -(-M // 16) * 16  # the K slices' sums (N, sums_rows): x's rows, padded for vector atomics
-        self.y_strides = (N, 1) if y2 is None else y2.stride()
         units = -(-M // bm) * -(-N // bn) * self.splits
         self.kernel = prefill_kernel()
         self.launch = CachedLaunch(self.kernel, (min(units, per_sm * dev.num_sms),), bn // 16, 1, self.device_index)
         if self.splits > 1:
-            self.finish = CachedLaunch(finish_kernel(), (-(-self.sums_rows // FINISH_BLOCK[0]), -(-N // FINISH_BLOCK[1])), 4, 1,
-                                       self.device_index)
+            self.finish = CachedLaunch(finish_kernel(), (-(-self.sums_rows // FINISH_BLOCK[0]), -(-N // FINISH_BLOCK[1])),
+                                       4, 1, self.device_index)
             self.finish_tail = (M, N, self.sums_rows, 1, self.sums_rows, *self.y_strides, bias is not None, activation,
                                 *FINISH_BLOCK, False)
         self.permute = CachedLaunch(permute_kernel(), (-(-M // PERMUTE_ROWS), K // BLOCK_K), 4, 1, self.device_index)
-        self.permute_tail = (M, K, x2.stride(0), x2.stride(1), PERMUTE_ROWS, M * K >= 2**31 or M * x2.stride(0) >= 2**31)
+        self.permute_tail = (M, K, x2.stride(0), x2.stride(1), PERMUTE_ROWS,
+                             M * K >= 2**31 or M * x2.stride(0) >= 2**31)
         self.w_desc = _Descriptors((N, K // 8), (w_q.stride(0) // 4, 1), (bn, 16),
                                    gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
         self.x_desc = _Descriptors((M, K), (K, 1), (bm, BLOCK_K),
                                    gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
         small = not mxfp4 and group in SMALL_GROUPS
         self.values = dict(M=M, N=N, K=K, SPLITS=self.splits, MP=self.sums_rows, SLICED=self.splits > 1,
-                           stride_ym=self.y_strides[0],
-                           stride_yn=self.y_strides[1], group_shift=0 if mxfp4 or small else group_shift(group, K),
-                           BM=bm, BN=bn,
-                           STAGES=prefill_stages(bm, bn, per_sm, dev), GROUP_M=PREFILL_GROUP_M, FP16=x2.dtype == torch.float16,
-                           HAS_ZERO=w_zero is not None, HAS_BIAS=bias is not None, ACTIVATION=activation,
-                           MXFP4=mxfp4, GROUP_WORDS=group // 8 if small else 0, WORDS=decode_words_layout(bn))
-        self.tail = None
-        self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w_q)
-        self.y_extent = 0 if y2 is None else extent_bytes(y2)
+                           stride_ym=self.y_strides[0], stride_yn=self.y_strides[1],
+                           group_shift=0 if mxfp4 or small else group_shift(group, K), BM=bm, BN=bn,
+                           STAGES=prefill_stages(bm, bn, per_sm, dev), GROUP_M=PREFILL_GROUP_M,
+                           FP16=x2.dtype == torch.float16, HAS_ZERO=w_zero is not None, HAS_BIAS=bias is not None,
+                           ACTIVATION=activation, MXFP4=mxfp4, GROUP_WORDS=group // 8 if small else 0,
+                           WORDS=decode_words_layout(bn))
 
     def _tail(self, w_scale, w_zero):
-        zn, zk = w_zero.stride() if w_zero is not None else (0, 0)
-        return kernel_tail(self.kernel, PREFILL_CALL, dict(self.values, stride_sn=w_scale.stride(0),
-                                                            stride_sk=w_scale.stride(1), stride_zn=zn, stride_zk=zk))
-
-    def run(self, x, w_q, bias, y, _x_scale, w_scale, *rest):
-        if _get_device() != self.device_index:  # launches go to the current device
-            with torch.cuda.device(self.device_index):
-                return self._run(x, w_q, bias, y, w_scale, rest[-1] if rest else None)
-        return self._run(x, w_q, bias, y, w_scale, rest[-1] if rest else None)
+        return _scales_tail(self.kernel, PREFILL_CALL, self.values, w_scale, w_zero)
 
     def _run(self, x, w_q, bias, y, w_scale, w_zero):
-        M, N, K = self.M, self.N, self.K
-        if self.tail is None:  # (w_scale's and w_zero's strides: the plan key fixes them)
-            self.tail = self._tail(w_scale, w_zero)
-        if self.flatten_x:
-            x = x.reshape(M, K)
-        out = torch.empty_strided(self.out_shape, self.out_strides, dtype=self.out_dtype,
-                                  device=self.device) if y is None else y
-        c = out.view(M, N) if len(self.out_shape) != 2 else out
-        if y is not None:
-            clash = overlapping_input(y, self.y_extent, (("x", x, self.x_extent), ("w_q", w_q, self.w_extent)))
-            if clash:
-                raise ValueError(f"y shares memory with {clash}: the output must not overlap an input "
-                                 "(other programs would still read what one has written)")
-        xp = torch.empty((M, K), dtype=self.x_dtype, device=self.device)
+        x, out, c = self._output(x, w_q, y, w_scale, w_zero)
+        xp = torch.empty((self.M, self.K), dtype=self.x_dtype, device=self.device)
         self.permute((x, xp), self.permute_tail)
         w_desc, x_desc = self.w_desc(w_q.view(torch.int32)), self.x_desc(xp)
         if self.splits == 1:
             self.launch((w_desc, x_desc, w_scale, w_zero, c, bias, None), self.tail)
             return out
         # (left zero by finish_sums)
-        sums = zeroed_buffer(self.device, self.device_index, self.sums_rows * N, torch.float32)
+        sums = zeroed_buffer(self.device, self.device_index, self.sums_rows * self.N, torch.float32)
         self.launch((w_desc, x_desc, w_scale, w_zero, c, bias, sums), self.tail)
         self.finish((sums, c, bias), self.finish_tail)
         return out
-
-    __call__ = run

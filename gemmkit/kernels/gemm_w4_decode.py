@@ -233,10 +233,12 @@ def _decode_groups(words, s, z, A_LAYOUT: gl.constexpr, FP16: gl.constexpr):
 @gluon.jit
 def _step_scales(ws, wz, off_n, kstep, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
                  ROWS: gl.constexpr, HAS_ZERO: gl.constexpr, BASE: gl.constexpr, MXFP4: gl.constexpr,
-                 GROUP_WORDS: gl.constexpr, DT: gl.constexpr, WORDS: gl.constexpr, BN: gl.constexpr):
+                 GROUP_WORDS: gl.constexpr, DT: gl.constexpr, WORDS: gl.constexpr, BN: gl.constexpr,
+                 ROW_TILES: gl.constexpr):
     """The scales a K step needs: MXFP4, the (BN, 16) tile of _mx_scales (twice); INT4 groups of 32
     or 64 (GROUP_WORDS), the tiles of _word_groups; else the rows' (scale, BASE + zero point) of
-    _group."""
+    _group, fp32 in ROWS, or, ROW_TILES (ROWS = SliceLayout(1, WORDS)), as (BN, 1) DT tiles that
+    broadcast over the step's words (the prefill kernel applies them before the product)."""
     if MXFP4:
         s = _mx_scales(ws, off_n, kstep, N, stride_sn, stride_sk, WORDS, BN)
         z = s
@@ -246,6 +248,9 @@ def _step_scales(ws, wz, off_n, kstep, group_shift, N, stride_sn, stride_sk, str
     else:
         s, z = _group(ws, wz, off_n, kstep >> group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk, ROWS,
                       HAS_ZERO, BASE, BN)
+        if ROW_TILES:
+            s = gl.expand_dims(s.to(DT), 1)
+            z = gl.expand_dims(z.to(DT), 1)
     return s, z
 
 
@@ -394,10 +399,10 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, counters, M, N, K, SLICES
             _issue(w_desc, wbuf, bars, i, first_tile, tile_stride, kstep0, KS, STAGES, BOX, BN)
     t, st = _tile_step(0, first_tile, tile_stride, KS)
     s0, z0 = _step_scales(ws, wz, t * BN, kstep0 + st, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
-                          ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN)
+                          ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN, False)
     t, st = _tile_step(1, first_tile, tile_stride, KS)
     s1, z1 = _step_scales(ws, wz, t * BN, kstep0 + st, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
-                          ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN)
+                          ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN, False)
     x_l: gl.constexpr = gl.BlockedLayout([1, 8], [2, 16], [BN // 16, 1], [1, 0])
     rmx = gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))
     tk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_l))
@@ -417,7 +422,7 @@ def w4_decode_kernel(w_desc, x, ws, wz, y, bias, sums, counters, M, N, K, SLICES
             j = b * BOX + h
             t2, st2 = _tile_step(gl.minimum(j + 2, total - 1), first_tile, tile_stride, KS)
             s2, z2 = _step_scales(ws, wz, t2 * BN, kstep0 + st2, group_shift, N, stride_sn, stride_sk,
-                                  stride_zn, stride_zk, ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN)
+                                  stride_zn, stride_zk, ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN, False)
             t, st = _tile_step(j, first_tile, tile_stride, KS)
             if BOX == 1:
                 words = wbuf.index(slot).load(WORDS)

@@ -34,8 +34,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from .gemm_w4_decode import (BLOCK_K, _cta_barrier, _decode_groups, _decode_mx, _finish, _group, _mx_scales, _tma_load,
-                             _word_groups)
+from .gemm_w4_decode import BLOCK_K, _cta_barrier, _decode_groups, _decode_mx, _finish, _step_scales, _tma_load
 
 
 @gluon.jit
@@ -74,27 +73,6 @@ def _load(w_desc, x_desc, wbuf, xbuf, bars, slot, tm, tn, k, BM: gl.constexpr, B
 
 
 @gluon.jit
-def _scales(ws, wz, off_n, kstep, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk, HAS_ZERO: gl.constexpr,
-            BASE: gl.constexpr, MXFP4: gl.constexpr, GROUP_WORDS: gl.constexpr, DT: gl.constexpr,
-            WORDS: gl.constexpr, BN: gl.constexpr):
-    """A K step's scales, broadcastable to its (BN, 16) words: MXFP4, the e8m0 tile (twice); INT4,
-    (scale, BASE + zero point) in DT, per word (GROUP_WORDS: groups of 32 or 64) or per row (groups
-    of 128 * 2^group_shift, or one per channel)."""
-    if MXFP4:
-        s = _mx_scales(ws, off_n, kstep, N, stride_sn, stride_sk, WORDS, BN)
-        z = s
-    elif GROUP_WORDS > 0:
-        s, z = _word_groups(ws, wz, off_n, kstep, N, stride_sn, stride_sk, stride_zn, stride_zk, HAS_ZERO, BASE,
-                            GROUP_WORDS, DT, WORDS, BN)
-    else:
-        s1, z1 = _group(ws, wz, off_n, kstep >> group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
-                        gl.SliceLayout(1, WORDS), HAS_ZERO, BASE, BN)
-        s = gl.expand_dims(s1.to(DT), 1)
-        z = gl.expand_dims(z1.to(DT), 1)
-    return s, z
-
-
-@gluon.jit
 def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, sums, M, N, K, SPLITS, MP, stride_sn, stride_sk, stride_zn,
                       stride_zk, stride_ym, stride_yn, group_shift,
                       BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
@@ -117,15 +95,12 @@ def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, sums, M, N, K, SPLITS, MP
     KS = K // BLOCK_K // SPLITS
     units = tiles_m * tiles_n * SPLITS
     total = gl.cdiv(gl.maximum(units - pid, 0), P) * KS
-    if FP16:
-        BASE: gl.constexpr = 1024.0
-        DT: gl.constexpr = gl.float16
-    else:
-        BASE: gl.constexpr = 128.0
-        DT: gl.constexpr = gl.bfloat16
+    DT: gl.constexpr = x_desc.dtype
+    BASE: gl.constexpr = 1024.0 if FP16 else 128.0  # the decoded values' offset (gemm_w4_decode._decode_ptx)
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[BN // 16, 1],
                                                     instr_shape=[16, BM, 16])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+    ROWS: gl.constexpr = gl.SliceLayout(1, WORDS)  # the scales' rows, as the words hold them
     wbuf = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 16], w_desc.layout)
     xbuf = gl.allocate_shared_memory(DT, [STAGES, BM, BLOCK_K], x_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -147,8 +122,8 @@ def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, sums, M, N, K, SPLITS, MP
             lu, lk, ltm, ltn, lk0 = _advance(lu, lk, ltm, ltn, lk0, P, KS, units, SPLITS, tiles_m, tiles_n, GROUP_M)
     u = pid
     k = 0
-    s0, z0 = _scales(ws, wz, tn * BN, k0, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk, HAS_ZERO, BASE,
-                     MXFP4, GROUP_WORDS, DT, WORDS, BN)
+    s0, z0 = _step_scales(ws, wz, tn * BN, k0, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk, ROWS,
+                          HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN, True)
     acc = gl.zeros([BN, BM], gl.float32, acc_l)
     for j in range(total):
         slot = j % STAGES
@@ -168,8 +143,8 @@ def w4_prefill_kernel(w_desc, x_desc, ws, wz, y, bias, sums, M, N, K, SPLITS, MP
         # the next step's scales, loaded while this product runs but only now: the proxy fence before
         # the TMA loads above and the fence before the next product both wait for every load in flight
         u1, k1, tm1, tn1, k01 = _advance(u, k, tm, tn, k0, P, KS, units, SPLITS, tiles_m, tiles_n, GROUP_M)
-        s0, z0 = _scales(ws, wz, tn1 * BN, k01 + k1, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
-                         HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN)
+        s0, z0 = _step_scales(ws, wz, tn1 * BN, k01 + k1, group_shift, N, stride_sn, stride_sk, stride_zn, stride_zk,
+                              ROWS, HAS_ZERO, BASE, MXFP4, GROUP_WORDS, DT, WORDS, BN, True)
         if k == KS - 1:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
             rm = tm * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, acc_l))

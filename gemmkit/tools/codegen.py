@@ -274,6 +274,16 @@ def _compile_gluon(kernel, args, num_warps: int = 4) -> Binary:
     return _inspect(compiled.asm["cubin"], compiled.metadata.shared, with_stack=True)
 
 
+def _w4_example(M: int, N: int, K: int, dtype, group: int, zero: bool, bias: bool, mxfp4: bool) -> tuple:
+    """(x, packed weight, scales, zero points or None, bias or None, y) of a 4-bit problem (CPU tensors:
+    only their facts matter to a compile)."""
+    x, w_q = torch.empty(M, K, dtype=dtype), torch.empty(N, K // 2, dtype=torch.uint8)
+    ws = torch.empty(N, K // group, dtype=torch.uint8 if mxfp4 else dtype)
+    wz = torch.empty(N, K // group, dtype=torch.uint8) if zero and not mxfp4 else None
+    b = torch.empty(N, dtype=dtype) if bias else None
+    return x, w_q, ws, wz, b, torch.empty(M, N, dtype=dtype)
+
+
 def compile_w4_decode(M: int, N: int, K: int, dtype=torch.bfloat16, group: int = 128, zero: bool = True,
                       bias: bool = False, activation: str = "none", mxfp4: bool = False,
                       dev: DeviceInfo = H100) -> Binary:
@@ -282,11 +292,7 @@ def compile_w4_decode(M: int, N: int, K: int, dtype=torch.bfloat16, group: int =
     scale groups, zero points or not; mxfp4: MXFP4 weight, e8m0 scales of 32)."""
     from ..core import hopper_w4 as hw
 
-    x, w_q = torch.empty(M, K, dtype=dtype), torch.empty(N, K // 2, dtype=torch.uint8)
-    ws = torch.empty(N, K // group, dtype=torch.uint8 if mxfp4 else dtype)
-    wz = torch.empty(N, K // group, dtype=torch.uint8) if zero and not mxfp4 else None
-    b = torch.empty(N, dtype=dtype) if bias else None
-    y = torch.empty(M, N, dtype=dtype)
+    x, w_q, ws, wz, b, y = _w4_example(M, N, K, dtype, group, zero, bias, mxfp4)
     plan = hw.W4DecodePlan(dev, x, w_q, wz, None, M, N, K, group, b, activation, dtype, (M, N), False, mxfp4)
     kernel = hw.decode_kernel()
     sums = torch.empty(M * N, dtype=torch.float32) if plan.slices > 1 else None
@@ -302,11 +308,7 @@ def compile_w4_prefill(M: int, N: int, K: int, dtype=torch.bfloat16, group: int 
     core/hopper_w4.W4PrefillPlan passes for this problem (as compile_w4_decode)."""
     from ..core import hopper_w4 as hw
 
-    x, w_q = torch.empty(M, K, dtype=dtype), torch.empty(N, K // 2, dtype=torch.uint8)
-    ws = torch.empty(N, K // group, dtype=torch.uint8 if mxfp4 else dtype)
-    wz = torch.empty(N, K // group, dtype=torch.uint8) if zero and not mxfp4 else None
-    b = torch.empty(N, dtype=dtype) if bias else None
-    y = torch.empty(M, N, dtype=dtype)
+    x, w_q, ws, wz, b, y = _w4_example(M, N, K, dtype, group, zero, bias, mxfp4)
     plan = hw.W4PrefillPlan(dev, x, w_q, wz, None, M, N, K, group, b, activation, dtype, (M, N), False, mxfp4)
     sums = torch.empty(plan.sums_rows * N, dtype=torch.float32) if plan.splits > 1 else None
     return _compile_gluon(plan.kernel, (plan.w_desc(w_q.view(torch.int32)), plan.x_desc(x), ws, wz, y, b, sums,
