@@ -75,6 +75,20 @@ def test_split_rule(M, N, K, splits):
     assert hopper_w4.prefill_splits(M, N, K, bm, bn, per_sm, dev) == splits
 
 
+def test_configs_show_route():
+    """`gemmkit configs show` on an sm_90 profile names the prefill kernel's tiles and K slices where it takes a
+    call, the dequantizing route (no line) where it does not."""
+    from gemmkit.core.device import known_device
+    from gemmkit.tools.configs import w4_route
+
+    h100 = known_device("NVIDIA_H100_80GB_HBM3")
+    assert w4_route("a16w4", 128, 4096, 4096, h100) == (
+        "the prefill kernel (kernels/gemm_w4_prefill.py): x permuted into its K order, then 64 weight rows x 128 rows "
+        "of x per tile, 2 program(s) per SM, K in 4 slices (sums by atomics, finished by a second launch)")
+    assert "128 weight rows x 256 rows of x per tile, 1 program(s) per SM" in w4_route("a16wfp4", 512, 28672, 4096, h100)
+    assert w4_route("a16w4", 512, 8192, 8192, h100) is None
+
+
 @pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")
 @pytest.mark.parametrize("M,K", [(1, 128), (37, 384), (70, 256)])
 @pytest.mark.parametrize("dtype", [BF16, FP16])

@@ -73,17 +73,23 @@ def gluon_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | No
 
 
 def w4_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | None:
-    """What the Gluon 4-bit decode kernel (sm_90, core/hopper_w4.py) takes of this problem for the
-    op of `table` (a16w4: INT4 in groups of 128 with bf16 x, as `gemmkit bench` builds it;
-    a16wfp4: MXFP4), or None where it does not."""
+    """What the Gluon 4-bit decode or prefill kernel (sm_90, core/hopper_w4.py) takes of this problem for
+    the op of `table` (a16w4: INT4 in groups of 128 with bf16 x, as `gemmkit bench` builds it;
+    a16wfp4: MXFP4), or None where neither does."""
     from ..core import hopper_w4 as h4
 
     if table not in ("a16w4", "a16wfp4") or dev.interpreter or tuple(dev.capability) != (9, 0):
         return None
     mxfp4 = table == "a16wfp4"
-    if not h4.decode_sizes_ok(M, N, K, 32 if mxfp4 else 128, mxfp4):
-        return None
     group = 32 if mxfp4 else 128
+    if h4.prefill_sizes_ok(M, N, K, group, mxfp4, dev):
+        bm, bn, per_sm = h4.prefill_tile(M, N, dev)
+        splits = h4.prefill_splits(M, N, K, bm, bn, per_sm, dev)
+        return (f"the prefill kernel (kernels/gemm_w4_prefill.py): x permuted into its K order, then {bn} weight "
+                f"rows x {bm} rows of x per tile, {per_sm} program(s) per SM"
+                + (f", K in {splits} slices (sums by atomics, finished by a second launch)" if splits > 1 else ""))
+    if not h4.decode_sizes_ok(M, N, K, group, mxfp4):
+        return None
     sp = h4.decode_split(M, N, K, dev, group, mxfp4)
     finish = ("" if sp.slices == 1 else ", the slices' sums finished by their last program"
               if h4.finish_in_kernel(sp) else ", the slices' sums finished by a second launch")
@@ -123,7 +129,7 @@ def show_lines(ops, shapes, dev: DeviceInfo, dtype: str | None, out_dtype: str) 
                              "that kernel does not take)")
             route = w4_route(op.table, M, N, K, dev)
             if route is not None:
-                lines.append(f"    on sm_90 the Gluon 4-bit decode kernel runs it instead: {route} "
+                lines.append(f"    on sm_90 a Gluon 4-bit kernel runs it instead: {route} "
                              "(core/hopper_w4.py; the config above: other GPUs, explicit configs, and calls "
                              "that kernel does not take)")
     return lines
