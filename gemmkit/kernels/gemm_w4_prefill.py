@@ -20,14 +20,13 @@ product's rounding, as the dequantizing route rounds it; MXFP4: e2m1 * 2^(e - 12
 BM >= 128 columns per tile the decoded values are far fewer per thread than the accumulator's, so
 this costs less than the decode kernel's fp32 correction of each step's product.
 
-What bounds it (BENCHMARKS.md, twelfth session; tuning/w4_gluon/w4_prefill_*): a warp group's next
-step is decoded only once its product is done (ptxas waits for it at the loop's back edge: the
-decoded registers are rewritten there), so decode and tensor cores overlap only across warp groups
-or programs; ncu at M = 4096 (128 x 256 tiles) puts 43% of the warps' stall samples on barriers (the
-warp groups' per-step barrier and that wait) and the tensor cores at 59% of the steps' product time.
-Two K steps per iteration (distinct registers, no wait) raced: wrong sums unless the product was
-waited for; two warp-specialized consumers and a TMA warp compile with every product serialized
-(ptxas C7514, the epilogue's reads of the accumulator).
+What bounds it (BENCHMARKS.md, twelfth session; tuning/w4_gluon/w4_prefill_*): ncu at M = 4096 (128 x 256
+tiles) puts 43% of the warps' stall samples on barriers (the warp groups' per-step barrier, and the loop's back
+edge, where ptxas waits for the warp group's own product because the decoded registers are rewritten there) and
+the products' peak time at 59% of the kernel's. Two K steps per iteration (distinct registers, the product left in
+flight while the next step is decoded: scripts/w4_prefill_unroll_probe.py) compute correctly in this loop but ran
+only 1.01x to 1.05x; two warp-specialized consumers and a TMA warp compile with every product serialized (ptxas
+C7514, the epilogue's reads of the accumulator).
 """
 
 from triton.experimental import gluon
