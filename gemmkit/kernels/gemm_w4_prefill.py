@@ -1,5 +1,6 @@
 """Hopper (sm_90) 4-bit weight-only GEMM for prefill sizes (Gluon): y (M, N) = x @ dequant(w)^T, INT4 in
-groups or MXFP4, from core/hopper_w4.PREFILL_MIN_M to PREFILL_MAX_M rows (core/hopper_w4.py routes).
+groups or MXFP4, from core/hopper_w4.PREFILL_MIN_M to PREFILL_MAX_M rows (PREFILL_WIDE_MAX_M on wide layers;
+core/hopper_w4.py routes).
 
 The decode kernel's product (kernels/gemm_w4_decode.py) with x streamed instead of staged: each
 program takes work units in turn (persistent; a unit is a (BN weight rows x BM rows of x) output tile
@@ -9,7 +10,8 @@ packed weight (BN rows x 64 bytes) and x's (BM, 128) tile into one of STAGES sta
 (BN = 64: one, BN = 128: two) decodes its 64 weight rows into wgmma's left operand in registers (the
 decode kernel's PTX and relabelling: the K order within each 128-wide block is permuted, position kp
 holding column host_true_k(kp)), applies the scales to the decoded values, and multiplies with x's
-tile from shared memory, the product left in flight while the stage it read two steps ago is refilled.
+tile from shared memory, the product left in flight while the previous step's stage, its product done in
+both warp groups, is refilled.
 
 x must come in the same permuted K order, and TMA cannot reorder elements within a row: the caller
 passes xp, x with each 128-wide K block permuted by kernels/packed.py permute_k_kernel (one
@@ -26,7 +28,7 @@ edge, where ptxas waits for the warp group's own product because the decoded reg
 the products' peak time at 59% of the kernel's. Two K steps per iteration (distinct registers, the product left in
 flight while the next step is decoded: scripts/w4_prefill_unroll_probe.py) compute correctly in this loop but ran
 only 1.01x to 1.05x; two warp-specialized consumers and a TMA warp compile with every product serialized (ptxas
-C7514, the epilogue's reads of the accumulator).
+C7514: any read of the accumulator after the loop, BENCHMARKS.md lists what was tried).
 """
 
 from triton.experimental import gluon
