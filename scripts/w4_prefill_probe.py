@@ -6,9 +6,9 @@ kernel with its table / derived config. INT4 g128 asymmetric (--fp4:
 MXFP4), the Llama-3 8B / 70B layers (--small: four of them). --variants: also the prefill kernel with each weight
 tile height forced (128 rows: two warp groups; 64: one, two programs per SM) and with no K slices.
 --narrow: the narrow layers (N <= 5120) of the held-out set instead. --x-pass: also the prefill kernel without
-x's permuting pass (timing only) and that pass alone.
+x's permuting pass (timing only) and that pass alone. --per-sm: 64-row weight tiles with three programs per SM.
 
-Usage: python3 scripts/w4_prefill_probe.py [OUT_FILE] [--fp4] [--small | --narrow] [--variants] [--x-pass] [--m 256 512 1024]
+Usage: python3 scripts/w4_prefill_probe.py [OUT_FILE] [--fp4] [--small | --narrow] [--variants] [--x-pass] [--per-sm] [--m 256 512 1024]
 (--m last)
 """
 
@@ -37,7 +37,8 @@ if "--narrow" in sys.argv:
 if "--small" in sys.argv:
     SHAPES = [(6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)]
 DEFAULT, PREFILL = a16w4.DEQUANT_MIN_M, hopper_w4.PREFILL_MIN_M
-KNOBS = ("PREFILL_MIN_M", "PREFILL_MAX_M", "PREFILL_BM", "PREFILL_MAX_STAGES", "PREFILL_BN", "PREFILL_SPLIT_BELOW")
+KNOBS = ("PREFILL_MIN_M", "PREFILL_MAX_M", "PREFILL_BM", "PREFILL_MAX_STAGES", "PREFILL_BN", "PREFILL_SPLIT_BELOW",
+         "PREFILL_PER_SM")
 SHIPPED = {k: getattr(hopper_w4, k) for k in KNOBS}
 ROUTES = [("shipped", {}, DEFAULT), ("prefill kernel", {"PREFILL_MAX_M": 1 << 30}, DEFAULT),
           ("dequantize + A16W16", {"PREFILL_MIN_M": 1 << 30}, DEFAULT),
@@ -46,6 +47,8 @@ if "--variants" in sys.argv:
     ROUTES += [("prefill kernel, 128-row weight tiles", {"PREFILL_BN": 128, "PREFILL_MAX_M": 1 << 30}, DEFAULT),
                ("prefill kernel, 64-row weight tiles, 2 per SM", {"PREFILL_BN": 64, "PREFILL_MAX_M": 1 << 30}, DEFAULT),
                ("prefill kernel, no K slices", {"PREFILL_SPLIT_BELOW": 0, "PREFILL_MAX_M": 1 << 30}, DEFAULT)]
+if "--per-sm" in sys.argv:  # 64-row weight tiles with three programs per SM (two stages each)
+    ROUTES += [("prefill kernel, 64-row weight tiles, 3 per SM", {"PREFILL_PER_SM": {128: 1, 64: 3}}, DEFAULT)]
 X_PASS = "--x-pass" in sys.argv  # also the shipped prefill kernel without x's permuting pass (timing only: its
 # sums are wrong) and that pass alone
 
