@@ -335,6 +335,16 @@ class _W4Plan:
 
     __call__ = run
 
+    def _finish_launch(self, sums_strides, bias, activation, pdl: bool):
+        """finish_sums over the K slices' fp32 sums (self.sums_rows rows of x, strides sums_strides), as
+        self.finish and self.finish_tail; pdl: launched as the kernel's programmatic dependent."""
+        from .launcher import CachedLaunch
+
+        grid = (-(-self.sums_rows // FINISH_BLOCK[0]), -(-self.N // FINISH_BLOCK[1]))
+        self.finish = CachedLaunch(finish_kernel(), grid, 4, 1, self.device_index, pdl=pdl)
+        self.finish_tail = (self.M, self.N, self.sums_rows, *sums_strides, *self.y_strides, bias is not None,
+                            activation, *FINISH_BLOCK, pdl)
+
     def _output(self, x, w_q, y, w_scale, w_zero):
         """(x as (M, K), the output, its (M, N) view), the kernel's tail built on the first call (the
         plan key fixes w_scale's and w_zero's strides); y checked against the inputs' memory."""
@@ -391,11 +401,7 @@ class W4DecodePlan(_W4Plan):
         # the sums' rows (x's padding rows too where transposed: they are zeroed with the others)
         self.sums_rows = x_rows(M) if sums_transposed(M) else M
         if self.slices > 1 and not self.finish_here:
-            sums_strides = (1, self.sums_rows) if sums_transposed(M) else (N, 1)
-            self.finish = CachedLaunch(finish_kernel(), (-(-self.sums_rows // FINISH_BLOCK[0]),
-                                                         -(-N // FINISH_BLOCK[1])), 4, 1, self.device_index, pdl=pdl)
-            self.finish_tail = (M, N, self.sums_rows, *sums_strides, *self.y_strides, bias is not None, activation,
-                                *FINISH_BLOCK, pdl)
+            self._finish_launch((1, self.sums_rows) if sums_transposed(M) else (N, 1), bias, activation, pdl)
 
     def _tail(self, w_scale, w_zero):
         return _scales_tail(self.kernel, PER_CALL, self.values, w_scale, w_zero)
@@ -447,14 +453,14 @@ class W4DecodePlan(_W4Plan):
 # twelfth session) and with `gemmkit bench` (bench_a16w4_prefill_*): INT4 g128 on the Llama-3 layers at
 # M = 128 geomean 1.07x cuBLAS bf16 (the tl kernel 0.70x), at M = 256 0.69x (dequantizing 0.44x); MXFP4
 # 1.06x / 0.69x (0.41x at 256 before). Tiles (prefill_tile): 128 weight rows by 256 of x where those
-# make a wave of the SMs (the most tensor-core work per decoded step: 1.0x to 1.3x the 128-row x tiles
+# make a wave of the SMs (the most tensor-core work per decoded step: 1.0x to 1.4x the 128-row x tiles
 # from 1024 rows), else 64 by 128 with two programs per SM (at 128 rows 1.1x to 1.8x the 128-row weight
 # tiles: one program decodes while the other's product runs, and twice the tiles). K slices
 # (prefill_splits) where the tiles fill under PREFILL_SPLIT_BELOW of the programs: at 128 rows 1.1x to
 # 1.4x on the layers of N <= 4608 (w4_prefill_narrow_*), at 256 rows slower (the sums' atomics and
 # finish cost more than the idle programs; hence 0.3). x's permuting pass reads and writes whole vectors
-# (2 to 3 us at 256 rows; its first form's gather loads took 4 to 19 us: w4_prefill_xpass_*). From
-# PREFILL_MAX_M + 1 rows the dequantizing route measured level at 512 and up to 1.5x faster from 768 but on
+# (2 to 6 us at 256 rows; its first form's gather loads took 6 to 19 us: w4_prefill_xpass_*). From
+# PREFILL_MAX_M + 1 rows the dequantizing route measured level at 512 and up to 1.7x faster from 768 but on
 # the widest layers (PREFILL_WIDE_MAX_M), and from 2048 rows faster everywhere (gemm_w4_prefill's
 # docstring says what bounds the kernel).
 
@@ -488,11 +494,16 @@ def permute_kernel():
     return packed.permute_k_kernel
 
 
+def _wide_tiles(M: int, N: int) -> int:
+    """The prefill kernel's tiles of 128 weight rows by the widest x tile (PREFILL_BM)."""
+    return -(-M // max(PREFILL_BM)) * -(-N // 128)
+
+
 def prefill_sizes_ok(M: int, N: int, K: int, group: int, mxfp4: bool, dev: DeviceInfo) -> bool:
     """The sizes and scale groups the prefill kernel takes: PREFILL_MIN_M to PREFILL_MAX_M rows (to
     PREFILL_WIDE_MAX_M where the 128 x 256 tiles make PREFILL_WIDE_WAVES waves of the SMs), K a multiple of
     128; INT4 groups of 32, 64, 128 * 2^s or one per channel; MXFP4."""
-    wide = M <= PREFILL_WIDE_MAX_M and -(-M // 256) * -(-N // 128) >= PREFILL_WIDE_WAVES * dev.num_sms
+    wide = M <= PREFILL_WIDE_MAX_M and _wide_tiles(M, N) >= PREFILL_WIDE_WAVES * dev.num_sms
     if M < PREFILL_MIN_M or (M > PREFILL_MAX_M and not wide) or N < 1 or K < BLOCK_K or K % BLOCK_K:
         return False
     return mxfp4 or group in SMALL_GROUPS or group_shift(group, K) is not None
@@ -522,7 +533,7 @@ def prefill_tile(M: int, N: int, dev: DeviceInfo) -> tuple[int, int, int]:
     forces the weight tile."""
     bn = PREFILL_BN
     if bn is None:
-        bn = 128 if 256 in PREFILL_BM and M >= 256 and -(-M // 256) * -(-N // 128) >= dev.num_sms else 64
+        bn = 128 if M >= max(PREFILL_BM) and _wide_tiles(M, N) >= dev.num_sms else 64
     per_sm = PREFILL_PER_SM[bn]
     return prefill_rows(M, N, dev, bn, per_sm), bn, per_sm
 
@@ -574,10 +585,7 @@ class W4PrefillPlan(_W4Plan):
         self.kernel = prefill_kernel()
         self.launch = CachedLaunch(self.kernel, (min(units, per_sm * dev.num_sms),), bn // 16, 1, self.device_index)
         if self.splits > 1:
-            self.finish = CachedLaunch(finish_kernel(), (-(-self.sums_rows // FINISH_BLOCK[0]), -(-N // FINISH_BLOCK[1])),
-                                       4, 1, self.device_index)
-            self.finish_tail = (M, N, self.sums_rows, 1, self.sums_rows, *self.y_strides, bias is not None, activation,
-                                *FINISH_BLOCK, False)
+            self._finish_launch((1, self.sums_rows), bias, activation, False)
         self.permute = CachedLaunch(permute_kernel(), (-(-M // PERMUTE_ROWS), K // BLOCK_K), 4, 1, self.device_index)
         self.permute_tail = (M, K, x2.stride(0), x2.stride(1), PERMUTE_ROWS,
                              M * K >= 2**31 or M * x2.stride(0) >= 2**31)
