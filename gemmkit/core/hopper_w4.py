@@ -618,3 +618,45 @@ class W4PrefillPlan(_W4Plan):
         self.launch((w_desc, x_desc, w_scale, w_zero, c, bias, sums), self.tail)
         self.finish((sums, c, bias), self.finish_tail)
         return out
+
+
+# ---------------------------------------------------------------------------------------------
+# 4-bit B in the warp-specialized GEMM (kernels/gemm_ws.py, B_FORMAT INT4 / MXFP4): a decoder warp group
+# writes each K block's weight values into shared memory, which the consumers' products read as they read
+# a 16-bit weight's (core/hopper_ws.PackedB, packed_tiles).
+
+
+TILE_MIN_M, TILE_MAX_M = 1 << 30, 1 << 30  # rows at which gemm_a16w4 / gemm_a16wfp4 take W4TilePlan
+
+
+def w4_tile_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, config, activation: str,
+               mxfp4: bool = False) -> bool:
+    """Whether gemm_a16w4 (gemm_a16wfp4: mxfp4, bf16 x only) takes this call to the warp-specialized GEMM with
+    a 4-bit B: TILE_MIN_M to TILE_MAX_M rows, no explicit config, no activation, K a multiple of 64, INT4 groups
+    of 32, 64 * 2^s or one per channel (or MXFP4), x and the packed weight TMA-addressable, sm_90 with Gluon."""
+    from .hopper_ws import _tma_operand, packed_group_shift
+
+    dtypes = (torch.bfloat16,) if mxfp4 else (torch.bfloat16, torch.float16)
+    return (config is None and activation == "none" and TILE_MIN_M <= M <= TILE_MAX_M and N >= 1 and K >= 64
+            and K % 64 == 0 and x2.dtype in dtypes and (mxfp4 or packed_group_shift(group, K) is not None)
+            and _tma_operand(x2) and w_q.stride(1) == 1 and w_q.stride(0) % 16 == 0 and w_q.data_ptr() % 16 == 0
+            and ws_enabled(dev, x2.device))
+
+
+class W4TilePlan:
+    """y = x @ dequant(w_q)^T + bias through gemm_ws_kernel with a 4-bit B, for fixed tensor facts; called as
+    W4DecodePlan (run(x, w_q, bias, y, x_scale (unused), w_scale, ..., w_zero))."""
+
+    def __init__(self, dev: DeviceInfo, x2, w_q, w_scale, w_zero, y2, M, N, K, group, bias, out_dtype, out_shape,
+                 flatten_x, mxfp4: bool = False, tiles=None):
+        from .hopper_ws import PackedB, WSPlan
+
+        packed = PackedB("mxfp4" if mxfp4 else "int4", 32 if mxfp4 else group, tuple(w_scale.stride()),
+                         None if w_zero is None else tuple(w_zero.stride()))
+        self.plan = WSPlan(x2, w_q, y2, M, N, K, "none", None, w_scale, bias, out_dtype, out_shape, flatten_x,
+                           dev.num_sms, promote=False, tiles=tiles, packed=packed)
+
+    def run(self, x, w_q, bias, y, _x_scale, w_scale, *rest):
+        return self.plan.run(x, w_q, bias, y, None, w_scale, None, rest[-1] if rest else None)
+
+    __call__ = run

@@ -39,6 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from .epilogue import activation
+from .gemm_w4_decode import _DECODE_E2M1, _cta_barrier, _int4_registers, _scaled
 
 # Triton 3.6 names the TMA copies async_copy_global_to_shared / _shared_to_global; later versions
 # async_load / async_store
@@ -48,6 +49,13 @@ _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_
 SCALES_KBLOCK = gl.constexpr(0)
 SCALES_ROWCOL = gl.constexpr(1)
 SCALES_NONE = gl.constexpr(2)
+# B's storage (B_FORMAT): 16-bit or FP8 values, or 4-bit weights decoded into shared memory by a decoder warp group
+B_DENSE = gl.constexpr(0)
+B_INT4 = gl.constexpr(1)
+B_MXFP4 = gl.constexpr(2)
+DEC_ROWS = gl.constexpr(64)  # weight rows the decoder turns into B's values at a time
+DEC_REGS = gl.constexpr(96)  # the decoder warp group's registers per thread ...
+DEC_CONSUMER_REGS = gl.constexpr(200)  # ... and the second consumer's beside it
 
 
 @gluon.jit
@@ -182,13 +190,14 @@ def _gate_tile(gate, up, sa, b_scale, n0, N, stride_bsn, up_scale_offset, SUB: g
 
 
 @gluon.jit
-def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, c0_smem, c1_smem, bias, a_scale,
+def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, c0_smem, c1_smem, bias, a_scale,
               b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn,
               stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride, GROUP_M: gl.constexpr,
               STAGES: gl.constexpr, HALF: gl.constexpr,
               N0: gl.constexpr, N1: gl.constexpr, K_INSTR: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr,
               XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr,
-              GATED: gl.constexpr, ACTIVATION: gl.constexpr, SHARE_C: gl.constexpr, GROUPS: gl.constexpr):
+              GATED: gl.constexpr, ACTIVATION: gl.constexpr, SHARE_C: gl.constexpr, GROUPS: gl.constexpr,
+              PACKED: gl.constexpr):
     """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles
     (GROUPS * HALF rows: one group per tile of HALF rows, or two), in
     column parts of N0 and (N1 > 0) N1 columns, each its own product and accumulator.
@@ -199,7 +208,8 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
     would put its latency between two products.
     Else the tensor cores accumulate, one K block's products in flight while the next are issued.
     GATED: the two parts are the gate and up products of the same N0 columns; the tile stored is
-    ACTIVATION(gate) * up (each times its scales for SCALES_ROWCOL) in N0 columns."""
+    ACTIVATION(gate) * up (each times its scales for SCALES_ROWCOL) in N0 columns.
+    PACKED (4-bit B, accumulating): a stage's B tile is read once the decoder has written it (`decoded`)."""
     mma0: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                    instr_shape=[16, N0, K_INSTR])
     rows_l: gl.constexpr = gl.SliceLayout(1, mma0)
@@ -285,6 +295,8 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
             for ki in range(k0, k1):
                 s = it % STAGES
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                if PACKED:
+                    mbarrier.wait(decoded.index(s), (it // STAGES) & 1)
                 acc0 = warpgroup_mma(a_bufs.index(s), b0_bufs.index(s).permute((1, 0)), acc0, is_async=True)
                 if TWO:
                     acc1 = warpgroup_mma(a_bufs.index(s), b1_bufs.index(s).permute((1, 0)), acc1, is_async=True)
@@ -327,13 +339,139 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_de
 
 
 @gluon.jit
-def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias, a_scale, b_scale, M, N, K,
+def _packed_scales(b_scale, b_zero, off_n, ki, N, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift,
+                   B_FORMAT: gl.constexpr, HAS_ZERO: gl.constexpr, BASE: gl.constexpr, DT: gl.constexpr,
+                   BN: gl.constexpr, SW: gl.constexpr, SL: gl.constexpr):
+    """(scale, BASE + zero point) as (BN, SW) DT tiles of weight rows off_n.. at 64-deep K block ki: SW = 1,
+    INT4 groups of 64 * 2^group_shift (or one per channel); SW = 8, one per word: INT4 groups of 32, or
+    MXFP4's e8m0 blocks of 32 as the bf16 2^(e - 127) (e = 0: 2^-127; 255: NaN; BASE unused)."""
+    rn = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
+    ok = (rn < N)[:, None]
+    if SW == 1:
+        col = gl.full([1], 0, gl.int32, gl.SliceLayout(0, SL)) + (ki >> group_shift)
+    else:
+        col = ki * 2 + gl.arange(0, 8, layout=gl.SliceLayout(0, SL)) // 4
+    if B_FORMAT == B_MXFP4:
+        e = gl.load(b_scale + rn[:, None] * stride_bsn + col[None, :] * stride_bsk, mask=ok, other=127).to(gl.int32)
+        bits = gl.where(e == 0, 0x40, gl.where(e == 255, 0x7FC0, e << 7))
+        s = bits.to(gl.int16).to(gl.bfloat16, bitcast=True)
+        z = s
+    else:
+        s = gl.load(b_scale + rn[:, None] * stride_bsn + col[None, :] * stride_bsk, mask=ok, other=0.0).to(DT)
+        if HAS_ZERO:
+            z = gl.load(b_zero + rn[:, None] * stride_bzn + col[None, :] * stride_bzk, mask=ok, other=0)
+            z = (z.to(gl.float32) + BASE).to(DT)
+        else:
+            z = gl.full([BN, SW], BASE + 8.0, DT, SL)
+    return s, z
+
+
+@gluon.jit
+def _decode_rows(wq, dst, sc, zb, r0: gl.constexpr, d0: gl.constexpr, B_FORMAT: gl.constexpr, FP16: gl.constexpr,
+                 WL: gl.constexpr):
+    """Rows r0 .. r0 + DEC_ROWS of a K block's packed words `wq` (rows x BLOCK_K / 8 int32, 8 consecutive
+    K values per word) as DT values (q - z) s (INT4) or e2m1 * 2^(e - 127) (MXFP4) into rows d0.. of the
+    B tile `dst`, in K order; sc / zb: the block's scales (_packed_scales) from shared memory."""
+    words = wq.slice(r0, DEC_ROWS).load(WL)
+    s = sc.slice(r0, DEC_ROWS).load(WL)
+    if B_FORMAT == B_MXFP4:
+        o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
+            _DECODE_E2M1, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
+        v0, v1, v2, v3 = _scaled(o0, s), _scaled(o1, s), _scaled(o2, s), _scaled(o3, s)
+        v4, v5, v6, v7 = _scaled(o4, s), _scaled(o5, s), _scaled(o6, s), _scaled(o7, s)
+    else:
+        z = zb.slice(r0, DEC_ROWS).load(WL)
+        o0, o1, o2, o3, o4, o5, o6, o7 = _int4_registers(words, FP16)
+        v0, v1, v2, v3 = (o0 - z) * s, (o1 - z) * s, (o2 - z) * s, (o3 - z) * s
+        v4, v5, v6, v7 = (o4 - z) * s, (o5 - z) * s, (o6 - z) * s, (o7 - z) * s
+    # register i holds element i of each word: (row, word, i0, i1, i2) -> (row, word, i2, i1, i0), K order
+    t = gl.join(gl.join(gl.join(v0, v1), gl.join(v2, v3)), gl.join(gl.join(v4, v5), gl.join(v6, v7)))
+    t = gl.reshape(gl.permute(t, [0, 1, 4, 3, 2]), [DEC_ROWS, 8 * words.shape[1]])
+    dst.slice(d0, DEC_ROWS).store(t)
+
+
+@gluon.jit
+def _step_after(unit, ki, k1, off_n, tiles, units, M, N, splits, k_tiles, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """(unit, K block, end K block, off_n) of the step after (unit, ki) in a program's stream of units
+    (past its last unit: the launch's last unit's)."""
+    ki += 1
+    if ki >= k1:
+        unit += gl.num_programs(0)
+        _e, _m, off_n, _s, ki, k1 = _unit(gl.minimum(unit, units - 1), tiles, M, N, 1, splits, k_tiles, BLOCK_M,
+                                          BLOCK_N, GROUP_M)
+    return unit, ki, k1, off_n
+
+
+@gluon.jit
+def _decoder(wq_bufs, b0_bufs, b1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N, k_tiles,
+             splits, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift, GROUP_M: gl.constexpr,
+             STAGES: gl.constexpr, BLOCK_M: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr,
+             B_FORMAT: gl.constexpr, HAS_ZERO: gl.constexpr, FP16: gl.constexpr, SW: gl.constexpr):
+    """One warp group (B_FORMAT INT4 / MXFP4): for each K block of the program's tiles, once its stage's
+    packed words have come, writes the decoded (P0 + P1, BLOCK_K) weight tile into the stage's B buffers
+    (b0_bufs: rows 0 .. P0, b1_bufs: the P1 after), then releases it to the consumers (`decoded`) and its
+    words to the producer (`empty`). The scales of the block after the next are loaded while this one is
+    decoded and stored to the two-slot ring (sc_ring, zb_ring: (2, P0 + P1, SW)) one block later, so that
+    their latency is never waited for."""
+    BN: gl.constexpr = P0 + P1
+    DT: gl.constexpr = b0_bufs.dtype
+    BASE: gl.constexpr = 1024.0 if FP16 else 128.0  # the decoded values' offset (gemm_w4_decode._decode_ptx)
+    WL: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [4, 1], [1, 0])  # a thread: two words (16 values) of a row
+    if SW == 1:
+        SL: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [4, 1], [1, 0])
+    else:
+        SL: gl.constexpr = WL
+    tiles, units = _units(M, N, 1, splits, BLOCK_M, BN)
+    pid = gl.program_id(0)
+    _e, _m, n_a, _s, k_a, e_a = _unit(pid, tiles, M, N, 1, splits, k_tiles, BLOCK_M, BN, GROUP_M)
+    s_n, z_n = _packed_scales(b_scale, b_zero, n_a, k_a, N, stride_bsn, stride_bsk, stride_bzn, stride_bzk,
+                              group_shift, B_FORMAT, HAS_ZERO, BASE, DT, BN, SW, SL)
+    sc_ring.index(0).store(s_n)
+    zb_ring.index(0).store(z_n)
+    lu, lk, le, ln = _step_after(pid, k_a, e_a, n_a, tiles, units, M, N, splits, k_tiles, BLOCK_M, BN, GROUP_M)
+    s_n, z_n = _packed_scales(b_scale, b_zero, ln, lk, N, stride_bsn, stride_bsk, stride_bzn, stride_bzk,
+                              group_shift, B_FORMAT, HAS_ZERO, BASE, DT, BN, SW, SL)
+    lu, lk, le, ln = _step_after(lu, lk, le, ln, tiles, units, M, N, splits, k_tiles, BLOCK_M, BN, GROUP_M)
+    _cta_barrier()
+    it = 0
+    for unit in range(pid, units, gl.num_programs(0)):
+        _e, _m, off_n, _s, k0, k1 = _unit(unit, tiles, M, N, 1, splits, k_tiles, BLOCK_M, BN, GROUP_M)
+        for ki in range(k0, k1):
+            s = it % STAGES
+            r = it % 2
+            # the next block's scales (loaded a block ago) into the other slot (read two blocks ago: the
+            # barrier below has passed since), and the loads of the one after
+            sc_ring.index(1 - r).store(s_n)
+            zb_ring.index(1 - r).store(z_n)
+            s_n, z_n = _packed_scales(b_scale, b_zero, ln, lk, N, stride_bsn, stride_bsk, stride_bzn, stride_bzk,
+                                      group_shift, B_FORMAT, HAS_ZERO, BASE, DT, BN, SW, SL)
+            lu, lk, le, ln = _step_after(lu, lk, le, ln, tiles, units, M, N, splits, k_tiles, BLOCK_M, BN, GROUP_M)
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            for c in gl.static_range(P0 // DEC_ROWS):
+                _decode_rows(wq_bufs.index(s), b0_bufs.index(s), sc_ring.index(r), zb_ring.index(r), c * DEC_ROWS,
+                             c * DEC_ROWS, B_FORMAT, FP16, WL)
+            for c in gl.static_range(P1 // DEC_ROWS):
+                _decode_rows(wq_bufs.index(s), b1_bufs.index(s), sc_ring.index(r), zb_ring.index(r),
+                             P0 + c * DEC_ROWS, c * DEC_ROWS, B_FORMAT, FP16, WL)
+            fence_async_shared()  # the values are read by the tensor cores (the async proxy)
+            _cta_barrier()  # every thread's values and fence: then one arrival for the group
+            mbarrier.arrive(decoded.index(s), count=1)
+            mbarrier.arrive(empty.index(s), count=1)
+            it += 1
+
+
+@gluon.jit
+def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias, a_scale, b_scale, b_zero, M, N, K,
                    splits, split_rows, xs_group_stride, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
+                   stride_bzn, stride_bzk, group_shift,
                    up_scale_offset, batch, a_batch_rows, b_batch_rows, c_batch_rows, bias_batch_stride,
                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr,
                    XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, TWO: gl.constexpr, HAS_BIAS: gl.constexpr,
                    C_TMA: gl.constexpr, GATED: gl.constexpr = False, ACTIVATION: gl.constexpr = "none",
-                   SHARE_C: gl.constexpr = False, GROUPS: gl.constexpr = 2):
+                   SHARE_C: gl.constexpr = False, GROUPS: gl.constexpr = 2, B_FORMAT: gl.constexpr = 0,
+                   P0: gl.constexpr = 0, P1: gl.constexpr = 0, HAS_ZERO: gl.constexpr = False,
+                   SW: gl.constexpr = 1):
     """c (M, N) = x (a_desc: (M, K), boxes of HALF x BLOCK_K) @ w (b0_desc / b1_desc: (N, K), boxes
     of N0 / N1 x BLOCK_K) in (2 * HALF) x (N0 + N1) tiles (N1 = 0 unless TWO), persistent: program
     p takes work units p, p + programs, ... (4 warps launched: the first consumer; a second
@@ -352,14 +490,25 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     rows lie at a_batch_rows / b_batch_rows / c_batch_rows per entry in the descriptors' and c's
     rows (b_batch_rows 0: one weight for every entry), bias_batch_stride elements apart in bias; a
     tile's rows past M (or columns past N) read the next entry's, and are not stored: C_TMA only
-    where M is a multiple of the tile's rows."""
+    where M is a multiple of the tile's rows.
+    B_FORMAT INT4 / MXFP4 (bf16 / fp16 x; MXFP4: bf16; accumulating, one batch entry, not gated): b0_desc is
+    over the packed 4-bit weight (gemmkit's layout, uint8 (N, K // 2)) viewed as int32 (N, K // 8), boxes of
+    P0 + P1 rows x BLOCK_K / 8 words; a decoder warp group (_decoder) writes each K block's values into B
+    tiles of P0 and P1 (TWO) rows: INT4 (q - z) s in x's dtype, scales b_scale (N, G) with zero points b_zero
+    (N, G) uint8 (HAS_ZERO; else 8), groups of 64 * 2^group_shift K (SW = 1) or 32 (SW = 8); MXFP4 e2m1 with
+    b_scale (N, K // 32) uint8 e8m0 (SW = 8). K a multiple of BLOCK_K."""
     HALF: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    N0: gl.constexpr = b0_desc.block_type.shape[0]
-    if TWO:
-        N1: gl.constexpr = b1_desc.block_type.shape[0]
+    PACKED: gl.constexpr = B_FORMAT != B_DENSE
+    if PACKED:
+        N0: gl.constexpr = P0
+        N1: gl.constexpr = P1
     else:
-        N1: gl.constexpr = 0
+        N0: gl.constexpr = b0_desc.block_type.shape[0]
+        if TWO:
+            N1: gl.constexpr = b1_desc.block_type.shape[0]
+        else:
+            N1: gl.constexpr = 0
     K_INSTR: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth  # one wgmma's K: 32 bytes
     gl.static_assert(PROMOTE or SCALES != SCALES_KBLOCK, "block scales apply as each block is promoted")
     gl.static_assert(SCALES != SCALES_KBLOCK or (N0 == 128 and (not TWO or N1 == 128)),
@@ -368,16 +517,33 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                      "gated: equal gate and up parts, the tensor cores' accumulation, no bias")
     gl.static_assert(not SHARE_C or (TWO and N1 == N0 and C_TMA), "a shared output buffer: two equal parts")
     gl.static_assert(GROUPS == 2 or (GROUPS == 1 and not PROMOTE and not GATED), "one warp group: accumulating tiles")
+    gl.static_assert(not PACKED or (not PROMOTE and not GATED and TWO == (P1 > 0) and P0 % DEC_ROWS == 0
+                                    and P1 % DEC_ROWS == 0), "4-bit B: accumulating tiles of DEC_ROWS-row parts")
     a0_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
     if GROUPS == 2:
         a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
     else:  # (unused)
         a1_bufs = a0_bufs
-    b0_bufs = gl.allocate_shared_memory(b0_desc.dtype, [STAGES, N0, BLOCK_K], b0_desc.layout)
-    if TWO:
-        b1_bufs = gl.allocate_shared_memory(b1_desc.dtype, [STAGES, N1, BLOCK_K], b1_desc.layout)
-    else:  # (unused)
-        b1_bufs = b0_bufs
+    if PACKED:  # the words by TMA, the values the decoder writes (laid out as A's rows), its scales' ring
+        wq_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, N0 + N1, BLOCK_K // 8], b0_desc.layout)
+        b0_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, N0, BLOCK_K], a_desc.layout)
+        if TWO:
+            b1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, N1, BLOCK_K], a_desc.layout)
+        else:  # (unused)
+            b1_bufs = b0_bufs
+        ring_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        sc_ring = gl.allocate_shared_memory(a_desc.dtype, [2, N0 + N1, SW], ring_l)
+        if B_FORMAT == B_INT4:
+            zb_ring = gl.allocate_shared_memory(a_desc.dtype, [2, N0 + N1, SW], ring_l)
+        else:  # (unused)
+            zb_ring = sc_ring
+    else:
+        b0_bufs = gl.allocate_shared_memory(b0_desc.dtype, [STAGES, N0, BLOCK_K], b0_desc.layout)
+        if TWO:
+            b1_bufs = gl.allocate_shared_memory(b1_desc.dtype, [STAGES, N1, BLOCK_K], b1_desc.layout)
+        else:  # (unused)
+            b1_bufs = b0_bufs
+        wq_bufs = b0_bufs  # (unused)
     xs_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * HALF], xs_desc.layout)
     if C_TMA:  # per warp group, a buffer per column part
         cA0 = gl.allocate_shared_memory(c0_desc.dtype, [HALF, N0], c0_desc.layout)
@@ -401,35 +567,79 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
         cB1 = xs_bufs
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    if PACKED:
+        decoded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    else:  # (unused)
+        decoded = ready
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=GROUPS)
+        mbarrier.init(empty.index(i), count=GROUPS + 1 if PACKED else GROUPS)  # (the decoder's words)
+        if PACKED:
+            mbarrier.init(decoded.index(i), count=1)
     k_tiles = gl.cdiv(K, BLOCK_K)
+    if PACKED:  # the producer brings the words; the decoder writes B
+        pb_bufs = wq_bufs
+    else:
+        pb_bufs = b0_bufs
+    PTWO: gl.constexpr = TWO and not PACKED
     # (the partitions' argument tuples are written out: Gluon cannot keep one holding constexpr strings in a
     # variable)
-    if GROUPS == 2:
+    if GROUPS == 2 and PACKED:
         gl.warp_specialize([
-            (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias,
+            (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cA0, cA1, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS)),
-            (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cB0, cB1, bias,
+                         ACTIVATION, SHARE_C, GROUPS, PACKED)),
+            (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cB0, cB1, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED)),
+            (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, pb_bufs, b1_bufs, xs_bufs, ready,
+                         empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
+                         STAGES, XS_TMA, PTWO, GATED, GROUPS)),
+            (_decoder, (wq_bufs, b0_bufs, b1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N,
+                        k_tiles, splits, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift, GROUP_M, STAGES,
+                        GROUPS * HALF, N0, N1, B_FORMAT, HAS_ZERO, a_desc.dtype == gl.float16, SW)),
+        ], [4, 1, 4], [DEC_CONSUMER_REGS, 40, DEC_REGS])
+    elif GROUPS == 2:
+        gl.warp_specialize([
+            (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cA0, cA1, bias,
+                         a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
+                         stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
+                         GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
+                         ACTIVATION, SHARE_C, GROUPS, PACKED)),
+            (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cB0, cB1, bias,
+                         a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
+                         stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
+                         GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
+                         ACTIVATION, SHARE_C, GROUPS, PACKED)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
                          STAGES, XS_TMA, TWO, GATED, GROUPS)),
         ], [4, 1], [232, 40])
-    else:  # one consumer warp group
+    elif PACKED:  # one consumer warp group
         gl.warp_specialize([
-            (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, c, c0_desc, c1_desc, cA0, cA1, bias,
+            (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cA0, cA1, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED)),
+            (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, pb_bufs, b1_bufs, xs_bufs, ready,
+                         empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
+                         STAGES, XS_TMA, PTWO, GATED, GROUPS)),
+            (_decoder, (wq_bufs, b0_bufs, b1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N,
+                        k_tiles, splits, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift, GROUP_M, STAGES,
+                        GROUPS * HALF, N0, N1, B_FORMAT, HAS_ZERO, a_desc.dtype == gl.float16, SW)),
+        ], [1, 4], [40, DEC_REGS])
+    else:  # one consumer warp group
+        gl.warp_specialize([
+            (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cA0, cA1, bias,
+                         a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
+                         stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
+                         GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
+                         ACTIVATION, SHARE_C, GROUPS, PACKED)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
                          STAGES, XS_TMA, TWO, GATED, GROUPS)),

@@ -14,7 +14,7 @@ from ..core.dense import DensePlan
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense, packed4
-from ..core.hopper_w4 import W4DecodePlan, W4PrefillPlan, w4_decode_ok, w4_prefill_ok
+from ..core.hopper_w4 import W4DecodePlan, W4PrefillPlan, W4TilePlan, w4_decode_ok, w4_prefill_ok, w4_tile_ok
 from ..core.plan import PlanCache, plan_key
 from ..core.tracing import is_compiling as _is_compiling, library as _library
 from .packed_prefill import DEQUANT_MIN_M, DequantThenGemm
@@ -121,6 +121,8 @@ def _make_plan(x, w_q, w_scale, w_zero, group_size, bias, y, activation, out_dty
     if degenerate:
         return degenerate
     dev = device_info(device)
+    if w4_tile_ok(dev, x2, w_q, M, N, K, g, config, activation):
+        return W4TilePlan(dev, x2, w_q, w_scale, w_zero, y2, M, N, K, g, bias, out_dtype, (*lead, N), x.ndim != 2)
     if w4_prefill_ok(dev, x2, w_q, M, N, K, g, config):
         return W4PrefillPlan(dev, x2, w_q, w_zero, y2, M, N, K, g, bias, activation, out_dtype, (*lead, N),
                              x.ndim != 2)

@@ -13,7 +13,7 @@ import torch
 from ..core import validate as v
 from ..core.config import resolve_config
 from ..core.dense import DensePlan
-from ..core.hopper_w4 import W4DecodePlan, W4PrefillPlan, w4_decode_ok, w4_prefill_ok
+from ..core.hopper_w4 import W4DecodePlan, W4PrefillPlan, W4TilePlan, w4_decode_ok, w4_prefill_ok, w4_tile_ok
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense, packed4
@@ -97,6 +97,9 @@ def _make_plan(x, x_scale, w, w_scale, bias, y, activation, out_dtype, config):
     if degenerate:
         return degenerate
     dev = device_info(device)
+    if not fp4_x and w4_tile_ok(dev, x2, w, M, N, K, MX_BLOCK, config, activation, mxfp4=True):
+        return W4TilePlan(dev, x2, w, w_scale, None, y2, M, N, K, MX_BLOCK, bias, out_dtype, (*lead, N), x.ndim != 2,
+                          mxfp4=True)
     if not fp4_x and w4_prefill_ok(dev, x2, w, M, N, K, MX_BLOCK, config, mxfp4=True):
         return W4PrefillPlan(dev, x2, w, None, y2, M, N, K, MX_BLOCK, bias, activation, out_dtype, (*lead, N),
                              x.ndim != 2, mxfp4=True)
