@@ -36,6 +36,8 @@ M_LIST = [int(a) for a in sys.argv[sys.argv.index("--m") + 1:]] if "--m" in sys.
 FP4 = "--fp4" in sys.argv
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (10240, 8192), (8192, 8192), (57344, 8192),
           (8192, 28672)]
+if "--small" in sys.argv:
+    SHAPES = [(6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)]
 if "--held-out" in sys.argv:
     SHAPES = [(5120, 5120), (27648, 5120), (5120, 13824), (4608, 3584), (37888, 3584), (3584, 18944), (2560, 8192)]
 TILES = [(128, (128, 128)), (128, (128, 0)), (128, (64, 0)), (64, (128, 128)), (64, (128, 0)), (64, (64, 0))]
@@ -94,32 +96,37 @@ def mx_case(M, N, K, tiles=None, extreme=False, bias=False):
     return check(f"mxfp4 M={M} N={N} K={K} tiles={tiles} extreme={extreme} bias={bias} [{plan}]", got, ref)
 
 
+def run_checks():
+    results = []
+    print("correctness (route forced):", file=out, flush=True)
+    for M, N, K in ((1, 64, 64), (100, 1000, 512), (257, 4096, 1024), (1024, 2048, 4096), (33, 130, 192), (512, 6144, 4096)):
+        results.append(int4_case(M, N, K, 64 if K % 128 else 128))
+    for g in (32, 64, 128, 256, 1024):
+        results.append(int4_case(300, 1536, 1024, g))
+    results.append(int4_case(300, 1536, 1024, 1024, sym=True))
+    results.append(int4_case(200, 768, 2048, 2048))  # one group per channel
+    results.append(int4_case(300, 1536, 1024, 128, dtype=torch.float16))
+    results.append(int4_case(300, 1536, 1024, 32, dtype=torch.float16, sym=True))
+    results.append(int4_case(300, 1536, 1024, 128, bias=True))
+    results.append(int4_case(300, 1536, 1024, 128, out_dtype=torch.float32))
+    results.append(int4_case(300, 1536, 1024, 128, y_strided=True))
+    results.append(int4_case(150, 1536, 1024, 128, lead=(2,)))
+    results.append(int4_case(300, 1536, 1024, 128, scale_dtype=torch.float32))
+    results.append(int4_case(64, 512, 8192, 128, bias=True))  # K slices
+    for t in TILES:
+        results.append(int4_case(333, 3000, 1024, 128, tiles=t))
+        results.append(int4_case(333, 3000, 1024, 32, tiles=t))
+    for M, N, K in ((100, 1000, 512), (512, 4096, 4096), (64, 512, 8192)):
+        results.append(mx_case(M, N, K))
+    results.append(mx_case(300, 1536, 1024, extreme=True, bias=True))
+    for t in TILES:
+        results.append(mx_case(333, 3000, 1024, tiles=t))
+    print(f"correctness: {sum(results)} of {len(results)} passed", file=out, flush=True)
+
+
 route(True)
-results = []
-print("correctness (route forced):", file=out, flush=True)
-for M, N, K in ((1, 64, 64), (100, 1000, 512), (257, 4096, 1024), (1024, 2048, 4096), (33, 130, 192), (512, 6144, 4096)):
-    results.append(int4_case(M, N, K, 64 if K % 128 else 128))
-for g in (32, 64, 128, 256, 1024):
-    results.append(int4_case(300, 1536, 1024, g))
-results.append(int4_case(300, 1536, 1024, 1024, sym=True))
-results.append(int4_case(200, 768, 2048, 2048))  # one group per channel
-results.append(int4_case(300, 1536, 1024, 128, dtype=torch.float16))
-results.append(int4_case(300, 1536, 1024, 32, dtype=torch.float16, sym=True))
-results.append(int4_case(300, 1536, 1024, 128, bias=True))
-results.append(int4_case(300, 1536, 1024, 128, out_dtype=torch.float32))
-results.append(int4_case(300, 1536, 1024, 128, y_strided=True))
-results.append(int4_case(150, 1536, 1024, 128, lead=(2,)))
-results.append(int4_case(300, 1536, 1024, 128, scale_dtype=torch.float32))
-results.append(int4_case(64, 512, 8192, 128, bias=True))  # K slices
-for t in TILES:
-    results.append(int4_case(333, 3000, 1024, 128, tiles=t))
-    results.append(int4_case(333, 3000, 1024, 32, tiles=t))
-for M, N, K in ((100, 1000, 512), (512, 4096, 4096), (64, 512, 8192)):
-    results.append(mx_case(M, N, K))
-results.append(mx_case(300, 1536, 1024, extreme=True, bias=True))
-for t in TILES:
-    results.append(mx_case(333, 3000, 1024, tiles=t))
-print(f"correctness: {sum(results)} of {len(results)} passed", file=out, flush=True)
+if "--no-check" not in sys.argv:
+    run_checks()
 
 if "--check-only" not in sys.argv:
     for N, K in SHAPES:
