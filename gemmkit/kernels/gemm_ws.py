@@ -54,8 +54,9 @@ B_DENSE = gl.constexpr(0)
 B_INT4 = gl.constexpr(1)
 B_MXFP4 = gl.constexpr(2)
 DEC_ROWS = gl.constexpr(64)  # weight rows the decoder turns into B's values at a time
-DEC_REGS = gl.constexpr(96)  # the decoder warp group's registers per thread ...
-DEC_CONSUMER_REGS = gl.constexpr(200)  # ... and the second consumer's beside it
+DEC_WARPS = gl.constexpr(8)  # the decoder's warps (two warp groups: each scheduler interleaves two decoding warps)
+DEC_REGS = gl.constexpr(56)  # their registers per thread ...
+DEC_CONSUMER_REGS = gl.constexpr(168)  # ... and the second consumer's beside them
 
 
 @gluon.jit
@@ -137,7 +138,7 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
             _tma_load(a_desc, [a_m, ki * BLOCK_K], ready.index(s), a0_bufs.index(s))
             if GROUPS == 2:
                 _tma_load(a_desc, [a_m + HALF, ki * BLOCK_K], ready.index(s), a1_bufs.index(s))
-            _tma_load(b0_desc, [b_n, ki * BLOCK_K], ready.index(s), b0_bufs.index(s))
+            _tma_load(b0_desc, [b_n, ki * b0_desc.block_type.shape[1]], ready.index(s), b0_bufs.index(s))
             if GATED:
                 _tma_load(b1_desc, [b_n, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
             elif TWO:
@@ -417,9 +418,9 @@ def _decoder(wq_bufs, b0_bufs, b1_bufs, sc_ring, zb_ring, ready, empty, decoded,
     BN: gl.constexpr = P0 + P1
     DT: gl.constexpr = b0_bufs.dtype
     BASE: gl.constexpr = 1024.0 if FP16 else 128.0  # the decoded values' offset (gemm_w4_decode._decode_ptx)
-    WL: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [4, 1], [1, 0])  # a thread: two words (16 values) of a row
+    WL: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [DEC_WARPS, 1], [1, 0])  # a thread: two words of a row
     if SW == 1:
-        SL: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [4, 1], [1, 0])
+        SL: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [DEC_WARPS, 1], [1, 0])
     else:
         SL: gl.constexpr = WL
     tiles, units = _units(M, N, 1, splits, BLOCK_M, BN)
@@ -602,7 +603,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
             (_decoder, (wq_bufs, b0_bufs, b1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N,
                         k_tiles, splits, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift, GROUP_M, STAGES,
                         GROUPS * HALF, N0, N1, B_FORMAT, HAS_ZERO, a_desc.dtype == gl.float16, SW)),
-        ], [4, 1, 4], [DEC_CONSUMER_REGS, 40, DEC_REGS])
+        ], [4, 1, DEC_WARPS], [DEC_CONSUMER_REGS, 40, DEC_REGS])
     elif GROUPS == 2:
         gl.warp_specialize([
             (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cA0, cA1, bias,
@@ -632,7 +633,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
             (_decoder, (wq_bufs, b0_bufs, b1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N,
                         k_tiles, splits, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift, GROUP_M, STAGES,
                         GROUPS * HALF, N0, N1, B_FORMAT, HAS_ZERO, a_desc.dtype == gl.float16, SW)),
-        ], [1, 4], [40, DEC_REGS])
+        ], [1, DEC_WARPS], [40, DEC_REGS])
     else:  # one consumer warp group
         gl.warp_specialize([
             (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cA0, cA1, bias,
