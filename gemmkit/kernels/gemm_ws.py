@@ -54,6 +54,7 @@ B_DENSE = gl.constexpr(0)
 B_INT4 = gl.constexpr(1)
 B_MXFP4 = gl.constexpr(2)
 DEC_ROWS = gl.constexpr(64)  # weight rows the decoder turns into B's values at a time
+DEC_WORK = gl.constexpr(2)  # (probes: 0 no decode, 1 decode without the stores; wrong products)
 DEC_WARPS = gl.constexpr(8)  # the decoder's warps (two warp groups: each scheduler interleaves two decoding warps)
 DEC_REGS = gl.constexpr(56)  # their registers per thread ...
 DEC_CONSUMER_REGS = gl.constexpr(168)  # ... and the second consumer's beside them
@@ -373,6 +374,8 @@ def _decode_rows(wq, dst, sc, zb, r0: gl.constexpr, d0: gl.constexpr, B_FORMAT: 
     """Rows r0 .. r0 + DEC_ROWS of a K block's packed words `wq` (rows x BLOCK_K / 8 int32, 8 consecutive
     K values per word) as DT values (q - z) s (INT4) or e2m1 * 2^(e - 127) (MXFP4) into rows d0.. of the
     B tile `dst`, in K order; sc / zb: the block's scales (_packed_scales) from shared memory."""
+    if DEC_WORK == 0:
+        return
     words = wq.slice(r0, DEC_ROWS).load(WL)
     s = sc.slice(r0, DEC_ROWS).load(WL)
     if B_FORMAT == B_MXFP4:
@@ -388,7 +391,11 @@ def _decode_rows(wq, dst, sc, zb, r0: gl.constexpr, d0: gl.constexpr, B_FORMAT: 
     # register i holds element i of each word: (row, word, i0, i1, i2) -> (row, word, i2, i1, i0), K order
     t = gl.join(gl.join(gl.join(v0, v1), gl.join(v2, v3)), gl.join(gl.join(v4, v5), gl.join(v6, v7)))
     t = gl.reshape(gl.permute(t, [0, 1, 4, 3, 2]), [DEC_ROWS, 8 * words.shape[1]])
-    dst.slice(d0, DEC_ROWS).store(t)
+    if DEC_WORK == 1:
+        if gl.program_id(0) < 0:
+            dst.slice(d0, DEC_ROWS).store(t)
+    else:
+        dst.slice(d0, DEC_ROWS).store(t)
 
 
 @gluon.jit
