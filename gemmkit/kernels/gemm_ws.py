@@ -342,30 +342,39 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
 
 @gluon.jit
 def _packed_scales(b_scale, b_zero, off_n, ki, N, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift,
-                   B_FORMAT: gl.constexpr, HAS_ZERO: gl.constexpr, BASE: gl.constexpr, DT: gl.constexpr,
-                   BN: gl.constexpr, SW: gl.constexpr, SL: gl.constexpr):
-    """(scale, BASE + zero point) as (BN, SW) DT tiles of weight rows off_n.. at 64-deep K block ki: SW = 1,
-    INT4 groups of 64 * 2^group_shift (or one per channel); SW = 8, one per word: INT4 groups of 32, or
-    MXFP4's e8m0 blocks of 32 as the bf16 2^(e - 127) (e = 0: 2^-127; 255: NaN; BASE unused)."""
+                   HAS_ZERO: gl.constexpr, BN: gl.constexpr, SW: gl.constexpr, SL: gl.constexpr):
+    """The raw scales (and zero points: HAS_ZERO) of weight rows off_n.. at 64-deep K block ki as (BN, SW)
+    tiles (rows past N: 0), for _scale_values: SW = 1, INT4 groups of 64 * 2^group_shift (or one per
+    channel); SW = 8, one per word: INT4 groups of 32, MXFP4's e8m0 blocks of 32. Nothing here waits for
+    the loads."""
     rn = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, SL))
     ok = (rn < N)[:, None]
     if SW == 1:
         col = gl.full([1], 0, gl.int32, gl.SliceLayout(0, SL)) + (ki >> group_shift)
     else:
         col = ki * 2 + gl.arange(0, 8, layout=gl.SliceLayout(0, SL)) // 4
-    if B_FORMAT == B_MXFP4:
-        e = gl.load(b_scale + rn[:, None] * stride_bsn + col[None, :] * stride_bsk, mask=ok, other=127).to(gl.int32)
-        bits = gl.where(e == 0, 0x40, gl.where(e == 255, 0x7FC0, e << 7))
-        s = bits.to(gl.int16).to(gl.bfloat16, bitcast=True)
-        z = s
+    s = gl.load(b_scale + rn[:, None] * stride_bsn + col[None, :] * stride_bsk, mask=ok, other=0)
+    if HAS_ZERO:
+        z = gl.load(b_zero + rn[:, None] * stride_bzn + col[None, :] * stride_bzk, mask=ok, other=0)
     else:
-        s = gl.load(b_scale + rn[:, None] * stride_bsn + col[None, :] * stride_bsk, mask=ok, other=0.0).to(DT)
-        if HAS_ZERO:
-            z = gl.load(b_zero + rn[:, None] * stride_bzn + col[None, :] * stride_bzk, mask=ok, other=0)
-            z = (z.to(gl.float32) + BASE).to(DT)
-        else:
-            z = gl.full([BN, SW], BASE + 8.0, DT, SL)
+        z = s
     return s, z
+
+
+@gluon.jit
+def _scale_values(s, z, B_FORMAT: gl.constexpr, HAS_ZERO: gl.constexpr, BASE: gl.constexpr, DT: gl.constexpr):
+    """(scale, BASE + zero point) in DT of _packed_scales' loads: INT4 (zero point 8 without HAS_ZERO);
+    MXFP4 e8m0 as the bf16 2^(e - 127) (e = 0: 2^-127; 255: NaN; rows past N: 2^-127 times zero words)."""
+    if B_FORMAT == B_MXFP4:
+        e = s.to(gl.int32)
+        bits = gl.where(e == 0, 0x40, gl.where(e == 255, 0x7FC0, e << 7))
+        sc = bits.to(gl.int16).to(gl.bfloat16, bitcast=True)
+        return sc, sc
+    if HAS_ZERO:
+        zb = (z.to(gl.float32) + BASE).to(DT)
+    else:
+        zb = gl.full(s.shape, BASE + 8.0, DT, s.type.layout)
+    return s.to(DT), zb
 
 
 @gluon.jit
@@ -434,12 +443,13 @@ def _decoder(wq_bufs, b0_bufs, b1_bufs, sc_ring, zb_ring, ready, empty, decoded,
     pid = gl.program_id(0)
     _e, _m, n_a, _s, k_a, e_a = _unit(pid, tiles, M, N, 1, splits, k_tiles, BLOCK_M, BN, GROUP_M)
     s_n, z_n = _packed_scales(b_scale, b_zero, n_a, k_a, N, stride_bsn, stride_bsk, stride_bzn, stride_bzk,
-                              group_shift, B_FORMAT, HAS_ZERO, BASE, DT, BN, SW, SL)
-    sc_ring.index(0).store(s_n)
-    zb_ring.index(0).store(z_n)
+                              group_shift, HAS_ZERO, BN, SW, SL)
+    sv, zv = _scale_values(s_n, z_n, B_FORMAT, HAS_ZERO, BASE, DT)
+    sc_ring.index(0).store(sv)
+    zb_ring.index(0).store(zv)
     lu, lk, le, ln = _step_after(pid, k_a, e_a, n_a, tiles, units, M, N, splits, k_tiles, BLOCK_M, BN, GROUP_M)
     s_n, z_n = _packed_scales(b_scale, b_zero, ln, lk, N, stride_bsn, stride_bsk, stride_bzn, stride_bzk,
-                              group_shift, B_FORMAT, HAS_ZERO, BASE, DT, BN, SW, SL)
+                              group_shift, HAS_ZERO, BN, SW, SL)
     lu, lk, le, ln = _step_after(lu, lk, le, ln, tiles, units, M, N, splits, k_tiles, BLOCK_M, BN, GROUP_M)
     _cta_barrier()
     it = 0
@@ -450,10 +460,11 @@ def _decoder(wq_bufs, b0_bufs, b1_bufs, sc_ring, zb_ring, ready, empty, decoded,
             r = it % 2
             # the next block's scales (loaded a block ago) into the other slot (read two blocks ago: the
             # barrier below has passed since), and the loads of the one after
-            sc_ring.index(1 - r).store(s_n)
-            zb_ring.index(1 - r).store(z_n)
+            sv, zv = _scale_values(s_n, z_n, B_FORMAT, HAS_ZERO, BASE, DT)
+            sc_ring.index(1 - r).store(sv)
+            zb_ring.index(1 - r).store(zv)
             s_n, z_n = _packed_scales(b_scale, b_zero, ln, lk, N, stride_bsn, stride_bsk, stride_bzn, stride_bzk,
-                                      group_shift, B_FORMAT, HAS_ZERO, BASE, DT, BN, SW, SL)
+                                      group_shift, HAS_ZERO, BN, SW, SL)
             lu, lk, le, ln = _step_after(lu, lk, le, ln, tiles, units, M, N, splits, k_tiles, BLOCK_M, BN, GROUP_M)
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
             for c in gl.static_range(P0 // DEC_ROWS):
