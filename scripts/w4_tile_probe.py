@@ -23,7 +23,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import gemmkit  # noqa: E402
 from gemmkit import quant  # noqa: E402
-from gemmkit.core import hopper_w4, hopper_ws  # noqa: E402
+from gemmkit.core import hopper_w4  # noqa: E402
 from gemmkit.ops import a16w4  # noqa: E402
 from gemmkit.ops import fp4 as fp4_op  # noqa: E402
 from gemmkit.tools import registry, tune  # noqa: E402
@@ -40,7 +40,7 @@ if "--small" in sys.argv:
     SHAPES = [(6144, 4096), (28672, 4096), (4096, 14336), (8192, 8192)]
 if "--held-out" in sys.argv:
     SHAPES = [(5120, 5120), (27648, 5120), (5120, 13824), (4608, 3584), (37888, 3584), (3584, 18944), (2560, 8192)]
-TILES = [(128, (128, 128)), (128, (128, 0)), (128, (64, 0)), (64, (128, 128)), (64, (128, 0)), (64, (64, 0))]
+TILES = [(128, (128, 128)), (128, (128, 0)), (128, (64, 0)), (64, (128, 128)), (64, (128, 0))]
 print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, GEMMKIT_COMMIT {os.environ.get('GEMMKIT_COMMIT')}",
       file=out, flush=True)
 
@@ -67,12 +67,12 @@ def int4_case(M, N, K, group, sym=False, dtype=torch.bfloat16, bias=False, out_d
     w16 = quant.dequantize_int4(wq, ws, wz, group, torch.float32)
     b = torch.randn(N, device="cuda").to(dtype) if bias else None
     ref = F.linear(x.float(), w16, None if b is None else b.float())
-    hopper_ws.PACKED_TILES = tiles
+    hopper_w4.TILE_FORCE = tiles
     y = None
     if y_strided:
         y = torch.full((M, 2 * N), float("nan"), device="cuda", dtype=out_dtype or dtype)[:, ::2]
     got = gemmkit.gemm_a16w4(x, wq, ws, wz, group_size=group, bias=b, out_dtype=out_dtype, y=y)
-    hopper_ws.PACKED_TILES = None
+    hopper_w4.TILE_FORCE = None
     plan = type(a16w4._make_plan(x, wq, ws, wz, group, b, y, None, out_dtype, None)).__name__
     return check(f"int4 M={M} N={N} K={K} g={group} sym={sym} {dtype} bias={bias} out={out_dtype} "
                  f"y_strided={y_strided} lead={lead} tiles={tiles} scales={scale_dtype} [{plan}]", got, ref)
@@ -89,9 +89,9 @@ def mx_case(M, N, K, tiles=None, extreme=False, bias=False):
     w16 = quant.dequantize_mxfp4(wq, ws, torch.float32)
     b = torch.randn(N, device="cuda").bfloat16() if bias else None
     ref = F.linear(x.float(), w16, None if b is None else b.float())
-    hopper_ws.PACKED_TILES = tiles
+    hopper_w4.TILE_FORCE = tiles
     got = gemmkit.gemm_a16wfp4(x, wq, ws, bias=b)
-    hopper_ws.PACKED_TILES = None
+    hopper_w4.TILE_FORCE = None
     plan = type(fp4_op._make_plan(x, None, wq, ws, b, None, None, None, None)).__name__
     return check(f"mxfp4 M={M} N={N} K={K} tiles={tiles} extreme={extreme} bias={bias} [{plan}]", got, ref)
 
@@ -141,13 +141,13 @@ if "--check-only" not in sys.argv:
                 variants += [(f"this route, tiles {t}", True, t) for t in TILES]
             for name, on, tiles in variants:
                 route(on)
-                hopper_ws.PACKED_TILES = tiles
+                hopper_w4.TILE_FORCE = tiles
                 plans, calls = probe_util.w4_plan_calls(inps, FP4)
-                hopper_ws.PACKED_TILES = None
+                hopper_w4.TILE_FORCE = None
                 p = plans[0]
                 desc = type(p).__name__
                 if isinstance(p, hopper_w4.W4TilePlan):
-                    desc += f" rows {p.plan.rows} parts {p.plan.parts} splits {p.plan.splits} stages {p.plan.stages}"
+                    desc += f" rows {p.rows} parts {p.parts} splits {p.splits} stages {p.stages}"
                 named[f"{name} (rel err {tune.rel_error(calls[0](), ref):.1e}; {desc})"] = calls
             route(True)
             probe_util.time_and_print(named, f"M={M} N={N} K={K}:", N * K / 2, out)

@@ -621,42 +621,132 @@ class W4PrefillPlan(_W4Plan):
 
 
 # ---------------------------------------------------------------------------------------------
-# 4-bit B in the warp-specialized GEMM (kernels/gemm_ws.py, B_FORMAT INT4 / MXFP4): a decoder warp group
-# writes each K block's weight values into shared memory, which the consumers' products read as they read
-# a 16-bit weight's (core/hopper_ws.PackedB, packed_tiles).
-
+# The 4-bit weight in the warp-specialized GEMM (kernels/gemm_ws.py, W_FORMAT INT4 / MXFP4): the kernel computes
+# y^T = w x^T with the weight as A, a decoder partition writing each K block's values of a tile's weight rows into
+# shared memory, where the consumers' products read them as they read x's tiles (W4TilePlan).
 
 TILE_MIN_M, TILE_MAX_M = 1 << 30, 1 << 30  # rows at which gemm_a16w4 / gemm_a16wfp4 take W4TilePlan
+TILE_WIDTHS = ((64, 0), (128, 0), (128, 128))  # x's rows per tile (the kernel's columns), in one or two parts
+TILE_FORCE = None  # (weight rows per tile, x's parts) forced for every W4TilePlan (probes); None: tile_shape
+
+
+def tile_group_shift(group: int, K: int) -> int | None:
+    """The kernel's group_shift for INT4 groups of 64 * 2^s (one group per channel: past every K
+    block), 0 for groups of 32 (applied per word), None for groups it does not take."""
+    if group == K:
+        return 30
+    if group == 32:
+        return 0
+    if group % 64 or (group // 64) & (group // 64 - 1):
+        return None
+    return (group // 64).bit_length() - 1
+
+
+def tile_shape(M: int, N: int, num_sms: int) -> tuple[int, tuple[int, int]]:
+    """(weight rows, x's row parts) of a tile: 128 weight rows (two consumer warp groups, one decoded tile per
+    K block), the width of TILE_WIDTHS whose waves over the SMs take the least time (hopper_ws._wave_cost on
+    the kernel's (N, M) problem), the widest on ties."""
+    from .hopper_ws import BLOCK, _wave_cost
+
+    if TILE_FORCE is not None:
+        return TILE_FORCE
+    return BLOCK, min(TILE_WIDTHS, key=lambda p: (_wave_cost(N, M, p, num_sms), -(p[0] + p[1])))
 
 
 def w4_tile_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, config, activation: str,
                mxfp4: bool = False) -> bool:
     """Whether gemm_a16w4 (gemm_a16wfp4: mxfp4, bf16 x only) takes this call to the warp-specialized GEMM with
-    a 4-bit B: TILE_MIN_M to TILE_MAX_M rows, no explicit config, no activation, K a multiple of 64, INT4 groups
-    of 32, 64 * 2^s or one per channel (or MXFP4), x and the packed weight TMA-addressable, sm_90 with Gluon."""
-    from .hopper_ws import _tma_operand, packed_group_shift
+    a 4-bit weight: TILE_MIN_M to TILE_MAX_M rows, no explicit config, no activation, K a multiple of 64, INT4
+    groups of 32, 64 * 2^s or one per channel (or MXFP4), x and the packed weight TMA-addressable, sm_90 with
+    Gluon."""
+    from .hopper_ws import _tma_operand
 
     dtypes = (torch.bfloat16,) if mxfp4 else (torch.bfloat16, torch.float16)
     return (config is None and activation == "none" and TILE_MIN_M <= M <= TILE_MAX_M and N >= 1 and K >= 64
-            and K % 64 == 0 and x2.dtype in dtypes and (mxfp4 or packed_group_shift(group, K) is not None)
+            and K % 64 == 0 and x2.dtype in dtypes and (mxfp4 or tile_group_shift(group, K) is not None)
             and _tma_operand(x2) and w_q.stride(1) == 1 and w_q.stride(0) % 16 == 0 and w_q.data_ptr() % 16 == 0
             and ws_enabled(dev, x2.device))
 
 
-class W4TilePlan:
-    """y = x @ dequant(w_q)^T + bias through gemm_ws_kernel with a 4-bit B, for fixed tensor facts; called as
-    W4DecodePlan (run(x, w_q, bias, y, x_scale (unused), w_scale, ..., w_zero))."""
+class W4TilePlan(_W4Plan):
+    """y = x @ dequant(w_q)^T + bias through gemm_ws_kernel with the 4-bit weight as A (y^T = w x^T, stored
+    through y's strides swapped); with K slices (hopper_ws.ws_splits on the kernel's problem) their fp32
+    partials go to a workspace in y's orientation and hopper_ws's sum_k_slices adds them. Called as
+    W4DecodePlan. tiles: (weight rows, x's row parts) forced."""
 
     def __init__(self, dev: DeviceInfo, x2, w_q, w_scale, w_zero, y2, M, N, K, group, bias, out_dtype, out_shape,
                  flatten_x, mxfp4: bool = False, tiles=None):
-        from .hopper_ws import PackedB, WSPlan
+        from triton.experimental.gluon import language as gl
 
-        packed = PackedB("mxfp4" if mxfp4 else "int4", 32 if mxfp4 else group, tuple(w_scale.stride()),
-                         None if w_zero is None else tuple(w_zero.stride()))
-        self.plan = WSPlan(x2, w_q, y2, M, N, K, "none", None, w_scale, bias, out_dtype, out_shape, flatten_x,
-                           dev.num_sms, promote=False, tiles=tiles, packed=packed)
+        from . import hopper_ws as hw
+        from .launcher import CachedLaunch
 
-    def run(self, x, w_q, bias, y, _x_scale, w_scale, *rest):
-        return self.plan.run(x, w_q, bias, y, None, w_scale, None, rest[-1] if rest else None)
+        self._facts(x2, w_q, y2, M, N, K, out_dtype, out_shape, flatten_x)
+        rows, (n0, n1) = tiles or tile_shape(M, N, dev.num_sms)
+        self.rows, self.parts = rows, (n0, n1)
+        block_k = hw.ROW_BYTES // x2.element_size()
+        op = hw._gl_dtype(x2.dtype)
 
-    __call__ = run
+        def x_desc(r):
+            return hw._Descriptors((M, K), (x2.stride(0), 1), (r, block_k),
+                                   gl.NVMMASharedLayout.get_default_for([r, block_k], op))
+
+        self.a_desc = hw._Descriptors((N, K // 8), (w_q.stride(0) // 4, 1), (rows, block_k // 8),
+                                      gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
+        self.b0_desc = x_desc(n0)
+        self.b1_desc = x_desc(n1) if n1 else self.b0_desc
+        # descriptors the kernel does not read (no x scales, pointer stores): built once
+        zeros = torch.zeros(hw.BLOCK, dtype=torch.float32, device=self.device)
+        self.xs_desc = hw._Descriptors((hw.BLOCK,), (1,), (hw.BLOCK,), gl.NVMMASharedLayout(
+            swizzle_byte_width=0, element_bitwidth=32, rank=1))(zeros)
+        self.c_desc = hw._Descriptors((hw.HALF, 64), (64, 1), (hw.HALF, 64), gl.NVMMASharedLayout.get_default_for(
+            [hw.HALF, 64], gl.float32))(torch.zeros(hw.HALF, 64, dtype=torch.float32, device=self.device))
+        self.splits = hw.ws_splits(N, M, K, dev.num_sms, n0 + n1, block_k, rows)
+        sw = 8 if mxfp4 or group == 32 else 1
+        ring = 2 * rows * sw * x2.element_size() * (1 if mxfp4 else 2)
+        stages = hw.ws_stages(n0 + n1, 0, 0, rows, extra=rows * hw.ROW_BYTES // 4, fixed=ring)
+        if self.splits > 1:  # (M, N) per slice, y's orientation
+            self.n_pad = -(-N // 4) * 4
+            self.ws_shape = (self.splits * M, self.n_pad)
+            c_strides = (1, self.n_pad)
+            self.reduce = CachedLaunch(hw.reduce_kernels().sum_k_slices, (-(-M // hw.REDUCE_BLOCK[0]),
+                                                                          -(-N // hw.REDUCE_BLOCK[1])), 4, 1,
+                                       self.device_index)
+            self.reduce_tail = (M, N, self.splits, M, self.n_pad, *self.y_strides, bias is not None, *hw.REDUCE_BLOCK)
+        else:
+            c_strides = (self.y_strides[1], self.y_strides[0])
+        zn, zk = w_zero.stride() if w_zero is not None else (0, 0)
+        self.kernel = hw.gluon_kernel().gemm_ws_kernel
+        self.tail = kernel_tail(self.kernel, hw.PER_CALL, dict(
+            M=N, N=M, K=K, splits=self.splits, split_rows=M if self.splits > 1 else 0, xs_group_stride=0,
+            stride_cm=c_strides[0], stride_cn=c_strides[1], stride_asm=0, stride_ask=0,
+            stride_bsn=w_scale.stride(0), stride_bsk=w_scale.stride(1), stride_bzn=zn, stride_bzk=zk,
+            group_shift=0 if mxfp4 else tile_group_shift(group, K), up_scale_offset=0, batch=1, a_batch_rows=N,
+            b_batch_rows=0, c_batch_rows=0, bias_batch_stride=0, GROUP_M=hw.GROUP_M, STAGES=stages, SCALES=2,
+            XS_TMA=False, PROMOTE=False, TWO=n1 > 0, HAS_BIAS=bias is not None and self.splits == 1, C_TMA=False,
+            GATED=False, ACTIVATION="none", SHARE_C=False, GROUPS=rows // hw.HALF, W_FORMAT=2 if mxfp4 else 1,
+            HAS_ZERO=w_zero is not None, SW=sw))
+        self.stages = stages
+        units = hw._tiles(N, M, rows, n0 + n1) * self.splits
+        self.launch = CachedLaunch(self.kernel, (min(units, dev.num_sms),), 4, 1, self.device_index)
+
+    def arguments(self, x, w_q, c, bias, w_scale, w_zero) -> tuple:
+        """The kernel's per-call arguments (hopper_ws.PER_CALL) for these tensors (c: y, or the K slices'
+        workspace)."""
+        xd = self.b0_desc(x)
+        xd1 = self.b1_desc(x) if self.b1_desc is not self.b0_desc else xd
+        return (self.a_desc(w_q.view(torch.int32)), xd, xd1, self.xs_desc, c, self.c_desc, self.c_desc, bias, None,
+                w_scale, w_zero)
+
+    def _tail(self, w_scale, w_zero):
+        return self.tail
+
+    def _run(self, x, w_q, bias, y, w_scale, w_zero):
+        x, out, c = self._output(x, w_q, y, w_scale, w_zero)
+        if self.splits == 1:
+            self.launch(self.arguments(x, w_q, c, bias, w_scale, w_zero), self.tail)
+            return out
+        ws = torch.empty(self.ws_shape, dtype=torch.float32, device=self.device)
+        self.launch(self.arguments(x, w_q, ws, None, w_scale, w_zero), self.tail)
+        self.reduce((ws, c, bias), self.reduce_tail)
+        return out

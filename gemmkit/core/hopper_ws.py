@@ -20,7 +20,6 @@ any other layout is read with register loads in the K loop.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 
@@ -51,6 +50,8 @@ FITTED_GAIN = 0.85  # bf16 / fp16: ws_direct_ok's threshold
 GROUP_M = 8
 PER_CALL = ("a_desc", "b0_desc", "b1_desc", "xs_desc", "c", "c0_desc", "c1_desc", "bias", "a_scale",
             "b_scale", "b_zero")  # the kernel's leading parameters
+# the kernel's 4-bit weight arguments (kernels/gemm_ws.py W_FORMAT; core/hopper_w4.W4TilePlan) for the dense plans
+DENSE_W = dict(stride_bzn=0, stride_bzk=0, group_shift=0, W_FORMAT=0, HAS_ZERO=False, SW=1)
 C_TMA = True  # 16-bit outputs stored by TMA from shared memory (off: pointer stores; scripts/ws_probe.py --no-c-tma)
 SHARE_C = True  # 128 x (128 + 128) tiles: one output buffer per warp group for both parts, a stage more
 
@@ -401,56 +402,15 @@ class _Descriptors:
         return d
 
 
-def ws_stages(width: int, out_bytes: int, out_width: int | None = None, rows: int = BLOCK, packed_ring: int = -1) -> int:
+def ws_stages(width: int, out_bytes: int, out_width: int | None = None, rows: int = BLOCK, extra: int = 0,
+              fixed: int = 0) -> int:
     """Pipeline stages of rows x width tiles (B rows per K block): as many as shared memory holds
     beside the output buffers of rows x out_width (default width; out_bytes per element, 0: pointer
-    stores), at most MAX_STAGES. packed_ring >= 0 (4-bit B): each stage also holds the packed words
-    (a quarter of B's bytes), and the decoder's scale ring takes packed_ring bytes."""
-    stage = (rows + width) * ROW_BYTES + BLOCK * 4  # A, B and a tile's x scales
-    if packed_ring >= 0:
-        stage += width * ROW_BYTES // 4
+    stores) and `fixed` bytes more, each stage `extra` bytes more (a 4-bit A's packed words), at most
+    MAX_STAGES."""
+    stage = (rows + width) * ROW_BYTES + BLOCK * 4 + extra  # A, B and a tile's x scales
     out = rows * (width if out_width is None else out_width) * out_bytes
-    return min(MAX_STAGES, (SMEM_BYTES - SMEM_RESERVE - out - max(packed_ring, 0)) // stage)
-
-
-@dataclasses.dataclass(frozen=True)
-class PackedB:
-    """A 4-bit B operand for WSPlan: "int4" (groups of `group` K values, zero points or not) or "mxfp4",
-    with the scales' (and zero points') strides, which the plan key pins."""
-    fmt: str
-    group: int
-    scale_strides: tuple
-    zero_strides: tuple | None
-
-    @property
-    def per_word(self) -> bool:
-        """Scales per 32 K values (one per 4 words): MXFP4, INT4 groups of 32."""
-        return self.fmt == "mxfp4" or self.group == 32
-
-
-PACKED_WIDTHS = ((64, 0), (128, 0), (128, 128))  # column parts of 4-bit B tiles (a power of two rows of words per load)
-PACKED_TILES = None  # (rows, parts) forced for every 4-bit B plan (probes); None: packed_tiles
-
-
-def packed_group_shift(group: int, K: int) -> int | None:
-    """The kernel's group_shift for INT4 groups of 64 * 2^s (one group per channel: past every K
-    block), 0 for groups of 32 (per word), None for groups it does not take."""
-    if group == K:
-        return 30
-    if group == 32:
-        return 0
-    if group % 64 or (group // 64) & (group // 64 - 1):
-        return None
-    return (group // 64).bit_length() - 1
-
-
-def packed_tiles(M: int, N: int, num_sms: int) -> tuple[int, tuple[int, int]]:
-    """(rows, column parts) of 4-bit B tiles: 128 rows (the decoded B tile shared by two consumer
-    warp groups), the width of PACKED_WIDTHS whose waves take the least time (_wave_cost), the widest
-    on ties."""
-    if PACKED_TILES is not None:
-        return PACKED_TILES
-    return BLOCK, min(PACKED_WIDTHS, key=lambda p: (_wave_cost(M, N, p, num_sms), -(p[0] + p[1])))
+    return min(MAX_STAGES, (SMEM_BYTES - SMEM_RESERVE - out - fixed) // stage)
 
 
 class WSPlan:
@@ -461,7 +421,7 @@ class WSPlan:
     and w2 the up weight (run(..., w2=up)), in tiles of ws_gated_width columns of each."""
 
     def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms,
-                 promote=True, gated=None, tiles=None, batch=None, packed: PackedB | None = None):
+                 promote=True, gated=None, tiles=None, batch=None):
         from triton.experimental.gluon import language as gl
 
         from .launcher import CachedLaunch
@@ -485,8 +445,6 @@ class WSPlan:
         if self.gated:
             width = ws_gated_width(M, N, num_sms)
             self.parts = (width, width)
-        elif packed is not None:
-            self.rows, self.parts = tiles or packed_tiles(M, N, num_sms)
         elif promote:
             wide = ws_block_n(M, N, num_sms, self.kblock) == 2 * BLOCK
             self.parts = (BLOCK, BLOCK) if wide else (BLOCK, 0)
@@ -501,14 +459,8 @@ class WSPlan:
             return _Descriptors((self.batch * b_rows or N, K), (w.stride(0), 1), (rows, block_k),
                                 gl.NVMMASharedLayout.get_default_for([rows, block_k], op_dtype))
 
-        self.packed = packed
-        if packed is not None:  # the packed words (N, K // 8) int32, one box per tile and K block
-            self.b0_desc = self.b1_desc = _Descriptors(
-                (N, K // 8), (w.stride(0) // 4, 1), (n0 + n1, block_k // 8),
-                gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
-        else:
-            self.b0_desc = b_desc(n0)
-            self.b1_desc = b_desc(n1) if n1 else self.b0_desc  # (gated: over the up weight, a descriptor of its own)
+        self.b0_desc = b_desc(n0)
+        self.b1_desc = b_desc(n1) if n1 else self.b0_desc  # (gated: over the up weight, a descriptor of its own)
         xs_layout = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
         xs_group_stride = 0
         if self.kblock:
@@ -566,19 +518,8 @@ class WSPlan:
         kernel = gluon_kernel().gemm_ws_kernel
         s_am, s_ak, s_bn, s_bk = scale_strides
         self.share_c = SHARE_C and n1 == n0 and self.c_tma and not self.gated
-        packed_values = dict(stride_bzn=0, stride_bzk=0, group_shift=0, B_FORMAT=0, P0=0, P1=0, HAS_ZERO=False, SW=1)
-        ring = -1
-        if packed is not None:
-            sw = 8 if packed.per_word else 1
-            ring = 2 * (n0 + n1) * sw * x2.element_size() * (2 if packed.fmt == "int4" else 1)
-            s_bn, s_bk = packed.scale_strides
-            z_n, z_k = packed.zero_strides or (0, 0)
-            packed_values = dict(stride_bzn=z_n, stride_bzk=z_k,
-                                 group_shift=0 if packed.fmt == "mxfp4" else packed_group_shift(packed.group, K),
-                                 B_FORMAT=1 if packed.fmt == "int4" else 2, P0=n0, P1=n1,
-                                 HAS_ZERO=packed.zero_strides is not None, SW=sw)
         self.stages = ws_stages(n0 + n1, c_dtype.itemsize if self.c_tma else 0, n0 if self.share_c else self.block_n,
-                                self.rows, ring)
+                                self.rows)
         self.tail = kernel_tail(kernel, PER_CALL, dict(
             M=M, N=N, K=K, splits=self.splits, split_rows=self.split_rows, xs_group_stride=xs_group_stride,
             stride_cm=c_strides[0], stride_cn=c_strides[1],
@@ -587,18 +528,18 @@ class WSPlan:
             XS_TMA=self.xs_tma, PROMOTE=promote, TWO=n1 > 0, HAS_BIAS=bias is not None and self.splits == 1,
             C_TMA=self.c_tma, GATED=self.gated, ACTIVATION=gated[0] if self.gated else "none", SHARE_C=self.share_c,
             GROUPS=self.rows // HALF, batch=self.batch, a_batch_rows=M, b_batch_rows=b_rows, c_batch_rows=M,
-            bias_batch_stride=bias.stride(0) if bias is not None and bias.ndim == 2 else 0, **packed_values))
+            bias_batch_stride=bias.stride(0) if bias is not None and bias.ndim == 2 else 0, **DENSE_W))
         units = _tiles(M, N, self.rows, self.block_n) * self.splits * self.batch
         self.launch = CachedLaunch(kernel, (min(units, num_sms),), 4, 1,
                                    self.device_index)  # persistent: at most one program per SM
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)
         self.y_extent = 0 if y2 is None else extent_bytes(y2)
 
-    def arguments(self, x, w, c, bias, x_scale, w_scale, w2=None, w_zero=None) -> tuple:
+    def arguments(self, x, w, c, bias, x_scale, w_scale, w2=None) -> tuple:
         """The kernel's PER_CALL arguments for these tensors (x (M, K), c (M, N); gated: w2 the up
-        weight; 4-bit B: w the packed weight, w_scale / w_zero its scales / zero points)."""
+        weight)."""
         xs_desc = self.xs_desc(torch.as_strided(x_scale, (self.xs_extent,), (1,))) if self.xs_tma else self._xs_const
-        b0 = self.b0_desc(w.view(torch.int32) if self.packed is not None else w)
+        b0 = self.b0_desc(w)
         if self.gated:
             b1 = self.b1_desc(w2)
         else:
@@ -608,15 +549,15 @@ class WSPlan:
             c1 = self.c1_desc(c) if self.c1_desc is not self.c0_desc else c0
         else:
             c0, c1 = self.c0_desc, self.c1_desc
-        return self.a_desc(x), b0, b1, xs_desc, c, c0, c1, bias, x_scale, w_scale, w_zero
+        return self.a_desc(x), b0, b1, xs_desc, c, c0, c1, bias, x_scale, w_scale, None
 
-    def run(self, x, w, bias, y, x_scale, w_scale, w2=None, w_zero=None):
+    def run(self, x, w, bias, y, x_scale, w_scale, w2=None):
         if _get_device() != self.device_index:  # launches go to the current device
             with torch.cuda.device(self.device_index):
-                return self._run(x, w, bias, y, x_scale, w_scale, w2, w_zero)
-        return self._run(x, w, bias, y, x_scale, w_scale, w2, w_zero)
+                return self._run(x, w, bias, y, x_scale, w_scale, w2)
+        return self._run(x, w, bias, y, x_scale, w_scale, w2)
 
-    def _run(self, x, w, bias, y, x_scale, w_scale, w2=None, w_zero=None):
+    def _run(self, x, w, bias, y, x_scale, w_scale, w2=None):
         M, N = self.M, self.N
         if y is not None:
             inputs = (("x", x, self.x_extent), ("w", w, self.w_extent))
@@ -632,10 +573,10 @@ class WSPlan:
                                   device=self.device) if y is None else y
         c = out.view(self.batch * M, N) if len(self.out_shape) != 2 else out
         if self.splits == 1:
-            self.launch(self.arguments(x, w, c, bias, x_scale, w_scale, w2, w_zero), self.tail)
+            self.launch(self.arguments(x, w, c, bias, x_scale, w_scale, w2), self.tail)
             return out
         ws = torch.empty(self.ws_shape, dtype=torch.float32, device=self.device)
-        self.launch(self.arguments(x, w, ws, None, x_scale, w_scale, None, w_zero), self.tail)
+        self.launch(self.arguments(x, w, ws, None, x_scale, w_scale), self.tail)
         self.reduce((ws, c, bias), self.reduce_tail)
         return out
 

@@ -49,10 +49,11 @@ _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_
 SCALES_KBLOCK = gl.constexpr(0)
 SCALES_ROWCOL = gl.constexpr(1)
 SCALES_NONE = gl.constexpr(2)
-# B's storage (B_FORMAT): 16-bit or FP8 values, or 4-bit weights decoded into shared memory by a decoder warp group
-B_DENSE = gl.constexpr(0)
-B_INT4 = gl.constexpr(1)
-B_MXFP4 = gl.constexpr(2)
+# the weight's storage (W_FORMAT): 16-bit or FP8 values (B, read by TMA), or 4-bit: then the weight is A, its
+# values written into shared memory by a decoder partition (_decoder) and x is B
+W_DENSE = gl.constexpr(0)
+W_INT4 = gl.constexpr(1)
+W_MXFP4 = gl.constexpr(2)
 DEC_ROWS = gl.constexpr(64)  # weight rows the decoder turns into B's values at a time
 DEC_WORK = gl.constexpr(2)  # (probes: 0 no decode, 1 decode without the stores; wrong products)
 DEC_WARPS = gl.constexpr(8)  # the decoder's warps (two warp groups: each scheduler interleaves two decoding warps)
@@ -101,14 +102,22 @@ def _unit(unit, tiles, M, N, batch, splits, k_tiles, BLOCK_M: gl.constexpr, BLOC
 def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, M, N,
               k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M: gl.constexpr,
               STAGES: gl.constexpr,
-              XS_TMA: gl.constexpr, TWO: gl.constexpr, GATED: gl.constexpr, GROUPS: gl.constexpr):
+              XS_TMA: gl.constexpr, TWO: gl.constexpr, GATED: gl.constexpr, GROUPS: gl.constexpr,
+              PACKED: gl.constexpr):
     """One warp: for each of the program's tiles, TMA loads of each K block's A rows (GROUPS boxes
-    of HALF rows, one per consumer warp group), B column part(s) and (XS_TMA) the tile's activation
-    scales into the next stage, once the consumers have released it; it runs ahead into the next
-    tile while the consumers finish the last one. Batched (batch entries): entry b's A rows start at
-    row b * a_batch_rows of a_desc, its B rows at b * b_batch_rows of b0_desc / b1_desc."""
-    HALF: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+    of HALF rows, one per consumer warp group; PACKED: one box of the 4-bit weight's words for all
+    of them, into a0_bufs), B column part(s) and (XS_TMA) the tile's activation scales into the next
+    stage, once the consumers (and the decoder) have released it; it runs ahead into the next tile
+    while the consumers finish the last one. Batched (batch entries): entry b's A rows start at row
+    b * a_batch_rows of a_desc, its B rows at b * b_batch_rows of b0_desc / b1_desc."""
+    if PACKED:  # one box of the packed weight's words for the tile's rows
+        HALF: gl.constexpr = a_desc.block_type.shape[0] // GROUPS
+        a_bytes: gl.constexpr = a_desc.block_type.nbytes
+    else:
+        HALF: gl.constexpr = a_desc.block_type.shape[0]
+        a_bytes: gl.constexpr = GROUPS * a_desc.block_type.nbytes
+    A_K: gl.constexpr = a_desc.block_type.shape[1]  # A's K block in its elements
+    B_K: gl.constexpr = b0_desc.block_type.shape[1]
     N0: gl.constexpr = b0_desc.block_type.shape[0]
     if GATED:  # the gate and up tiles of the same N0 columns
         BLOCK_N: gl.constexpr = N0
@@ -120,9 +129,9 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
         BLOCK_N: gl.constexpr = N0
         b_bytes: gl.constexpr = b0_desc.block_type.nbytes
     if XS_TMA:
-        nbytes: gl.constexpr = GROUPS * a_desc.block_type.nbytes + b_bytes + xs_desc.block_type.nbytes
+        nbytes: gl.constexpr = a_bytes + b_bytes + xs_desc.block_type.nbytes
     else:
-        nbytes: gl.constexpr = GROUPS * a_desc.block_type.nbytes + b_bytes
+        nbytes: gl.constexpr = a_bytes + b_bytes
     it = 0
     tiles, units = _units(M, N, batch, splits, GROUPS * HALF, BLOCK_N)
     for unit in range(gl.program_id(0), units, gl.num_programs(0)):
@@ -136,33 +145,35 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
             mbarrier.expect(ready.index(s), nbytes)
             if XS_TMA:  # x_scale column-major: group ki's scales of rows off_m.. are contiguous
                 _tma_load(xs_desc, [ki * xs_group_stride + off_m], ready.index(s), xs_bufs.index(s))
-            _tma_load(a_desc, [a_m, ki * BLOCK_K], ready.index(s), a0_bufs.index(s))
-            if GROUPS == 2:
-                _tma_load(a_desc, [a_m + HALF, ki * BLOCK_K], ready.index(s), a1_bufs.index(s))
-            _tma_load(b0_desc, [b_n, ki * b0_desc.block_type.shape[1]], ready.index(s), b0_bufs.index(s))
+            _tma_load(a_desc, [a_m, ki * A_K], ready.index(s), a0_bufs.index(s))
+            if GROUPS == 2 and not PACKED:
+                _tma_load(a_desc, [a_m + HALF, ki * A_K], ready.index(s), a1_bufs.index(s))
+            _tma_load(b0_desc, [b_n, ki * B_K], ready.index(s), b0_bufs.index(s))
             if GATED:
-                _tma_load(b1_desc, [b_n, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
+                _tma_load(b1_desc, [b_n, ki * B_K], ready.index(s), b1_bufs.index(s))
             elif TWO:
-                _tma_load(b1_desc, [b_n + N0, ki * BLOCK_K], ready.index(s), b1_bufs.index(s))
+                _tma_load(b1_desc, [b_n + N0, ki * B_K], ready.index(s), b1_bufs.index(s))
             it += 1
 
 
 @gluon.jit
 def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, stride_cm, stride_cn, stride_bsn,
             SUB: gl.constexpr, K_INSTR: gl.constexpr, SCALES: gl.constexpr, HAS_BIAS: gl.constexpr,
-            C_TMA: gl.constexpr, PENDING: gl.constexpr):
+            C_TMA: gl.constexpr, PENDING: gl.constexpr, BIAS_ROWS: gl.constexpr = False):
     """Epilogue of one SUB-wide column part of a warp group's rows: (SCALES_ROWCOL) the row scales
     `sa` and the columns' scales, the bias, the cast to c's dtype, then a masked pointer store,
     or (C_TMA) the part into its buffer `c_smem` and a TMA store from there that runs on while the
     warp group starts its next tile (PENDING: the stores issued since the previous one out of
-    this buffer, which may still run)."""
+    this buffer, which may still run). BIAS_ROWS: the bias is per row (the weight's rows as A)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, SUB, K_INSTR])
     rn = n0 + gl.arange(0, SUB, layout=gl.SliceLayout(0, mma))
     col_ok = rn < N
     if SCALES == SCALES_ROWCOL:  # per channel (stride 0: one value per tensor)
         acc = acc * sa[:, None] * gl.load(b_scale + rn * stride_bsn, mask=col_ok, other=0.0)[None, :]
-    if HAS_BIAS:
+    if HAS_BIAS and BIAS_ROWS:
+        acc += gl.load(bias + rm, mask=row_ok, other=0.0).to(gl.float32)[:, None]
+    elif HAS_BIAS:
         acc += gl.load(bias + rn, mask=col_ok, other=0.0).to(gl.float32)[None, :]
     if C_TMA:
         out = acc.to(c_desc.dtype)
@@ -211,7 +222,9 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
     Else the tensor cores accumulate, one K block's products in flight while the next are issued.
     GATED: the two parts are the gate and up products of the same N0 columns; the tile stored is
     ACTIVATION(gate) * up (each times its scales for SCALES_ROWCOL) in N0 columns.
-    PACKED (4-bit B, accumulating): a stage's B tile is read once the decoder has written it (`decoded`)."""
+    PACKED (a 4-bit weight as A, accumulating): a stage's A tile is read once the decoder has written it
+    (`decoded`); the bias is per row, and K slice s of a tile goes to rows s * split_rows.. of x's (c's
+    rows: the kernel's columns)."""
     mma0: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                    instr_shape=[16, N0, K_INSTR])
     rows_l: gl.constexpr = gl.SliceLayout(1, mma0)
@@ -315,7 +328,10 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
             mbarrier.arrive(empty.index(prev), count=1)
         # (split_rows: a K slice's rows in the workspace c; c_batch_rows: a batch entry's rows in c)
         row0 = sp * split_rows + entry * c_batch_rows + off_m + ROLE * HALF
-        c_e = c + entry * c_batch_rows * stride_cm
+        if PACKED:  # (c is the output transposed: a K slice's rows of x are the kernel's columns)
+            c_e = c + sp * split_rows * stride_cn
+        else:
+            c_e = c + entry * c_batch_rows * stride_cm
         if HAS_BIAS:
             bias_e = bias + entry * bias_batch_stride
         else:
@@ -331,11 +347,12 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
                     stride_bsn, N0, K_INSTR, SCALES_NONE, False, C_TMA, PEND)
         else:
             _finish(acc0, c_e, c0_desc, c0_smem, bias_e, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm,
-                    stride_cn, stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND)
+                    stride_cn, stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND, PACKED)
         if TWO and not GATED:
             rm1 = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows1_l)
             _finish(acc1, c_e, c1_desc, c1_smem, bias_e, b_scale, gl.convert_layout(sa, rows1_l), row0, rm1, rm1 < M,
-                    off_n + N0, N, stride_cm, stride_cn, stride_bsn, W1, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND)
+                    off_n + N0, N, stride_cm, stride_cn, stride_bsn, W1, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND,
+                    PACKED)
     if C_TMA:
         tma.store_wait(0)  # the last stores read the c buffers: finished before the program ends
 
@@ -362,10 +379,10 @@ def _packed_scales(b_scale, b_zero, off_n, ki, N, stride_bsn, stride_bsk, stride
 
 
 @gluon.jit
-def _scale_values(s, z, B_FORMAT: gl.constexpr, HAS_ZERO: gl.constexpr, BASE: gl.constexpr, DT: gl.constexpr):
+def _scale_values(s, z, W_FORMAT: gl.constexpr, HAS_ZERO: gl.constexpr, BASE: gl.constexpr, DT: gl.constexpr):
     """(scale, BASE + zero point) in DT of _packed_scales' loads: INT4 (zero point 8 without HAS_ZERO);
     MXFP4 e8m0 as the bf16 2^(e - 127) (e = 0: 2^-127; 255: NaN; rows past N: 2^-127 times zero words)."""
-    if B_FORMAT == B_MXFP4:
+    if W_FORMAT == W_MXFP4:
         e = s.to(gl.int32)
         bits = gl.where(e == 0, 0x40, gl.where(e == 255, 0x7FC0, e << 7))
         sc = bits.to(gl.int16).to(gl.bfloat16, bitcast=True)
@@ -378,16 +395,15 @@ def _scale_values(s, z, B_FORMAT: gl.constexpr, HAS_ZERO: gl.constexpr, BASE: gl
 
 
 @gluon.jit
-def _decode_rows(wq, dst, sc, zb, r0: gl.constexpr, d0: gl.constexpr, B_FORMAT: gl.constexpr, FP16: gl.constexpr,
-                 WL: gl.constexpr):
+def _decode_rows(wq, dst, sc, zb, r0: gl.constexpr, W_FORMAT: gl.constexpr, FP16: gl.constexpr, WL: gl.constexpr):
     """Rows r0 .. r0 + DEC_ROWS of a K block's packed words `wq` (rows x BLOCK_K / 8 int32, 8 consecutive
-    K values per word) as DT values (q - z) s (INT4) or e2m1 * 2^(e - 127) (MXFP4) into rows d0.. of the
-    B tile `dst`, in K order; sc / zb: the block's scales (_packed_scales) from shared memory."""
+    K values per word) as DT values (q - z) s (INT4) or e2m1 * 2^(e - 127) (MXFP4) into the A tile `dst`
+    (DEC_ROWS rows), in K order; sc / zb: the block's scales (_scale_values) from shared memory."""
     if DEC_WORK == 0:
         return
     words = wq.slice(r0, DEC_ROWS).load(WL)
     s = sc.slice(r0, DEC_ROWS).load(WL)
-    if B_FORMAT == B_MXFP4:
+    if W_FORMAT == W_MXFP4:
         o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
             _DECODE_E2M1, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
         v0, v1, v2, v3 = _scaled(o0, s), _scaled(o1, s), _scaled(o2, s), _scaled(o3, s)
@@ -402,79 +418,78 @@ def _decode_rows(wq, dst, sc, zb, r0: gl.constexpr, d0: gl.constexpr, B_FORMAT: 
     t = gl.reshape(gl.permute(t, [0, 1, 4, 3, 2]), [DEC_ROWS, 8 * words.shape[1]])
     if DEC_WORK == 1:
         if gl.program_id(0) < 0:
-            dst.slice(d0, DEC_ROWS).store(t)
+            dst.store(t)
     else:
-        dst.slice(d0, DEC_ROWS).store(t)
+        dst.store(t)
 
 
 @gluon.jit
-def _step_after(unit, ki, k1, off_n, tiles, units, M, N, splits, k_tiles, BLOCK_M: gl.constexpr,
+def _step_after(unit, ki, k1, off_m, tiles, units, M, N, splits, k_tiles, BLOCK_M: gl.constexpr,
                 BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
-    """(unit, K block, end K block, off_n) of the step after (unit, ki) in a program's stream of units
+    """(unit, K block, end K block, off_m) of the step after (unit, ki) in a program's stream of units
     (past its last unit: the launch's last unit's)."""
     ki += 1
     if ki >= k1:
         unit += gl.num_programs(0)
-        _e, _m, off_n, _s, ki, k1 = _unit(gl.minimum(unit, units - 1), tiles, M, N, 1, splits, k_tiles, BLOCK_M,
+        _e, off_m, _n, _s, ki, k1 = _unit(gl.minimum(unit, units - 1), tiles, M, N, 1, splits, k_tiles, BLOCK_M,
                                           BLOCK_N, GROUP_M)
-    return unit, ki, k1, off_n
+    return unit, ki, k1, off_m
 
 
 @gluon.jit
-def _decoder(wq_bufs, b0_bufs, b1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N, k_tiles,
+def _decoder(wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N, k_tiles,
              splits, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift, GROUP_M: gl.constexpr,
-             STAGES: gl.constexpr, BLOCK_M: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr,
-             B_FORMAT: gl.constexpr, HAS_ZERO: gl.constexpr, FP16: gl.constexpr, SW: gl.constexpr):
-    """One warp group (B_FORMAT INT4 / MXFP4): for each K block of the program's tiles, once its stage's
-    packed words have come, writes the decoded (P0 + P1, BLOCK_K) weight tile into the stage's B buffers
-    (b0_bufs: rows 0 .. P0, b1_bufs: the P1 after), then releases it to the consumers (`decoded`) and its
-    words to the producer (`empty`). The scales of the block after the next are loaded while this one is
-    decoded and stored to the two-slot ring (sc_ring, zb_ring: (2, P0 + P1, SW)) one block later, so that
-    their latency is never waited for."""
-    BN: gl.constexpr = P0 + P1
-    DT: gl.constexpr = b0_bufs.dtype
+             STAGES: gl.constexpr, BLOCK_N: gl.constexpr, W_FORMAT: gl.constexpr, HAS_ZERO: gl.constexpr,
+             FP16: gl.constexpr, SW: gl.constexpr, GROUPS: gl.constexpr):
+    """DEC_WARPS warps (W_FORMAT INT4 / MXFP4: the weight is A, its rows the kernel's M): for each K block of
+    the program's tiles, once its stage's packed words have come, writes the weight's values of the tile's
+    GROUPS * DEC_ROWS rows into the stage's A buffers (a0_bufs: the first DEC_ROWS rows, a1_bufs: the next),
+    then releases them to the consumers (`decoded`) and the words to the producer (`empty`). The scales of
+    the block after the next are loaded while this one is decoded and stored, converted, to the two-slot
+    ring (sc_ring, zb_ring: (2, rows, SW)) one block later: their latency is never waited for."""
+    BM: gl.constexpr = GROUPS * DEC_ROWS
+    DT: gl.constexpr = a0_bufs.dtype
     BASE: gl.constexpr = 1024.0 if FP16 else 128.0  # the decoded values' offset (gemm_w4_decode._decode_ptx)
     WL: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [DEC_WARPS, 1], [1, 0])  # a thread: two words of a row
     if SW == 1:
         SL: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [DEC_WARPS, 1], [1, 0])
     else:
         SL: gl.constexpr = WL
-    tiles, units = _units(M, N, 1, splits, BLOCK_M, BN)
+    tiles, units = _units(M, N, 1, splits, BM, BLOCK_N)
     pid = gl.program_id(0)
-    _e, _m, n_a, _s, k_a, e_a = _unit(pid, tiles, M, N, 1, splits, k_tiles, BLOCK_M, BN, GROUP_M)
-    s_n, z_n = _packed_scales(b_scale, b_zero, n_a, k_a, N, stride_bsn, stride_bsk, stride_bzn, stride_bzk,
-                              group_shift, HAS_ZERO, BN, SW, SL)
-    sv, zv = _scale_values(s_n, z_n, B_FORMAT, HAS_ZERO, BASE, DT)
+    _e, m_a, _n, _s, k_a, e_a = _unit(pid, tiles, M, N, 1, splits, k_tiles, BM, BLOCK_N, GROUP_M)
+    s_n, z_n = _packed_scales(b_scale, b_zero, m_a, k_a, M, stride_bsn, stride_bsk, stride_bzn, stride_bzk,
+                              group_shift, HAS_ZERO, BM, SW, SL)
+    sv, zv = _scale_values(s_n, z_n, W_FORMAT, HAS_ZERO, BASE, DT)
     sc_ring.index(0).store(sv)
     zb_ring.index(0).store(zv)
-    lu, lk, le, ln = _step_after(pid, k_a, e_a, n_a, tiles, units, M, N, splits, k_tiles, BLOCK_M, BN, GROUP_M)
-    s_n, z_n = _packed_scales(b_scale, b_zero, ln, lk, N, stride_bsn, stride_bsk, stride_bzn, stride_bzk,
-                              group_shift, HAS_ZERO, BN, SW, SL)
-    lu, lk, le, ln = _step_after(lu, lk, le, ln, tiles, units, M, N, splits, k_tiles, BLOCK_M, BN, GROUP_M)
+    lu, lk, le, lm = _step_after(pid, k_a, e_a, m_a, tiles, units, M, N, splits, k_tiles, BM, BLOCK_N, GROUP_M)
+    s_n, z_n = _packed_scales(b_scale, b_zero, lm, lk, M, stride_bsn, stride_bsk, stride_bzn, stride_bzk,
+                              group_shift, HAS_ZERO, BM, SW, SL)
+    lu, lk, le, lm = _step_after(lu, lk, le, lm, tiles, units, M, N, splits, k_tiles, BM, BLOCK_N, GROUP_M)
     _cta_barrier()
     it = 0
     for unit in range(pid, units, gl.num_programs(0)):
-        _e, _m, off_n, _s, k0, k1 = _unit(unit, tiles, M, N, 1, splits, k_tiles, BLOCK_M, BN, GROUP_M)
+        _e, off_m, _n, _s, k0, k1 = _unit(unit, tiles, M, N, 1, splits, k_tiles, BM, BLOCK_N, GROUP_M)
         for ki in range(k0, k1):
             s = it % STAGES
             r = it % 2
             # the next block's scales (loaded a block ago) into the other slot (read two blocks ago: the
             # barrier below has passed since), and the loads of the one after
-            sv, zv = _scale_values(s_n, z_n, B_FORMAT, HAS_ZERO, BASE, DT)
+            sv, zv = _scale_values(s_n, z_n, W_FORMAT, HAS_ZERO, BASE, DT)
             sc_ring.index(1 - r).store(sv)
             zb_ring.index(1 - r).store(zv)
-            s_n, z_n = _packed_scales(b_scale, b_zero, ln, lk, N, stride_bsn, stride_bsk, stride_bzn, stride_bzk,
-                                      group_shift, HAS_ZERO, BN, SW, SL)
-            lu, lk, le, ln = _step_after(lu, lk, le, ln, tiles, units, M, N, splits, k_tiles, BLOCK_M, BN, GROUP_M)
+            s_n, z_n = _packed_scales(b_scale, b_zero, lm, lk, M, stride_bsn, stride_bsk, stride_bzn, stride_bzk,
+                                      group_shift, HAS_ZERO, BM, SW, SL)
+            lu, lk, le, lm = _step_after(lu, lk, le, lm, tiles, units, M, N, splits, k_tiles, BM, BLOCK_N, GROUP_M)
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            for c in gl.static_range(P0 // DEC_ROWS):
-                _decode_rows(wq_bufs.index(s), b0_bufs.index(s), sc_ring.index(r), zb_ring.index(r), c * DEC_ROWS,
-                             c * DEC_ROWS, B_FORMAT, FP16, WL)
-            for c in gl.static_range(P1 // DEC_ROWS):
-                _decode_rows(wq_bufs.index(s), b1_bufs.index(s), sc_ring.index(r), zb_ring.index(r),
-                             P0 + c * DEC_ROWS, c * DEC_ROWS, B_FORMAT, FP16, WL)
+            _decode_rows(wq_bufs.index(s), a0_bufs.index(s), sc_ring.index(r), zb_ring.index(r), 0, W_FORMAT, FP16,
+                         WL)
+            if GROUPS == 2:
+                _decode_rows(wq_bufs.index(s), a1_bufs.index(s), sc_ring.index(r), zb_ring.index(r), DEC_ROWS,
+                             W_FORMAT, FP16, WL)
             fence_async_shared()  # the values are read by the tensor cores (the async proxy)
-            _cta_barrier()  # every thread's values and fence: then one arrival for the group
+            _cta_barrier()  # every thread's values and fence: then one arrival for the partition
             mbarrier.arrive(decoded.index(s), count=1)
             mbarrier.arrive(empty.index(s), count=1)
             it += 1
@@ -488,9 +503,8 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                    GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr,
                    XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, TWO: gl.constexpr, HAS_BIAS: gl.constexpr,
                    C_TMA: gl.constexpr, GATED: gl.constexpr = False, ACTIVATION: gl.constexpr = "none",
-                   SHARE_C: gl.constexpr = False, GROUPS: gl.constexpr = 2, B_FORMAT: gl.constexpr = 0,
-                   P0: gl.constexpr = 0, P1: gl.constexpr = 0, HAS_ZERO: gl.constexpr = False,
-                   SW: gl.constexpr = 1):
+                   SHARE_C: gl.constexpr = False, GROUPS: gl.constexpr = 2, W_FORMAT: gl.constexpr = 0,
+                   HAS_ZERO: gl.constexpr = False, SW: gl.constexpr = 1):
     """c (M, N) = x (a_desc: (M, K), boxes of HALF x BLOCK_K) @ w (b0_desc / b1_desc: (N, K), boxes
     of N0 / N1 x BLOCK_K) in (2 * HALF) x (N0 + N1) tiles (N1 = 0 unless TWO), persistent: program
     p takes work units p, p + programs, ... (4 warps launched: the first consumer; a second
@@ -510,25 +524,30 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     rows (b_batch_rows 0: one weight for every entry), bias_batch_stride elements apart in bias; a
     tile's rows past M (or columns past N) read the next entry's, and are not stored: C_TMA only
     where M is a multiple of the tile's rows.
-    B_FORMAT INT4 / MXFP4 (bf16 / fp16 x; MXFP4: bf16; accumulating, one batch entry, not gated): b0_desc is
-    over the packed 4-bit weight (gemmkit's layout, uint8 (N, K // 2)) viewed as int32 (N, K // 8), boxes of
-    P0 + P1 rows x BLOCK_K / 8 words; a decoder warp group (_decoder) writes each K block's values into B
-    tiles of P0 and P1 (TWO) rows: INT4 (q - z) s in x's dtype, scales b_scale (N, G) with zero points b_zero
-    (N, G) uint8 (HAS_ZERO; else 8), groups of 64 * 2^group_shift K (SW = 1) or 32 (SW = 8); MXFP4 e2m1 with
-    b_scale (N, K // 32) uint8 e8m0 (SW = 8). K a multiple of BLOCK_K."""
-    HALF: gl.constexpr = a_desc.block_type.shape[0]
-    BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    PACKED: gl.constexpr = B_FORMAT != B_DENSE
+    W_FORMAT INT4 / MXFP4 (a 4-bit weight; bf16 / fp16 x, MXFP4: bf16; accumulating, one batch entry, not
+    gated, pointer stores): the kernel computes c^T = w x^T, the weight being A: a_desc is over the packed
+    weight (gemmkit's layout, uint8 (M, K // 2): M is the weight's rows here) viewed as int32 (M, K // 8), one
+    box of GROUPS * 64 rows x BLOCK_K / 8 words per tile and K block, and b0_desc / b1_desc over x (N, K), N
+    its rows; a decoder partition (_decoder) writes each K block's values into the A buffers: INT4 (q - z) s
+    in x's dtype, scales b_scale (M, G) with zero points b_zero (M, G) uint8 (HAS_ZERO; else 8), groups of
+    64 * 2^group_shift K (SW = 1) or 32 (SW = 8); MXFP4 e2m1 with b_scale (M, K // 32) uint8 e8m0 (SW = 8).
+    The caller passes c's strides swapped (stride_cm along the weight's rows) and a per-row bias; with
+    splits > 1 slice s goes to c's rows (x's) s * split_rows... K a multiple of BLOCK_K."""
+    PACKED: gl.constexpr = W_FORMAT != W_DENSE
     if PACKED:
-        N0: gl.constexpr = P0
-        N1: gl.constexpr = P1
+        HALF: gl.constexpr = DEC_ROWS
+        BLOCK_K: gl.constexpr = b0_desc.block_type.shape[1]
+        OP_DT: gl.constexpr = b0_desc.dtype
     else:
-        N0: gl.constexpr = b0_desc.block_type.shape[0]
-        if TWO:
-            N1: gl.constexpr = b1_desc.block_type.shape[0]
-        else:
-            N1: gl.constexpr = 0
-    K_INSTR: gl.constexpr = 256 // a_desc.dtype.primitive_bitwidth  # one wgmma's K: 32 bytes
+        HALF: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        OP_DT: gl.constexpr = a_desc.dtype
+    N0: gl.constexpr = b0_desc.block_type.shape[0]
+    if TWO:
+        N1: gl.constexpr = b1_desc.block_type.shape[0]
+    else:
+        N1: gl.constexpr = 0
+    K_INSTR: gl.constexpr = 256 // OP_DT.primitive_bitwidth  # one wgmma's K: 32 bytes
     gl.static_assert(PROMOTE or SCALES != SCALES_KBLOCK, "block scales apply as each block is promoted")
     gl.static_assert(SCALES != SCALES_KBLOCK or (N0 == 128 and (not TWO or N1 == 128)),
                      "block-scaled column parts of one weight scale group")
@@ -536,33 +555,32 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                      "gated: equal gate and up parts, the tensor cores' accumulation, no bias")
     gl.static_assert(not SHARE_C or (TWO and N1 == N0 and C_TMA), "a shared output buffer: two equal parts")
     gl.static_assert(GROUPS == 2 or (GROUPS == 1 and not PROMOTE and not GATED), "one warp group: accumulating tiles")
-    gl.static_assert(not PACKED or (not PROMOTE and not GATED and TWO == (P1 > 0) and P0 % DEC_ROWS == 0
-                                    and P1 % DEC_ROWS == 0), "4-bit B: accumulating tiles of DEC_ROWS-row parts")
-    a0_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
+    gl.static_assert(not PACKED or (not PROMOTE and not GATED and not C_TMA and SCALES == SCALES_NONE),
+                     "4-bit weight: accumulating, pointer stores")
+    if PACKED:  # the words by TMA; the values the decoder writes, laid out as x's tiles
+        wq_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, GROUPS * HALF, BLOCK_K // 8], a_desc.layout)
+        a_layout: gl.constexpr = b0_desc.layout
+    else:
+        a_layout: gl.constexpr = a_desc.layout
+    a0_bufs = gl.allocate_shared_memory(OP_DT, [STAGES, HALF, BLOCK_K], a_layout)
     if GROUPS == 2:
-        a1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, HALF, BLOCK_K], a_desc.layout)
+        a1_bufs = gl.allocate_shared_memory(OP_DT, [STAGES, HALF, BLOCK_K], a_layout)
     else:  # (unused)
         a1_bufs = a0_bufs
-    if PACKED:  # the words by TMA, the values the decoder writes (laid out as A's rows), its scales' ring
-        wq_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, N0 + N1, BLOCK_K // 8], b0_desc.layout)
-        b0_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, N0, BLOCK_K], a_desc.layout)
-        if TWO:
-            b1_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, N1, BLOCK_K], a_desc.layout)
-        else:  # (unused)
-            b1_bufs = b0_bufs
+    if not PACKED:
+        wq_bufs = a0_bufs  # (unused)
+    b0_bufs = gl.allocate_shared_memory(b0_desc.dtype, [STAGES, N0, BLOCK_K], b0_desc.layout)
+    if TWO:
+        b1_bufs = gl.allocate_shared_memory(b1_desc.dtype, [STAGES, N1, BLOCK_K], b1_desc.layout)
+    else:  # (unused)
+        b1_bufs = b0_bufs
+    if PACKED:  # the decoder's scales
         ring_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        sc_ring = gl.allocate_shared_memory(a_desc.dtype, [2, N0 + N1, SW], ring_l)
-        if B_FORMAT == B_INT4:
-            zb_ring = gl.allocate_shared_memory(a_desc.dtype, [2, N0 + N1, SW], ring_l)
+        sc_ring = gl.allocate_shared_memory(OP_DT, [2, GROUPS * HALF, SW], ring_l)
+        if W_FORMAT == W_INT4:
+            zb_ring = gl.allocate_shared_memory(OP_DT, [2, GROUPS * HALF, SW], ring_l)
         else:  # (unused)
             zb_ring = sc_ring
-    else:
-        b0_bufs = gl.allocate_shared_memory(b0_desc.dtype, [STAGES, N0, BLOCK_K], b0_desc.layout)
-        if TWO:
-            b1_bufs = gl.allocate_shared_memory(b1_desc.dtype, [STAGES, N1, BLOCK_K], b1_desc.layout)
-        else:  # (unused)
-            b1_bufs = b0_bufs
-        wq_bufs = b0_bufs  # (unused)
     xs_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * HALF], xs_desc.layout)
     if C_TMA:  # per warp group, a buffer per column part
         cA0 = gl.allocate_shared_memory(c0_desc.dtype, [HALF, N0], c0_desc.layout)
@@ -596,11 +614,6 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
         if PACKED:
             mbarrier.init(decoded.index(i), count=1)
     k_tiles = gl.cdiv(K, BLOCK_K)
-    if PACKED:  # the producer brings the words; the decoder writes B
-        pb_bufs = wq_bufs
-    else:
-        pb_bufs = b0_bufs
-    PTWO: gl.constexpr = TWO and not PACKED
     # (the partitions' argument tuples are written out: Gluon cannot keep one holding constexpr strings in a
     # variable)
     if GROUPS == 2 and PACKED:
@@ -615,12 +628,12 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED)),
-            (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, pb_bufs, b1_bufs, xs_bufs, ready,
+            (_producer, (a_desc, b0_desc, b1_desc, xs_desc, wq_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, PTWO, GATED, GROUPS)),
-            (_decoder, (wq_bufs, b0_bufs, b1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N,
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED)),
+            (_decoder, (wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N,
                         k_tiles, splits, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift, GROUP_M, STAGES,
-                        GROUPS * HALF, N0, N1, B_FORMAT, HAS_ZERO, a_desc.dtype == gl.float16, SW)),
+                        N0 + N1, W_FORMAT, HAS_ZERO, OP_DT == gl.float16, SW, GROUPS)),
         ], [4, 1, DEC_WARPS], [DEC_CONSUMER_REGS, 40, DEC_REGS])
     elif GROUPS == 2:
         gl.warp_specialize([
@@ -636,7 +649,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          ACTIVATION, SHARE_C, GROUPS, PACKED)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS)),
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED)),
         ], [4, 1], [232, 40])
     elif PACKED:  # one consumer warp group
         gl.warp_specialize([
@@ -645,12 +658,12 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED)),
-            (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, pb_bufs, b1_bufs, xs_bufs, ready,
+            (_producer, (a_desc, b0_desc, b1_desc, xs_desc, wq_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, PTWO, GATED, GROUPS)),
-            (_decoder, (wq_bufs, b0_bufs, b1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N,
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED)),
+            (_decoder, (wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N,
                         k_tiles, splits, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift, GROUP_M, STAGES,
-                        GROUPS * HALF, N0, N1, B_FORMAT, HAS_ZERO, a_desc.dtype == gl.float16, SW)),
+                        N0 + N1, W_FORMAT, HAS_ZERO, OP_DT == gl.float16, SW, GROUPS)),
         ], [1, DEC_WARPS], [40, DEC_REGS])
     else:  # one consumer warp group
         gl.warp_specialize([
@@ -661,5 +674,5 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          ACTIVATION, SHARE_C, GROUPS, PACKED)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS)),
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED)),
         ], [1], [40])
