@@ -56,9 +56,9 @@ W_INT4 = gl.constexpr(1)
 W_MXFP4 = gl.constexpr(2)
 DEC_ROWS = gl.constexpr(64)  # weight rows the decoder turns into B's values at a time
 DEC_WORK = gl.constexpr(2)  # (probes: 0 no decode, 1 decode without the stores; wrong products)
-DEC_WARPS = gl.constexpr(8)  # the decoder's warps (two warp groups: each scheduler interleaves two decoding warps)
-DEC_REGS = gl.constexpr(56)  # their registers per thread ...
-DEC_CONSUMER_REGS = gl.constexpr(168)  # ... and the second consumer's beside them
+DEC_WARPS = gl.constexpr(4)  # the decoder's warps (two warp groups: each scheduler interleaves two decoding warps)
+DEC_REGS = gl.constexpr(80)  # their registers per thread ...
+DEC_CONSUMER_REGS = gl.constexpr(192)  # ... and the second consumer's beside them
 
 
 @gluon.jit
@@ -181,6 +181,13 @@ def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, 
         c_smem.store(out)
         fence_async_shared()
         _tma_store(c_desc, [row0, n0], c_smem)
+    elif BIAS_ROWS:  # (the transposed tile: 16-byte vectors along its rows, c's contiguous dimension)
+        st_l: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
+        out = gl.convert_layout(acc.to(c.dtype.element_ty), st_l)
+        rm_s = gl.convert_layout(rm, gl.SliceLayout(1, st_l))
+        rn_s = n0 + gl.arange(0, SUB, layout=gl.SliceLayout(0, st_l))
+        gl.store(c + rm_s[:, None] * stride_cm + rn_s[None, :] * stride_cn, out,
+                 mask=gl.convert_layout(row_ok, gl.SliceLayout(1, st_l))[:, None] & (rn_s < N)[None, :])
     else:
         gl.store(c + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
