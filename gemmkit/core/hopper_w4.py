@@ -704,7 +704,11 @@ class W4TilePlan(_W4Plan):
         self.splits = hw.ws_splits(N, M, K, dev.num_sms, n0 + n1, block_k, rows)
         sw = 8 if mxfp4 or group == 32 else 1
         ring = 2 * rows * sw * x2.element_size() * (1 if mxfp4 else 2)
-        stages = hw.ws_stages(n0 + n1, 0, 0, rows, extra=rows * hw.ROW_BYTES // 4, fixed=ring)
+        # the transposed stores' layout conversion: a (64, part) fp32 tile per consumer warp group for fp32 outputs
+        # (the K slices' partials), a few KB for 16-bit ones (codegen checks: 29 KB and 2.6 KB)
+        fp32_out = self.splits > 1 or out_dtype == torch.float32
+        convert = rows * max(n0, n1) * 4 if fp32_out else 4096
+        stages = hw.ws_stages(n0 + n1, 0, 0, rows, extra=rows * hw.ROW_BYTES // 4, fixed=ring + convert)
         if self.splits > 1:  # (M, N) per slice, y's orientation
             self.n_pad = -(-N // 4) * 4
             self.ws_shape = (self.splits * M, self.n_pad)

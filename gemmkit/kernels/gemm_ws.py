@@ -402,21 +402,30 @@ def _scale_values(s, z, W_FORMAT: gl.constexpr, HAS_ZERO: gl.constexpr, BASE: gl
 
 
 @gluon.jit
-def _decode_rows(wq, dst, sc, zb, r0: gl.constexpr, W_FORMAT: gl.constexpr, FP16: gl.constexpr, WL: gl.constexpr):
-    """Rows r0 .. r0 + DEC_ROWS of a K block's packed words `wq` (rows x BLOCK_K / 8 int32, 8 consecutive
-    K values per word) as DT values (q - z) s (INT4) or e2m1 * 2^(e - 127) (MXFP4) into the A tile `dst`
-    (DEC_ROWS rows), in K order; sc / zb: the block's scales (_scale_values) from shared memory."""
-    if DEC_WORK == 0:
-        return
+def _load_rows(wq, sc, zb, r0: gl.constexpr, W_FORMAT: gl.constexpr, WL: gl.constexpr):
+    """(words, scales, BASE + zero points) of rows r0 .. r0 + DEC_ROWS of a K block's packed words `wq` (rows x
+    BLOCK_K / 8 int32, 8 consecutive K values per word) and its scales' ring slots sc / zb, in WL."""
     words = wq.slice(r0, DEC_ROWS).load(WL)
     s = sc.slice(r0, DEC_ROWS).load(WL)
+    if W_FORMAT == W_MXFP4:
+        z = s
+    else:
+        z = zb.slice(r0, DEC_ROWS).load(WL)
+    return words, s, z
+
+
+@gluon.jit
+def _decode_rows(words, s, z, dst, W_FORMAT: gl.constexpr, FP16: gl.constexpr):
+    """_load_rows' words as x's dtype values (q - z) s (INT4) or e2m1 * 2^(e - 127) (MXFP4) into the A tile
+    `dst` (DEC_ROWS rows), in K order."""
+    if DEC_WORK == 0:
+        return
     if W_FORMAT == W_MXFP4:
         o0, o1, o2, o3, o4, o5, o6, o7 = gl.inline_asm_elementwise(
             _DECODE_E2M1, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
         v0, v1, v2, v3 = _scaled(o0, s), _scaled(o1, s), _scaled(o2, s), _scaled(o3, s)
         v4, v5, v6, v7 = _scaled(o4, s), _scaled(o5, s), _scaled(o6, s), _scaled(o7, s)
     else:
-        z = zb.slice(r0, DEC_ROWS).load(WL)
         o0, o1, o2, o3, o4, o5, o6, o7 = _int4_registers(words, FP16)
         v0, v1, v2, v3 = (o0 - z) * s, (o1 - z) * s, (o2 - z) * s, (o3 - z) * s
         v4, v5, v6, v7 = (o4 - z) * s, (o5 - z) * s, (o6 - z) * s, (o7 - z) * s
@@ -490,11 +499,13 @@ def _decoder(wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded,
                                       group_shift, HAS_ZERO, BM, SW, SL)
             lu, lk, le, lm = _step_after(lu, lk, le, lm, tiles, units, M, N, splits, k_tiles, BM, BLOCK_N, GROUP_M)
             mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-            _decode_rows(wq_bufs.index(s), a0_bufs.index(s), sc_ring.index(r), zb_ring.index(r), 0, W_FORMAT, FP16,
-                         WL)
+            # both halves' words read before either is decoded (the reads' latency once, not after a store)
+            w0, s0, z0 = _load_rows(wq_bufs.index(s), sc_ring.index(r), zb_ring.index(r), 0, W_FORMAT, WL)
             if GROUPS == 2:
-                _decode_rows(wq_bufs.index(s), a1_bufs.index(s), sc_ring.index(r), zb_ring.index(r), DEC_ROWS,
-                             W_FORMAT, FP16, WL)
+                w1, s1, z1 = _load_rows(wq_bufs.index(s), sc_ring.index(r), zb_ring.index(r), DEC_ROWS, W_FORMAT, WL)
+            _decode_rows(w0, s0, z0, a0_bufs.index(s), W_FORMAT, FP16)
+            if GROUPS == 2:
+                _decode_rows(w1, s1, z1, a1_bufs.index(s), W_FORMAT, FP16)
             fence_async_shared()  # the values are read by the tensor cores (the async proxy)
             _cta_barrier()  # every thread's values and fence: then one arrival for the partition
             mbarrier.arrive(decoded.index(s), count=1)
