@@ -3,7 +3,7 @@ the decoder's work cut (GEMMKIT_DEC_WORK: 0 no decode, 1 decode without the shar
 value in its own process, as the kernel reads it at compile time), against F.linear bf16 and gemm_a16w16 on the
 dequantized weight, in one CUDA-graph run per problem.
 
-Usage: GEMMKIT_DEC_WORK=1 python3 scripts/w4_tile_ab.py [OUT_FILE]
+Usage: GEMMKIT_DEC_WORK=1 [GEMMKIT_DEC=8,48,184] python3 scripts/w4_tile_ab.py [OUT_FILE]
 --ncu (an ncu target): two calls at M = 4096 on 8192 x 8192, nothing timed:
 ncu -k regex:gemm_ws_kernel --launch-skip 1 --launch-count 1 --section SourceCounters --section WarpStateStats
   --section SchedulerStats -o p python3 scripts/w4_tile_ab.py --ncu
@@ -25,6 +25,12 @@ import probe_util  # noqa: E402
 
 work = int(os.environ.get("GEMMKIT_DEC_WORK", "2"))
 gemm_ws.DEC_WORK = gl.constexpr(work)
+# GEMMKIT_DEC="warps,registers,consumer registers": the decoder partition's size (default: the kernel's)
+dec = os.environ.get("GEMMKIT_DEC")
+if dec:
+    w, r, c = (int(v) for v in dec.split(","))
+    gemm_ws.DEC_WARPS, gemm_ws.DEC_REGS, gemm_ws.DEC_CONSUMER_REGS = gl.constexpr(w), gl.constexpr(r), gl.constexpr(c)
+    work = f"{work}, decoder {dec}"
 hopper_w4.TILE_MIN_M = 1
 if "--ncu" in sys.argv:
     inp = probe_util.int4_inputs(4096, 8192, 8192)
