@@ -6,8 +6,10 @@ First a correctness sweep through gemm_a16w4 / gemm_a16wfp4 with the route force
 group size; symmetric; fp16 x; bias; fp32 output (pointer stores); strided y; 3-D x; K slices; every tile
 shape; MXFP4 with extreme scales), each against a float32 reference of the dequantized weight, output
 poisoned first. Then, unless --check-only, one CUDA-graph timing per problem (3 weight copies) against
-F.linear bf16 on the dequantized weight: the shipped route with this route off, this route (packed_tiles'
-pick), and (--variants) each tile shape forced. INT4 g128 asymmetric (--fp4: MXFP4).
+F.linear bf16 on the dequantized weight: the shipped routing, the shipped routing with this route off, this
+route everywhere (tile_shape's pick; the prefill kernel off), and (--variants) each tile shape forced. INT4 g128
+asymmetric (--fp4: MXFP4). "Correctness" and the fp32 references say nothing typed by hand: each check compares
+with torch on fresh random data.
 
 Usage: python3 scripts/w4_tile_probe.py [OUT_FILE] [--fp4] [--check-only] [--variants] [--held-out] [--m 256 1024]
 (--m last)
@@ -45,8 +47,17 @@ print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, GEMMKIT_COMMI
       file=out, flush=True)
 
 
-def route(on: bool):
-    hopper_w4.TILE_MIN_M, hopper_w4.TILE_MAX_M = (1, 1 << 30) if on else (1 << 30, 1 << 30)
+SHIPPED = {k: getattr(hopper_w4, k) for k in ("TILE_MIN_M", "TILE_MAX_M", "PREFILL_MIN_M")}
+
+
+def route(on):
+    """on: every call to W4TilePlan (the prefill kernel off); False: never; "shipped": the shipped rule."""
+    for k, v in SHIPPED.items():
+        setattr(hopper_w4, k, v)
+    if on is True:
+        hopper_w4.TILE_MIN_M, hopper_w4.TILE_MAX_M, hopper_w4.PREFILL_MIN_M = 1, 1 << 30, 1 << 30
+    elif on is False:
+        hopper_w4.TILE_MIN_M = hopper_w4.TILE_MAX_M = 1 << 30
 
 
 def check(name, got, ref, tol=2e-2):
@@ -136,7 +147,8 @@ if "--check-only" not in sys.argv:
                     else [probe_util.int4_inputs(M, N, K) for _ in range(3)])
             ref = inps[0]["x"].float() @ inps[0]["w16"].float().T
             named = {"F.linear bf16": [lambda inp=inp: F.linear(inp["x"], inp["w16"]) for inp in inps]}
-            variants = [("shipped, this route off", False, None), ("this route", True, None)]
+            variants = [("shipped", "shipped", None), ("shipped, this route off", False, None),
+                        ("this route", True, None)]
             if "--variants" in sys.argv:
                 variants += [(f"this route, tiles {t}", True, t) for t in TILES]
             for name, on, tiles in variants:

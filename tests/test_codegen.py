@@ -21,4 +21,5 @@ def test_gpu_paths_compile_for_sm90():
     lines = run.stdout.splitlines()
     assert len([ln for ln in lines if ln.startswith("ok ")]) == (len(codegen.CHECKS) + len(codegen.WS_CHECKS)
                                                                   + len(codegen.W4_CHECKS)
-                                                                  + len(codegen.W4_PREFILL_CHECKS)), run.stdout
+                                                                  + len(codegen.W4_PREFILL_CHECKS)
+                                                                  + len(codegen.W4_TILE_CHECKS)), run.stdout

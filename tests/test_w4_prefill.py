@@ -77,7 +77,7 @@ def test_split_rule(M, N, K, splits):
 
 def test_configs_show_route():
     """`gemmkit configs show` on an sm_90 profile names the prefill kernel's tiles and K slices where it takes a
-    call, the dequantizing route (no line) where it does not."""
+    call, the weight-tile kernel from 512 rows, the dequantizing route (no line) beyond."""
     from gemmkit.core.device import known_device
     from gemmkit.tools.configs import w4_route
 
@@ -86,7 +86,8 @@ def test_configs_show_route():
         "the prefill kernel (kernels/gemm_w4_prefill.py): x permuted into its K order, then 64 weight rows x 128 rows "
         "of x per tile, 2 program(s) per SM, K in 4 slices (sums by atomics, finished by a second launch)")
     assert "128 weight rows x 256 rows of x per tile, 1 program(s) per SM" in w4_route("a16wfp4", 512, 28672, 4096, h100)
-    assert w4_route("a16w4", 512, 8192, 8192, h100) is None
+    assert "4-bit weight as A" in w4_route("a16w4", 512, 8192, 8192, h100)  # (tests/test_w4_tile.py's kernel)
+    assert w4_route("a16w4", 2048, 8192, 8192, h100) is None
 
 
 @pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")

@@ -625,8 +625,8 @@ class W4PrefillPlan(_W4Plan):
 # y^T = w x^T with the weight as A, a decoder partition writing each K block's values of a tile's weight rows into
 # shared memory, where the consumers' products read them as they read x's tiles (W4TilePlan).
 
-TILE_MIN_M, TILE_MAX_M = 1 << 30, 1 << 30  # rows at which gemm_a16w4 / gemm_a16wfp4 take W4TilePlan
-TILE_WIDTHS = ((64, 0), (128, 0), (128, 128))  # x's rows per tile (the kernel's columns), in one or two parts
+TILE_MIN_M, TILE_MAX_M = 512, 1024  # rows at which gemm_a16w4 / gemm_a16wfp4 take W4TilePlan where the prefill kernel
+# does not (its wide layers to 1023 rows); the dequantizing route beyond (module section's measurements)
 TILE_FORCE = None  # (weight rows per tile, x's parts) forced for every W4TilePlan (probes); None: tile_shape
 
 
@@ -642,15 +642,14 @@ def tile_group_shift(group: int, K: int) -> int | None:
     return (group // 64).bit_length() - 1
 
 
-def tile_shape(M: int, N: int, num_sms: int) -> tuple[int, tuple[int, int]]:
-    """(weight rows, x's row parts) of a tile: 128 weight rows (two consumer warp groups, one decoded tile per
-    K block), the width of TILE_WIDTHS whose waves over the SMs take the least time (hopper_ws._wave_cost on
-    the kernel's (N, M) problem), the widest on ties."""
-    from .hopper_ws import BLOCK, _wave_cost
-
+def tile_shape(M: int) -> tuple[int, tuple[int, int]]:
+    """(weight rows, x's row parts) of a tile: 128 weight rows (two consumer warp groups share each decoded
+    K block) by 256 of x's rows (two parts of 128: the most product per decoded value), or 128 / 64 where x
+    has no more rows. Tiles of 128 x 128 measured 0.45x to 0.85x the 256-wide ones at 384 to 1024 rows
+    (w4_tile_route_*_h100.txt)."""
     if TILE_FORCE is not None:
         return TILE_FORCE
-    return BLOCK, min(TILE_WIDTHS, key=lambda p: (_wave_cost(N, M, p, num_sms), -(p[0] + p[1])))
+    return 128, (128, 128) if M > 128 else ((128, 0) if M > 64 else (64, 0))
 
 
 def w4_tile_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, config, activation: str,
@@ -682,7 +681,7 @@ class W4TilePlan(_W4Plan):
         from .launcher import CachedLaunch
 
         self._facts(x2, w_q, y2, M, N, K, out_dtype, out_shape, flatten_x)
-        rows, (n0, n1) = tiles or tile_shape(M, N, dev.num_sms)
+        rows, (n0, n1) = tiles or tile_shape(M)
         self.rows, self.parts = rows, (n0, n1)
         block_k = hw.ROW_BYTES // x2.element_size()
         op = hw._gl_dtype(x2.dtype)

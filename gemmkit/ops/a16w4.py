@@ -121,11 +121,11 @@ def _make_plan(x, w_q, w_scale, w_zero, group_size, bias, y, activation, out_dty
     if degenerate:
         return degenerate
     dev = device_info(device)
-    if w4_tile_ok(dev, x2, w_q, M, N, K, g, config, activation):
-        return W4TilePlan(dev, x2, w_q, w_scale, w_zero, y2, M, N, K, g, bias, out_dtype, (*lead, N), x.ndim != 2)
     if w4_prefill_ok(dev, x2, w_q, M, N, K, g, config):
         return W4PrefillPlan(dev, x2, w_q, w_zero, y2, M, N, K, g, bias, activation, out_dtype, (*lead, N),
                              x.ndim != 2)
+    if w4_tile_ok(dev, x2, w_q, M, N, K, g, config, activation):
+        return W4TilePlan(dev, x2, w_q, w_scale, w_zero, y2, M, N, K, g, bias, out_dtype, (*lead, N), x.ndim != 2)
     if config is None and M >= DEQUANT_MIN_M:
         return DequantThenGemm(w_q, w_scale, w_zero, g if g != K else next_pow2(K), True, x.dtype, activation,
                                out_dtype)

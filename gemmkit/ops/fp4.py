@@ -97,12 +97,12 @@ def _make_plan(x, x_scale, w, w_scale, bias, y, activation, out_dtype, config):
     if degenerate:
         return degenerate
     dev = device_info(device)
-    if not fp4_x and w4_tile_ok(dev, x2, w, M, N, K, MX_BLOCK, config, activation, mxfp4=True):
-        return W4TilePlan(dev, x2, w, w_scale, None, y2, M, N, K, MX_BLOCK, bias, out_dtype, (*lead, N), x.ndim != 2,
-                          mxfp4=True)
     if not fp4_x and w4_prefill_ok(dev, x2, w, M, N, K, MX_BLOCK, config, mxfp4=True):
         return W4PrefillPlan(dev, x2, w, None, y2, M, N, K, MX_BLOCK, bias, activation, out_dtype, (*lead, N),
                              x.ndim != 2, mxfp4=True)
+    if not fp4_x and w4_tile_ok(dev, x2, w, M, N, K, MX_BLOCK, config, activation, mxfp4=True):
+        return W4TilePlan(dev, x2, w, w_scale, None, y2, M, N, K, MX_BLOCK, bias, out_dtype, (*lead, N), x.ndim != 2,
+                          mxfp4=True)
     if config is None and M >= DEQUANT_MIN_M and not fp4_x:
         return _DequantMX(DequantThenGemm(w, w_scale, None, MX_BLOCK, False, x.dtype, activation, out_dtype))
     if not fp4_x and w4_decode_ok(dev, x2, w, M, N, K, MX_BLOCK, config, mxfp4=True):

@@ -38,6 +38,7 @@ class Binary:
     shared_bytes: int
     sass: str
     sha1: str
+    ptx: str = ""
 
     def count(self, opcode: str) -> int:
         """Occurrences of an instruction (prefix match, e.g. "QGMMA", "HGMMA", "UTMALDG")."""
@@ -271,7 +272,29 @@ def _compile_gluon(kernel, args, num_warps: int = 4) -> Binary:
                                                                specialization, opts)
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, attrs), target=target,
                               options=opts.__dict__)
-    return _inspect(compiled.asm["cubin"], compiled.metadata.shared, with_stack=True)
+    b = _inspect(compiled.asm["cubin"], compiled.metadata.shared, with_stack=True)
+    b.ptx = compiled.asm["ptx"]
+    return b
+
+
+def ptxas_serializes_wgmma(ptx: str) -> bool | None:
+    """Whether the CUDA 12 ptxas that Triton ships beside its newer one (Triton 3.6, as on the device, builds
+    sm_90 with it) serializes the kernel's wgmma (C7514: every product waited for; the newer ptxas that
+    compiled this binary may not say so). None where this Triton ships no such ptxas."""
+    import tempfile
+
+    ptxas = _tools_dir() / "ptxas"
+    if not ptxas.is_file():
+        return None
+    version = subprocess.run([str(ptxas), "--version"], capture_output=True, text=True).stdout
+    if "release 12." not in version:
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "k.ptx"
+        src.write_text(re.sub(r"^\.version \d+\.\d+", ".version 8.7", ptx, count=1, flags=re.M))
+        run = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(src), "-o", str(Path(d) / "k.cubin")],
+                             capture_output=True, text=True)
+    return "C7514" in run.stdout + run.stderr
 
 
 def _w4_example(M: int, N: int, K: int, dtype, group: int, zero: bool, bias: bool, mxfp4: bool) -> tuple:
@@ -313,6 +336,21 @@ def compile_w4_prefill(M: int, N: int, K: int, dtype=torch.bfloat16, group: int 
     sums = torch.empty(plan.sums_rows * N, dtype=torch.float32) if plan.splits > 1 else None
     return _compile_gluon(plan.kernel, (plan.w_desc(w_q.view(torch.int32)), plan.x_desc(x), ws, wz, y, b, sums,
                                         *plan._tail(ws, wz)), plan.values["BN"] // 16)
+
+
+def compile_w4_tile(M: int, N: int, K: int, dtype=torch.bfloat16, group: int = 128, zero: bool = True,
+                    bias: bool = False, mxfp4: bool = False, out_dtype=None, tiles=None,
+                    dev: DeviceInfo = H100) -> Binary:
+    """Compile the warp-specialized GEMM with a 4-bit weight (kernels/gemm_ws.py W_FORMAT) for sm_90 with the
+    arguments core/hopper_w4.W4TilePlan passes for this problem (tiles: forced (weight rows, x's parts))."""
+    from ..core import hopper_w4 as hw
+
+    x, w_q, ws, wz, b, y = _w4_example(M, N, K, dtype, group, zero, bias, mxfp4)
+    plan = hw.W4TilePlan(dev, x, w_q, ws, wz, None, M, N, K, group, b, out_dtype or dtype, (M, N), False, mxfp4,
+                         tiles)
+    c = torch.empty(plan.ws_shape, dtype=torch.float32) if plan.splits > 1 else y.to(out_dtype or dtype)
+    return _compile_gluon(plan.kernel, (*plan.arguments(x, w_q, c, b if plan.splits == 1 else None, ws, wz),
+                                        *plan.tail))
 
 
 def _compile(kernel, args, cfg: GemmConfig) -> Binary:
@@ -639,6 +677,31 @@ def check_w4_prefill(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, s
                    f"HGMMA {b.count('HGMMA')}, one product in flight: {in_flight}")
 
 
+W4_TILE_CHECKS = {  # (M, N, K, compile_w4_tile keywords)
+    "gluon int4 weight tiles, 128 x 256, bf16 out": (1024, 8192, 8192, dict()),
+    "gluon int4 weight tiles, K slices, bias, groups of 32, fp16": (512, 2048, 4096, dict(
+        dtype=torch.float16, group=32, bias=True)),
+    "gluon int4 weight tiles, 64 x 128, per channel, fp32 out": (100, 1000, 512, dict(
+        group=512, zero=False, out_dtype=torch.float32, tiles=(64, (128, 0)))),
+    "gluon mxfp4 weight tiles, 128 x 256": (768, 5120, 5120, dict(group=32, mxfp4=True)),
+}
+
+
+def check_w4_tile(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
+    """Compile one of W4_TILE_CHECKS: (passed, binary, one-line report): no local memory, the shared memory
+    fits, HGMMA with one K block's products left in flight, TMA loads, and no wgmma serialized by Triton's
+    CUDA 12 ptxas (C7514; the transposed output's scalar stores did that)."""
+    M, N, K, kw = W4_TILE_CHECKS[name]
+    b = compile_w4_tile(M, N, K, **kw)
+    serial = ptxas_serializes_wgmma(b.ptx)
+    in_flight = re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x[12]\b", b.sass) is not None
+    ok = (b.local_bytes == 0 and b.count("HGMMA") > 0 and b.count("UTMALDG") > 0 and in_flight and not serial
+          and b.shared_bytes <= dev.smem_per_block)
+    return ok, b, (f"{'ok ' if ok else 'BAD'} {name}: {b.registers} registers, {b.local_bytes} B local, "
+                   f"{b.shared_bytes} B shared, HGMMA {b.count('HGMMA')}, products in flight: {in_flight}, "
+                   f"CUDA 12 ptxas serializes them: {'not checked' if serial is None else serial}")
+
+
 def check_w4(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
     """Compile one of W4_CHECKS: (passed, binary, one-line report): no local memory, the
     registers and shared memory fit (the report says how many programs an SM holds against the
@@ -692,6 +755,10 @@ def main(argv=None) -> int:
         print(report, flush=True)
     for name in W4_PREFILL_CHECKS:
         ok, _, report = check_w4_prefill(name)
+        failed += not ok
+        print(report, flush=True)
+    for name in W4_TILE_CHECKS:
+        ok, _, report = check_w4_tile(name)
         failed += not ok
         print(report, flush=True)
     return 1 if failed else 0

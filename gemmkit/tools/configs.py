@@ -73,7 +73,7 @@ def gluon_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | No
 
 
 def w4_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | None:
-    """What the Gluon 4-bit decode or prefill kernel (sm_90, core/hopper_w4.py) takes of this problem for
+    """What the Gluon 4-bit decode, prefill or weight-tile kernel (sm_90, core/hopper_w4.py) takes of this problem for
     the op of `table` (a16w4: INT4 in groups of 128 with bf16 x, as `gemmkit bench` builds it;
     a16wfp4: MXFP4), or None where neither does."""
     from ..core import hopper_w4 as h4
@@ -88,6 +88,14 @@ def w4_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | None:
         return (f"the prefill kernel (kernels/gemm_w4_prefill.py): x permuted into its K order, then {bn} weight "
                 f"rows x {bm} rows of x per tile, {per_sm} program(s) per SM"
                 + (f", K in {splits} slices (sums by atomics, finished by a second launch)" if splits > 1 else ""))
+    if h4.TILE_MIN_M <= M <= h4.TILE_MAX_M and K % 64 == 0:
+        rows, (n0, n1) = h4.tile_shape(M)
+        from ..core import hopper_ws as hw
+
+        splits = hw.ws_splits(N, M, K, dev.num_sms, n0 + n1, 64, rows)
+        return (f"the warp-specialized GEMM with the 4-bit weight as A (kernels/gemm_ws.py W_FORMAT): {rows} weight "
+                f"rows x {n0 + n1} rows of x per tile, a decoder warp group writing each K block's values"
+                + (f", K in {splits} slices (summed by a second launch)" if splits > 1 else ""))
     if not h4.decode_sizes_ok(M, N, K, group, mxfp4):
         return None
     sp = h4.decode_split(M, N, K, dev, group, mxfp4)
