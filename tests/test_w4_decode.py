@@ -264,7 +264,7 @@ def test_configs_show_route():
             "the slices' sums finished by a second launch" in w4_route("a16w4", 1, 4096, 4096, h100))
     assert "sums finished by a second launch" in w4_route("a16w4", 2, 4096, 4096, h100)
     assert w4_route("a16w4", 65, 4096, 4096, h100).startswith("the prefill kernel")  # tests/test_w4_prefill.py
-    assert w4_route("a16w4", 1024, 4096, 4096, h100) is None
+    assert w4_route("a16w4", 2048, 4096, 4096, h100) is None
     assert ("K in 8 slices of 4 x 128, up to 6 programs per SM, 2 loads of 2 x 128 in flight"
             in w4_route("a16wfp4", 16, 4096, 4096, h100))
     assert w4_route("a16wfp4", 64, 8192, 8192, h100).startswith("128-row weight tiles, K in 8 slices of 8 x 128")

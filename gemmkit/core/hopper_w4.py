@@ -708,20 +708,22 @@ class W4TilePlan(_W4Plan):
         fp32_out = self.splits > 1 or out_dtype == torch.float32
         convert = rows * max(n0, n1) * 4 if fp32_out else 4096
         stages = hw.ws_stages(n0 + n1, 0, 0, rows, extra=rows * hw.ROW_BYTES // 4, fixed=ring + convert)
-        if self.splits > 1:  # (M, N) per slice, y's orientation
+        self.split_rows = -(-M // 16) * 16  # a K slice's rows in the workspace (never the constant 1)
+        if self.splits > 1:  # (split_rows, N) per slice, y's orientation
             self.n_pad = -(-N // 4) * 4
-            self.ws_shape = (self.splits * M, self.n_pad)
+            self.ws_shape = (self.splits * self.split_rows, self.n_pad)
             c_strides = (1, self.n_pad)
             self.reduce = CachedLaunch(hw.reduce_kernels().sum_k_slices, (-(-M // hw.REDUCE_BLOCK[0]),
                                                                           -(-N // hw.REDUCE_BLOCK[1])), 4, 1,
                                        self.device_index)
-            self.reduce_tail = (M, N, self.splits, M, self.n_pad, *self.y_strides, bias is not None, *hw.REDUCE_BLOCK)
+            self.reduce_tail = (M, N, self.splits, self.split_rows, self.n_pad, *self.y_strides, bias is not None,
+                                *hw.REDUCE_BLOCK)
         else:
             c_strides = (self.y_strides[1], self.y_strides[0])
         zn, zk = w_zero.stride() if w_zero is not None else (0, 0)
         self.kernel = hw.gluon_kernel().gemm_ws_kernel
         self.tail = kernel_tail(self.kernel, hw.PER_CALL, dict(
-            M=N, N=M, K=K, splits=self.splits, split_rows=M if self.splits > 1 else 0, xs_group_stride=0,
+            M=N, N=M, K=K, splits=self.splits, split_rows=self.split_rows if self.splits > 1 else 0, xs_group_stride=0,
             stride_cm=c_strides[0], stride_cn=c_strides[1], stride_asm=0, stride_ask=0,
             stride_bsn=w_scale.stride(0), stride_bsk=w_scale.stride(1), stride_bzn=zn, stride_bzk=zk,
             group_shift=0 if mxfp4 else tile_group_shift(group, K), up_scale_offset=0, batch=1, a_batch_rows=N,
