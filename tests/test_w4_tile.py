@@ -28,6 +28,8 @@ def built(monkeypatch):
     them (the prefill kernel off), so that the kernel's results are checked beyond the rows it is routed."""
     monkeypatch.setattr(hopper_w4, "TILE_MIN_M", 1)
     monkeypatch.setattr(hopper_w4, "TILE_MAX_M", 1 << 30)
+    monkeypatch.setattr(hopper_w4, "TILE_MIN_WAVE_USE", 0)
+    monkeypatch.setattr(hopper_w4, "TILE_MAX_WAVES", 1 << 30)
     monkeypatch.setattr(hopper_w4, "PREFILL_MIN_M", 1 << 30)
     yield from spy_plans(monkeypatch, hopper_w4.W4TilePlan, config_mod.clear_caches)
 
@@ -39,6 +41,14 @@ def built(monkeypatch):
 def test_tile_shape(M, tile):
     """128 weight rows by 256 of x's rows, fewer where x has no more."""
     assert hopper_w4.tile_shape(M) == tile
+
+
+@pytest.mark.parametrize("M,N,ok", [(512, 8192, True), (1024, 4096, True), (1024, 8192, True), (511, 8192, False),
+                                    (1025, 4096, False), (512, 4096, False), (1024, 6144, False), (1024, 10240, False),
+                                    (512, 28672, False), (600, 8192, False), (768, 5632, True)])
+def test_size_rule(M, N, ok):
+    """512 to 1024 rows where the 128 x 256 tiles fill 0.9 of one or two waves of the H100's 132 SMs."""
+    assert hopper_w4.tile_sizes_ok(M, N, H100) == ok
 
 
 @pytest.mark.parametrize("group,K,shift", [(32, 4096, 0), (64, 4096, 0), (128, 4096, 1), (256, 4096, 2),
@@ -212,10 +222,11 @@ def test_disabled_by_env(built, monkeypatch):
 
 @needs_hopper
 def test_shipped_rule():
-    """With the shipped rule: 512 to 1024 rows where the prefill kernel does not take them."""
+    """With the shipped rule: 512 to 1024 rows where the tiles fill their waves and the prefill kernel does not
+    take them."""
     config_mod.clear_caches()
-    x = randn(600, 1024, dtype=BF16)
-    q, s, z, wd = int4_weight(2048, 1024, 128)
+    x = randn(512, 1024, dtype=BF16)
+    q, s, z, wd = int4_weight(8192, 1024, 128)
     plan = gemmkit.ops.a16w4._make_plan(x, q, s, z, 128, None, None, None, None, None)
     assert isinstance(plan, hopper_w4.W4TilePlan)
     assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=128), reference(x, wd))

@@ -626,7 +626,12 @@ class W4PrefillPlan(_W4Plan):
 # shared memory, where the consumers' products read them as they read x's tiles (W4TilePlan).
 
 TILE_MIN_M, TILE_MAX_M = 512, 1024  # rows at which gemm_a16w4 / gemm_a16wfp4 take W4TilePlan where the prefill kernel
-# does not (its wide layers to 1023 rows); the dequantizing route beyond (module section's measurements)
+# does not (its wide layers to 1023 rows) ...
+TILE_MIN_WAVE_USE, TILE_MAX_WAVES = 0.9, 2  # ... and where its tiles fill this share of their waves of the SMs, in at
+# most this many waves. `gemmkit bench a16w4` at 512 and 1024 rows, the Llama-3 and held-out layers, against the
+# routes before (BENCHMARKS.md, thirteenth session): 1.01x to 1.36x them on the 10 layers whose 128 x 256 tiles
+# fill 0.97 of one or two waves but one (0.92x), 0.66x to 0.90x on the 12 that fill under 0.75 of a wave or
+# leave a ragged last one, level (0.97x to 1.02x) on those of three waves and more
 TILE_FORCE = None  # (weight rows per tile, x's parts) forced for every W4TilePlan (probes); None: tile_shape
 
 
@@ -652,16 +657,26 @@ def tile_shape(M: int) -> tuple[int, tuple[int, int]]:
     return 128, (128, 128) if M > 128 else ((128, 0) if M > 64 else (64, 0))
 
 
+def tile_sizes_ok(M: int, N: int, dev: DeviceInfo) -> bool:
+    """TILE_MIN_M to TILE_MAX_M rows where tile_shape's tiles fill TILE_MIN_WAVE_USE of their waves of the SMs,
+    in at most TILE_MAX_WAVES waves."""
+    from .hopper_ws import _wave_use
+
+    rows, parts = tile_shape(M)
+    tiles = -(-N // rows) * -(-M // sum(parts))
+    return (TILE_MIN_M <= M <= TILE_MAX_M and tiles <= TILE_MAX_WAVES * dev.num_sms
+            and _wave_use(tiles, dev.num_sms) >= TILE_MIN_WAVE_USE)
+
+
 def w4_tile_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, config, activation: str,
                mxfp4: bool = False) -> bool:
     """Whether gemm_a16w4 (gemm_a16wfp4: mxfp4, bf16 x only) takes this call to the warp-specialized GEMM with
-    a 4-bit weight: TILE_MIN_M to TILE_MAX_M rows, no explicit config, no activation, K a multiple of 64, INT4
-    groups of 32, 64 * 2^s or one per channel (or MXFP4), x and the packed weight TMA-addressable, sm_90 with
-    Gluon."""
+    a 4-bit weight: tile_sizes_ok, no explicit config, no activation, K a multiple of 64, INT4 groups of 32,
+    64 * 2^s or one per channel (or MXFP4), x and the packed weight TMA-addressable, sm_90 with Gluon."""
     from .hopper_ws import _tma_operand
 
     dtypes = (torch.bfloat16,) if mxfp4 else (torch.bfloat16, torch.float16)
-    return (config is None and activation == "none" and TILE_MIN_M <= M <= TILE_MAX_M and N >= 1 and K >= 64
+    return (config is None and activation == "none" and N >= 1 and tile_sizes_ok(M, N, dev) and K >= 64
             and K % 64 == 0 and x2.dtype in dtypes and (mxfp4 or tile_group_shift(group, K) is not None)
             and _tma_operand(x2) and w_q.stride(1) == 1 and w_q.stride(0) % 16 == 0 and w_q.data_ptr() % 16 == 0
             and ws_enabled(dev, x2.device))

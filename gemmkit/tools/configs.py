@@ -88,7 +88,7 @@ def w4_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | None:
         return (f"the prefill kernel (kernels/gemm_w4_prefill.py): x permuted into its K order, then {bn} weight "
                 f"rows x {bm} rows of x per tile, {per_sm} program(s) per SM"
                 + (f", K in {splits} slices (sums by atomics, finished by a second launch)" if splits > 1 else ""))
-    if h4.TILE_MIN_M <= M <= h4.TILE_MAX_M and K % 64 == 0:
+    if h4.tile_sizes_ok(M, N, dev) and K % 64 == 0:
         rows, (n0, n1) = h4.tile_shape(M)
         from ..core import hopper_ws as hw
 
