@@ -717,7 +717,7 @@ class W4TilePlan(_W4Plan):
             [hw.HALF, 64], gl.float32))(torch.zeros(hw.HALF, 64, dtype=torch.float32, device=self.device))
         self.splits = hw.ws_splits(N, M, K, dev.num_sms, n0 + n1, block_k, rows)
         sw = 8 if mxfp4 or group == 32 else 1
-        ring = 2 * rows * sw * x2.element_size() * (1 if mxfp4 else 2)
+        ring = 2 * rows * sw * (x2.element_size() if mxfp4 else 8)  # (INT4: two rings of int32 pairs)
         # the transposed stores' layout conversion: a (64, part) fp32 tile per consumer warp group for fp32 outputs
         # (the K slices' partials), a few KB for 16-bit ones (codegen checks: 29 KB and 2.6 KB)
         fp32_out = self.splits > 1 or out_dtype == torch.float32

@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                                warpgroup_mma_wait)
 
 from .epilogue import activation
-from .gemm_w4_decode import _DECODE_E2M1, _cta_barrier, _int4_registers, _scaled
+from .gemm_w4_decode import _DECODE_E2M1, _cta_barrier, _scaled
 
 # Triton 3.6 names the TMA copies async_copy_global_to_shared / _shared_to_global; later versions
 # async_load / async_store
@@ -59,6 +59,34 @@ DEC_WORK = gl.constexpr(2)  # (probes: 0 no decode, 1 decode without the stores;
 DEC_WARPS = gl.constexpr(4)  # the decoder's warps (two warp groups: each scheduler interleaves two decoding warps)
 DEC_REGS = gl.constexpr(80)  # their registers per thread ...
 DEC_CONSUMER_REGS = gl.constexpr(192)  # ... and the second consumer's beside them
+
+
+def _pairs_ptx(magic: int, fp16: bool) -> str:
+    """One INT4 word ($4; element 2j in the low nibble of byte j) to four registers $0..$3: register j holds
+    elements 2j and 2j + 1 as 16-bit floats (q - z) s, given the pairs $5 = (s, s / 16) and $6 = (BASE + z,
+    BASE + 16 z). PRMT puts byte j in bytes 0 and 2 beside MAGIC's bytes, the AND keeps the low nibble of the
+    first copy and the high one of the second: MAGIC | q = BASE + q and MAGIC | (q << 4) = BASE + 16 q, both
+    exact, as their difference with the zero point pair; one rounding, by the product."""
+    t = "f16x2" if fp16 else "bf16x2"
+    lines = ["{", ".reg .b32 t, m;", f"mov.b32 m, 0x{magic:02X}{magic:02X}{magic:02X}{magic:02X};"]
+    for j in range(4):
+        lines += [f"prmt.b32 t, $4, m, 0x{4 << 12 | j << 8 | 4 << 4 | j:04X};", "and.b32 t, t, 0xFFF0FF0F;",
+                  f"sub.rn.{t} t, t, $6;", f"mul.rn.{t} ${j}, t, $5;"]
+    return "\n".join(lines + ["}"])
+
+
+_PAIRS_BF16 = gl.constexpr(_pairs_ptx(0x43, False))
+_PAIRS_FP16 = gl.constexpr(_pairs_ptx(0x64, True))
+
+# Triton 3.6 names the shared memory reinterpretation _reinterpret, later versions reinterpret
+if hasattr(gl.shared_memory_descriptor, "reinterpret"):
+    @gluon.jit
+    def _as_int32(buf, rows: gl.constexpr, cols: gl.constexpr):
+        return buf.reinterpret(gl.int32, [rows, cols], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+else:
+    @gluon.jit
+    def _as_int32(buf, rows: gl.constexpr, cols: gl.constexpr):
+        return buf._reinterpret(gl.int32, [rows, cols], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
 
 
 @gluon.jit
@@ -387,18 +415,29 @@ def _packed_scales(b_scale, b_zero, off_n, ki, N, stride_bsn, stride_bsk, stride
 
 @gluon.jit
 def _scale_values(s, z, W_FORMAT: gl.constexpr, HAS_ZERO: gl.constexpr, BASE: gl.constexpr, DT: gl.constexpr):
-    """(scale, BASE + zero point) in DT of _packed_scales' loads: INT4 (zero point 8 without HAS_ZERO);
-    MXFP4 e8m0 as the bf16 2^(e - 127) (e = 0: 2^-127; 255: NaN; rows past N: 2^-127 times zero words)."""
+    """What the decoder's ring holds of _packed_scales' loads: INT4, the int32 pairs (s, s / 16) and (BASE + z,
+    BASE + 16 z) of x's dtype (zero point 8 without HAS_ZERO) that _pairs_ptx takes; MXFP4, e8m0 as the bf16
+    2^(e - 127) twice (e = 0: 2^-127; 255: NaN; rows past N: 2^-127 times zero words)."""
     if W_FORMAT == W_MXFP4:
         e = s.to(gl.int32)
         bits = gl.where(e == 0, 0x40, gl.where(e == 255, 0x7FC0, e << 7))
-        sc = bits.to(gl.int16).to(gl.bfloat16, bitcast=True)
-        return sc, sc
-    if HAS_ZERO:
-        zb = (z.to(gl.float32) + BASE).to(DT)
-    else:
-        zb = gl.full(s.shape, BASE + 8.0, DT, s.type.layout)
-    return s.to(DT), zb
+        sv = bits.to(gl.int16).to(gl.bfloat16, bitcast=True)
+        zv = sv
+    else:  # INT4: int32 pairs for _pairs_ptx, (s, s / 16) and (BASE + z, BASE + 16 z), each exact in DT
+        if HAS_ZERO:
+            zf = z.to(gl.float32)
+        else:
+            zf = gl.full(s.shape, 8.0, gl.float32, s.type.layout)
+        sf = s.to(gl.float32)
+        sv = _pair(sf.to(DT), (sf * 0.0625).to(DT))
+        zv = _pair((zf + BASE).to(DT), (zf * 16.0 + BASE).to(DT))
+    return sv, zv
+
+
+@gluon.jit
+def _pair(lo, hi):
+    """The int32 of two 16-bit floats, lo in the low half."""
+    return (lo.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF) | (hi.to(gl.int16, bitcast=True).to(gl.int32) << 16)
 
 
 @gluon.jit
@@ -425,18 +464,23 @@ def _decode_rows(words, s, z, dst, W_FORMAT: gl.constexpr, FP16: gl.constexpr):
             _DECODE_E2M1, "=r,=r,=r,=r,=r,=r,=r,=r,r,r", [words], dtype=(gl.bfloat16,) * 8, is_pure=True, pack=2)
         v0, v1, v2, v3 = _scaled(o0, s), _scaled(o1, s), _scaled(o2, s), _scaled(o3, s)
         v4, v5, v6, v7 = _scaled(o4, s), _scaled(o5, s), _scaled(o6, s), _scaled(o7, s)
-    else:
-        o0, o1, o2, o3, o4, o5, o6, o7 = _int4_registers(words, FP16)
-        v0, v1, v2, v3 = (o0 - z) * s, (o1 - z) * s, (o2 - z) * s, (o3 - z) * s
-        v4, v5, v6, v7 = (o4 - z) * s, (o5 - z) * s, (o6 - z) * s, (o7 - z) * s
-    # register i holds element i of each word: (row, word, i0, i1, i2) -> (row, word, i2, i1, i0), K order
-    t = gl.join(gl.join(gl.join(v0, v1), gl.join(v2, v3)), gl.join(gl.join(v4, v5), gl.join(v6, v7)))
-    t = gl.reshape(gl.permute(t, [0, 1, 4, 3, 2]), [DEC_ROWS, 8 * words.shape[1]])
-    if DEC_WORK == 1:
-        if gl.program_id(0) < 0:
-            dst.store(t)
-    else:
+        # register i holds element i of each word: (row, word, i0, i1, i2) -> (row, word, i2, i1, i0), K order
+        t = gl.join(gl.join(gl.join(v0, v1), gl.join(v2, v3)), gl.join(gl.join(v4, v5), gl.join(v6, v7)))
+        t = gl.reshape(gl.permute(t, [0, 1, 4, 3, 2]), [DEC_ROWS, 8 * words.shape[1]])
         dst.store(t)
+    else:  # INT4: each register two neighbouring values of a word, stored as int32 in the 16-bit tile's bytes
+        words, s = gl.broadcast(words, s)
+        words, z = gl.broadcast(words, z)
+        p0, p1, p2, p3 = gl.inline_asm_elementwise(_PAIRS_FP16 if FP16 else _PAIRS_BF16, "=r,=r,=r,=r,r,r,r",
+                                                   [words, s, z], dtype=(gl.int32,) * 4, is_pure=True, pack=1)
+        # (row, word, pair j0, j1) -> (row, word, j1, j0): int32 column 4 w + j holds K 8 w + 2 j, + 1
+        t = gl.permute(gl.join(gl.join(p0, p1), gl.join(p2, p3)), [0, 1, 3, 2])
+        t = gl.reshape(t, [DEC_ROWS, 4 * words.shape[1]])
+        if DEC_WORK == 1:
+            if gl.program_id(0) < 0:
+                _as_int32(dst, DEC_ROWS, 4 * words.shape[1]).store(t)
+        else:
+            _as_int32(dst, DEC_ROWS, 4 * words.shape[1]).store(t)
 
 
 @gluon.jit
@@ -594,11 +638,12 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
         b1_bufs = b0_bufs
     if PACKED:  # the decoder's scales
         ring_l: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        sc_ring = gl.allocate_shared_memory(OP_DT, [2, GROUPS * HALF, SW], ring_l)
-        if W_FORMAT == W_INT4:
-            zb_ring = gl.allocate_shared_memory(OP_DT, [2, GROUPS * HALF, SW], ring_l)
-        else:  # (unused)
-            zb_ring = sc_ring
+        if W_FORMAT == W_INT4:  # (_scale_values' int32 pairs)
+            sc_ring = gl.allocate_shared_memory(gl.int32, [2, GROUPS * HALF, SW], ring_l)
+            zb_ring = gl.allocate_shared_memory(gl.int32, [2, GROUPS * HALF, SW], ring_l)
+        else:
+            sc_ring = gl.allocate_shared_memory(OP_DT, [2, GROUPS * HALF, SW], ring_l)
+            zb_ring = sc_ring  # (unused)
     xs_bufs = gl.allocate_shared_memory(gl.float32, [STAGES, 2 * HALF], xs_desc.layout)
     if C_TMA:  # per warp group, a buffer per column part
         cA0 = gl.allocate_shared_memory(c0_desc.dtype, [HALF, N0], c0_desc.layout)
