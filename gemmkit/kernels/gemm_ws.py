@@ -63,14 +63,15 @@ DEC_CONSUMER_REGS = gl.constexpr(192)  # ... and the second consumer's beside th
 
 def _pairs_ptx(magic: int, fp16: bool) -> str:
     """One INT4 word ($4; element 2j in the low nibble of byte j) to four registers $0..$3: register j holds
-    elements 2j and 2j + 1 as 16-bit floats (q - z) s, given the pairs $5 = (s, s / 16) and $6 = (BASE + z,
-    BASE + 16 z). PRMT puts byte j in bytes 0 and 2 beside MAGIC's bytes, the AND keeps the low nibble of the
-    first copy and the high one of the second: MAGIC | q = BASE + q and MAGIC | (q << 4) = BASE + 16 q, both
-    exact, as their difference with the zero point pair; one rounding, by the product."""
+    elements 2j and 2j + 1 as 16-bit floats (q - z) s, given the pairs $5 = (s, s) and $6 = (BASE + z, BASE + z).
+    With u the word shifted right by 4 (byte j's high nibble in u's byte j's low one), PRMT puts byte j of the
+    word and of u in bytes 0 and 2, and LOP3 keeps their low nibbles under MAGIC (MAGIC | q = BASE + q, exact);
+    the zero point's subtraction is exact too: one rounding, by the product."""
     t = "f16x2" if fp16 else "bf16x2"
-    lines = ["{", ".reg .b32 t, m;", f"mov.b32 m, 0x{magic:02X}{magic:02X}{magic:02X}{magic:02X};"]
+    lines = ["{", ".reg .b32 t, u;", "shr.u32 u, $4, 4;"]
     for j in range(4):
-        lines += [f"prmt.b32 t, $4, m, 0x{4 << 12 | j << 8 | 4 << 4 | j:04X};", "and.b32 t, t, 0xFFF0FF0F;",
+        lines += [f"prmt.b32 t, $4, u, 0x{(4 + j) << 8 | j:04X};",
+                  f"lop3.b32 t, t, 0x000F000F, 0x{magic:02X}00{magic:02X}00, 0xEA;",
                   f"sub.rn.{t} t, t, $6;", f"mul.rn.{t} ${j}, t, $5;"]
     return "\n".join(lines + ["}"])
 
@@ -415,22 +416,22 @@ def _packed_scales(b_scale, b_zero, off_n, ki, N, stride_bsn, stride_bsk, stride
 
 @gluon.jit
 def _scale_values(s, z, W_FORMAT: gl.constexpr, HAS_ZERO: gl.constexpr, BASE: gl.constexpr, DT: gl.constexpr):
-    """What the decoder's ring holds of _packed_scales' loads: INT4, the int32 pairs (s, s / 16) and (BASE + z,
-    BASE + 16 z) of x's dtype (zero point 8 without HAS_ZERO) that _pairs_ptx takes; MXFP4, e8m0 as the bf16
+    """What the decoder's ring holds of _packed_scales' loads: INT4, the int32 pairs (s, s) and (BASE + z,
+    BASE + z) of x's dtype (zero point 8 without HAS_ZERO) that _pairs_ptx takes; MXFP4, e8m0 as the bf16
     2^(e - 127) twice (e = 0: 2^-127; 255: NaN; rows past N: 2^-127 times zero words)."""
     if W_FORMAT == W_MXFP4:
         e = s.to(gl.int32)
         bits = gl.where(e == 0, 0x40, gl.where(e == 255, 0x7FC0, e << 7))
         sv = bits.to(gl.int16).to(gl.bfloat16, bitcast=True)
         zv = sv
-    else:  # INT4: int32 pairs for _pairs_ptx, (s, s / 16) and (BASE + z, BASE + 16 z), each exact in DT
+    else:  # INT4: int32 pairs for _pairs_ptx, (s, s) and (BASE + z, BASE + z)
         if HAS_ZERO:
-            zf = z.to(gl.float32)
+            zd = (z.to(gl.float32) + BASE).to(DT)
         else:
-            zf = gl.full(s.shape, 8.0, gl.float32, s.type.layout)
-        sf = s.to(gl.float32)
-        sv = _pair(sf.to(DT), (sf * 0.0625).to(DT))
-        zv = _pair((zf + BASE).to(DT), (zf * 16.0 + BASE).to(DT))
+            zd = gl.full(s.shape, BASE + 8.0, DT, s.type.layout)
+        sd = s.to(DT)
+        sv = _pair(sd, sd)
+        zv = _pair(zd, zd)
     return sv, zv
 
 
