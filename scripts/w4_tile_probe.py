@@ -47,7 +47,7 @@ print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, GEMMKIT_COMMI
       file=out, flush=True)
 
 
-SHIPPED = {k: getattr(hopper_w4, k) for k in ("TILE_MIN_M", "TILE_MAX_M", "TILE_MIN_WAVE_USE", "TILE_MAX_WAVES",
+SHIPPED = {k: getattr(hopper_w4, k) for k in ("TILE_MIN_M", "TILE_MAX_M", "TILE_MIN_WAVE_USE",
                                               "PREFILL_MIN_M")}
 
 
@@ -57,7 +57,7 @@ def route(on):
         setattr(hopper_w4, k, v)
     if on is True:
         hopper_w4.TILE_MIN_M, hopper_w4.TILE_MAX_M, hopper_w4.PREFILL_MIN_M = 1, 1 << 30, 1 << 30
-        hopper_w4.TILE_MIN_WAVE_USE, hopper_w4.TILE_MAX_WAVES = 0, 1 << 30
+        hopper_w4.TILE_MIN_WAVE_USE = 0
     elif on is False:
         hopper_w4.TILE_MIN_M = hopper_w4.TILE_MAX_M = 1 << 30
 

@@ -29,7 +29,6 @@ def built(monkeypatch):
     monkeypatch.setattr(hopper_w4, "TILE_MIN_M", 1)
     monkeypatch.setattr(hopper_w4, "TILE_MAX_M", 1 << 30)
     monkeypatch.setattr(hopper_w4, "TILE_MIN_WAVE_USE", 0)
-    monkeypatch.setattr(hopper_w4, "TILE_MAX_WAVES", 1 << 30)
     monkeypatch.setattr(hopper_w4, "PREFILL_MIN_M", 1 << 30)
     yield from spy_plans(monkeypatch, hopper_w4.W4TilePlan, config_mod.clear_caches)
 
@@ -45,9 +44,10 @@ def test_tile_shape(M, tile):
 
 @pytest.mark.parametrize("M,N,ok", [(512, 8192, True), (1024, 4096, True), (1024, 8192, True), (511, 8192, False),
                                     (1025, 4096, False), (512, 4096, False), (1024, 6144, False), (1024, 10240, False),
-                                    (512, 28672, False), (600, 8192, False), (768, 5632, True)])
+                                    (512, 28672, False), (600, 8192, False), (768, 5632, True), (1024, 28672, True),
+                                    (2048, 8192, False)])
 def test_size_rule(M, N, ok):
-    """512 to 1024 rows where the 128 x 256 tiles fill 0.9 of one or two waves of the H100's 132 SMs."""
+    """512 to 1024 rows where the 128 x 256 tiles fill 0.9 of their waves of the H100's 132 SMs."""
     assert hopper_w4.tile_sizes_ok(M, N, H100) == ok
 
 

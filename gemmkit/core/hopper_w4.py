@@ -627,11 +627,10 @@ class W4PrefillPlan(_W4Plan):
 
 TILE_MIN_M, TILE_MAX_M = 512, 1024  # rows at which gemm_a16w4 / gemm_a16wfp4 take W4TilePlan where the prefill kernel
 # does not (its wide layers to 1023 rows) ...
-TILE_MIN_WAVE_USE, TILE_MAX_WAVES = 0.9, 2  # ... and where its tiles fill this share of their waves of the SMs, in at
-# most this many waves. `gemmkit bench a16w4` at 512 and 1024 rows, the Llama-3 and held-out layers, against the
-# routes before (BENCHMARKS.md, thirteenth session): 1.01x to 1.36x them on the 10 layers whose 128 x 256 tiles
-# fill 0.97 of one or two waves but one (0.92x), 0.66x to 0.90x on the 12 that fill under 0.75 of a wave or
-# leave a ragged last one, level (0.97x to 1.02x) on those of three waves and more
+TILE_MIN_WAVE_USE = 0.9  # ... and where its tiles fill this share of their waves of the SMs. Against the other routes in
+# the same run (scripts/w4_tile_route_stats.py on tuning/w4_tile/w4_tile_route_pairs_*; BENCHMARKS.md, thirteenth
+# session): 0.99x to 1.34x them on the 14 problems this rule takes (geomean 1.10), 0.69x to 1.25x on the 19 others
+# of 512 to 1024 rows (0.93), 0.60x to 0.96x from 2048 rows (0.85: the dequantizing route's A16W16 GEMM is faster)
 TILE_FORCE = None  # (weight rows per tile, x's parts) forced for every W4TilePlan (probes); None: tile_shape
 
 
@@ -658,14 +657,12 @@ def tile_shape(M: int) -> tuple[int, tuple[int, int]]:
 
 
 def tile_sizes_ok(M: int, N: int, dev: DeviceInfo) -> bool:
-    """TILE_MIN_M to TILE_MAX_M rows where tile_shape's tiles fill TILE_MIN_WAVE_USE of their waves of the SMs,
-    in at most TILE_MAX_WAVES waves."""
+    """TILE_MIN_M to TILE_MAX_M rows where tile_shape's tiles fill TILE_MIN_WAVE_USE of their waves of the SMs."""
     from .hopper_ws import _wave_use
 
     rows, parts = tile_shape(M)
     tiles = -(-N // rows) * -(-M // sum(parts))
-    return (TILE_MIN_M <= M <= TILE_MAX_M and tiles <= TILE_MAX_WAVES * dev.num_sms
-            and _wave_use(tiles, dev.num_sms) >= TILE_MIN_WAVE_USE)
+    return TILE_MIN_M <= M <= TILE_MAX_M and _wave_use(tiles, dev.num_sms) >= TILE_MIN_WAVE_USE
 
 
 def w4_tile_ok(dev: DeviceInfo, x2, w_q, M: int, N: int, K: int, group: int, config, activation: str,
