@@ -1,6 +1,7 @@
 """Where gemm_a16w4 runs the Hopper INT4 decode kernel (kernels/gemm_w4_decode.py), and its launch;
-at the end, the same for the prefill kernel (kernels/gemm_w4_prefill.py, W4PrefillPlan: 65 to 511 rows, to
-1023 on wide layers).
+then the same for the prefill kernel (kernels/gemm_w4_prefill.py, W4PrefillPlan: 65 to 511 rows, to
+1023 on wide layers) and, at the end, for the warp-specialized GEMM with the 4-bit weight as A
+(kernels/gemm_ws.py W_FORMAT, W4TilePlan: 512 to 1024 rows where its tiles fill their waves).
 
 The kernel takes decode-sized calls on sm_90 (CUDA, Gluon, GEMMKIT_GLUON not 0): M <= DECODE_MAX_M
 rows of bf16 / fp16 x (INT4 groups of 128 or more also from INT4_WIDE_MIN_M to INT4_WIDE_MAX_M rows,

@@ -29,6 +29,13 @@ The tile with an optional bias, cast to c's dtype, stored by TMA from shared mem
 through pointers.
 GATED (the fused feed-forward's gated GEMM): the two column parts are the gate and up products
 of the same columns, and the tile stored is act(gate) * up (kernels/epilogue.py's activation).
+W_FORMAT INT4 / MXFP4 (gemm_a16w4 / gemm_a16wfp4, core/hopper_w4.W4TilePlan): a 4-bit weight is A
+(the kernel computes y^T = w x^T, 128 weight rows by up to 256 of x's per tile), its packed words
+come by TMA with x's tile, and a decoder partition (_decoder, DEC_WARPS warps) writes each K block's
+values into the A buffers, from which the consumers' products read them as they read x's (no
+register operand: the products stay in flight); the tile is stored transposed in 16-byte vectors
+along the weight's rows (stored value by value, the CUDA 12 ptxas serialized every product: C7514,
+BENCHMARKS.md, thirteenth session).
 
 Only for CUDA sm_90 with Gluon (core/hopper_ws.py decides); everything else runs the tl kernel.
 """
@@ -54,11 +61,11 @@ SCALES_NONE = gl.constexpr(2)
 W_DENSE = gl.constexpr(0)
 W_INT4 = gl.constexpr(1)
 W_MXFP4 = gl.constexpr(2)
-DEC_ROWS = gl.constexpr(64)  # weight rows the decoder turns into B's values at a time
-DEC_WORK = gl.constexpr(2)  # (probes: 0 no decode, 1 decode without the stores; wrong products)
-DEC_WARPS = gl.constexpr(4)  # the decoder's warps (two warp groups: each scheduler interleaves two decoding warps)
-DEC_REGS = gl.constexpr(80)  # their registers per thread ...
-DEC_CONSUMER_REGS = gl.constexpr(192)  # ... and the second consumer's beside them
+DEC_ROWS = gl.constexpr(64)  # weight rows the decoder turns into A's values at a time (a consumer's rows)
+DEC_WORK = gl.constexpr(2)  # (probes, scripts/w4_tile_ab.py: 0 no decoding, 1 no stores; wrong products)
+DEC_WARPS = gl.constexpr(4)  # the decoder's warps: 4 of 80 registers ran 1.05x to 1.16x 8 of 48 (the consumers at
+DEC_REGS = gl.constexpr(80)  # 192 / 184; tuning/w4_tile/w4_tile_ab_decoder_a256111_h100.txt) ...
+DEC_CONSUMER_REGS = gl.constexpr(192)  # ... and the second consumer's registers beside them
 
 
 def _pairs_ptx(magic: int, fp16: bool) -> str:

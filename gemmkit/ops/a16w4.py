@@ -38,7 +38,8 @@ def gemm_a16w4(x, w_q, w_scale, w_zero=None, *, group_size=128, bias=None, activ
     exact up to 127 with bf16 x, 255 with fp16 x (4-bit formats use 0..16: GPTQ's reach 16). bias: (N,) bf16/fp16/fp32. activation: None, "relu",
     "gelu_tanh", "silu". out_dtype: bf16/fp16/fp32 (default y's, else x's). y: optional output.
     config: None (on sm_90 at decode sizes the Hopper decode kernel and from 65 to 511 rows (1023 on
-    wide layers) the Hopper prefill kernel, core/hopper_w4.py; else the tuned table "a16w4", else derived; from M =
+    wide layers) the Hopper prefill kernel, from 512 to 1024 where its tiles fill their waves (and no activation)
+    the warp-specialized GEMM with the weight as A, core/hopper_w4.py; else the tuned table "a16w4", else derived; from M =
     DEQUANT_MIN_M rows, where no Hopper kernel takes the call, the weight is dequantized in one pass and
     the A16W16 GEMM runs on it: ops/packed_prefill.py), a dict or a GemmConfig (always the fused tl
     kernel). No autograd.

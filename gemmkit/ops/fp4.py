@@ -34,7 +34,8 @@ def gemm_a16wfp4(x, w, w_scale, *, bias=None, activation=None, out_dtype=None, y
     K-contiguous. w_scale: uint8 (N, K // 32) e8m0, any layout. bias: (N,) bf16/fp16/fp32.
     activation: None, "relu", "gelu_tanh", "silu". out_dtype: bf16/fp16/fp32 (default y's, else
     x's). y: optional output. config: None (on sm_90 with bf16 x the Hopper decode kernel up to 64 rows
-    and the prefill kernel from 65 to 511 (1023 on wide layers), core/hopper_w4.py; else table "a16wfp4", else derived; from
+    and the prefill kernel from 65 to 511 (1023 on wide layers), from 512 to 1024 where its tiles fill their waves (and
+    no activation) the warp-specialized GEMM with the weight as A, core/hopper_w4.py; else table "a16wfp4", else derived; from
     M = DEQUANT_MIN_M, where no Hopper kernel takes the call, the weight is dequantized in one pass for
     the A16W16 GEMM: ops/packed_prefill.py), dict or GemmConfig (always the fused kernel).
     """
