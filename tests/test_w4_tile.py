@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import gemmkit
-from gemmkit import quant
 from gemmkit.core import config as config_mod
 from gemmkit.core import hopper_w4, hopper_ws
 from gemmkit.core.device import known_device
@@ -150,17 +149,7 @@ def test_tile_shapes(built, monkeypatch, tiles, fmt):
     """Every tile shape, each scale form; ragged M and N, several tiles per program."""
     monkeypatch.setattr(hopper_w4, "TILE_FORCE", tiles)
     for M in (300, 1500):
-        N, K = 1000, 1024
-        if fmt == "mxfp4":
-            x = randn(M, K, dtype=BF16)
-            wq, ws = quant.quantize_mxfp4(randn(N, K, dtype=FP32, scale=K**-0.5))
-            out, ref = gemmkit.gemm_a16wfp4(x, wq, ws), reference(x, quant.dequantize_mxfp4(wq, ws, torch.float64))
-        else:
-            group, dtype = (32, FP16) if "fp16" in fmt else (128, BF16)
-            x = randn(M, K, dtype=dtype)
-            q, s, z, wd = int4_weight(N, K, group, dtype=dtype)
-            out, ref = gemmkit.gemm_a16w4(x, q, s, z, group_size=group), reference(x, wd)
-        assert_close(out, ref)
+        assert_close(*w4_checks.format_call(fmt, M, 1000, 1024))
     assert len(built) == 2 and {(p.rows, p.parts) for p in built} == {tiles}
 
 
@@ -174,18 +163,7 @@ def test_k_slices(built, fmt):
     for _ in range(2):
         buf = poisoned((M, N + 8), out_dtype or (FP16 if "fp16" in fmt else BF16))
         y = buf[:, :N]
-        if fmt == "mxfp4":
-            x = randn(M, K, dtype=BF16)
-            wq, ws = quant.quantize_mxfp4(randn(N, K, dtype=FP32, scale=K**-0.5))
-            out = gemmkit.gemm_a16wfp4(x, wq, ws, y=y)
-            ref = reference(x, quant.dequantize_mxfp4(wq, ws, torch.float64))
-        else:
-            group, dtype = (64, FP16) if "fp16" in fmt else (128, BF16)
-            x = randn(M, K, dtype=dtype)
-            q, s, z, wd = int4_weight(N, K, group, dtype=dtype)
-            bias = randn(N, dtype=dtype) if "bias" in fmt else None
-            out = gemmkit.gemm_a16w4(x, q, s, z, group_size=group, bias=bias, out_dtype=out_dtype, y=y)
-            ref = reference(x, wd, bias)
+        out, ref = w4_checks.format_call(fmt, M, N, K, y=y, bias="bias" in fmt, out_dtype=out_dtype)
         assert out is y
         assert_close(out, ref, tol=1e-2)
         assert torch.isnan(buf[:, N:]).all()

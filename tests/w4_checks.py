@@ -145,3 +145,21 @@ def check_disabled_by_env(built, monkeypatch, M):
     q, s, z, wd = int4_weight(512, 1024, 128)
     assert_close(gemmkit.gemm_a16w4(x, q, s, z, group_size=128), reference(x, wd))
     assert not built
+
+
+def format_call(fmt, M, N, K, y=None, bias=False, activation=None, out_dtype=None):
+    """gemm_a16w4 / gemm_a16wfp4 on fresh data of one of the formats the kernels' tests sweep ("mxfp4", or
+    "int4" with "g32" / "g64" (else groups of 128) and "fp16" (else bf16 x)): (out, float64 reference)."""
+    if fmt.startswith("mxfp4"):
+        x = randn(M, K, dtype=BF16)
+        wq, ws = quant.quantize_mxfp4(randn(N, K, dtype=FP32, scale=K**-0.5))
+        out = gemmkit.gemm_a16wfp4(x, wq, ws, y=y)
+        return out, reference(x, quant.dequantize_mxfp4(wq, ws, torch.float64))
+    group = 32 if "g32" in fmt else 64 if "g64" in fmt else 128
+    dtype = FP16 if "fp16" in fmt else BF16
+    x = randn(M, K, dtype=dtype)
+    q, s, z, wd = int4_weight(N, K, group, dtype=dtype)
+    b = randn(N, dtype=dtype) if bias else None
+    out = gemmkit.gemm_a16w4(x, q, s, z, group_size=group, bias=b, activation=activation, out_dtype=out_dtype, y=y)
+    ref = reference(x, wd, b)
+    return out, (ACTIVATIONS[activation](ref) if activation else ref)
