@@ -3,7 +3,8 @@ the decoder's work cut (GEMMKIT_DEC_WORK: 0 no decode, 1 decode without the shar
 value in its own process, as the kernel reads it at compile time), against F.linear bf16 and gemm_a16w16 on the
 dequantized weight, in one CUDA-graph run per problem.
 
-Usage: GEMMKIT_DEC_WORK=1 [GEMMKIT_DEC=8,48,184] python3 scripts/w4_tile_ab.py [OUT_FILE]
+Usage: GEMMKIT_DEC_WORK=1 [GEMMKIT_DEC=8,48,184] [GEMMKIT_DEC_LOOKAHEAD=0|1] python3 scripts/w4_tile_ab.py [OUT_FILE]
+(before fcc8e7f the route was forced by TILE_MIN_M alone: from f121112 its M = 1024 / 4096 rows ran other routes)
 --ncu (an ncu target): two calls at M = 4096 on 8192 x 8192, nothing timed:
 ncu -k regex:gemm_ws_kernel --launch-skip 1 --launch-count 1 --section SourceCounters --section WarpStateStats
   --section SchedulerStats -o p python3 scripts/w4_tile_ab.py --ncu
@@ -31,7 +32,12 @@ if dec:
     w, r, c = (int(v) for v in dec.split(","))
     gemm_ws.DEC_WARPS, gemm_ws.DEC_REGS, gemm_ws.DEC_CONSUMER_REGS = gl.constexpr(w), gl.constexpr(r), gl.constexpr(c)
     work = f"{work}, decoder {dec}"
-hopper_w4.TILE_MIN_M = 1
+# every call to W4TilePlan (the prefill kernel and the wave rule off)
+hopper_w4.TILE_MIN_M, hopper_w4.TILE_MAX_M, hopper_w4.TILE_MIN_WAVE_USE, hopper_w4.PREFILL_MIN_M = 1, 1 << 30, 0, 1 << 30
+lookahead = os.environ.get("GEMMKIT_DEC_LOOKAHEAD")
+if lookahead is not None:
+    gemm_ws.DEC_LOOKAHEAD = gl.constexpr(lookahead == "1")
+    work = f"{work}, lookahead {lookahead}"
 if "--ncu" in sys.argv:
     inp = probe_util.int4_inputs(4096, 8192, 8192)
     for _ in range(2):
@@ -41,6 +47,7 @@ out = open(sys.argv[1], "a") if len(sys.argv) > 1 else sys.stdout
 for M, N, K in ((4096, 8192, 8192), (1024, 28672, 4096), (256, 28672, 4096)):
     inps = [probe_util.int4_inputs(M, N, K) for _ in range(3)]
     plans, calls = probe_util.w4_plan_calls(inps, False)
+    assert isinstance(plans[0], hopper_w4.W4TilePlan), type(plans[0])
     named = {"F.linear bf16": [lambda inp=inp: F.linear(inp["x"], inp["w16"]) for inp in inps],
              "gemm_a16w16": [lambda inp=inp: gemmkit.gemm_a16w16(inp["x"], inp["w16"]) for inp in inps],
              f"W4TilePlan, DEC_WORK {work}": calls}
