@@ -457,7 +457,8 @@ def _load_rows(wq, sc, zb, r0: gl.constexpr, W_FORMAT: gl.constexpr, WL: gl.cons
     if WORDS:
         words = wq.slice(r0, DEC_ROWS).load(WL)
     else:
-        words = gl.zeros([DEC_ROWS, wq.shape[1]], gl.int32, WL)
+        WK: gl.constexpr = wq.shape[1]
+        words = gl.zeros([DEC_ROWS, WK], gl.int32, WL)
     s = sc.slice(r0, DEC_ROWS).load(WL)
     if W_FORMAT == W_MXFP4:
         z = s
@@ -546,7 +547,8 @@ def _decoder(wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded,
     for unit in range(pid, units, gl.num_programs(0)):
         _e, _m, _n, _s, k0, k1 = _unit(unit, tiles, M, N, 1, splits, k_tiles, BM, BLOCK_N, GROUP_M)
         total += k1 - k0
-    w0n = gl.zeros([DEC_ROWS, wq_bufs.shape[2]], gl.int32, WL)
+    WK: gl.constexpr = wq_bufs.shape[2]
+    w0n = gl.zeros([DEC_ROWS, WK], gl.int32, WL)
     w1n = w0n
     if DEC_LOOKAHEAD:
         if total > 0:
