@@ -3,8 +3,8 @@ the decoder's work cut (GEMMKIT_DEC_WORK: 0 no decode, 1 decode without the shar
 value in its own process, as the kernel reads it at compile time), against F.linear bf16 and gemm_a16w16 on the
 dequantized weight, in one CUDA-graph run per problem.
 
-Usage: GEMMKIT_DEC_WORK=1 [GEMMKIT_DEC=8,48,184] [GEMMKIT_DEC_LOOKAHEAD=0|1] python3 scripts/w4_tile_ab.py [OUT_FILE]
-(before fcc8e7f the route was forced by TILE_MIN_M alone: from f121112 its M = 1024 / 4096 rows ran other routes)
+Usage: GEMMKIT_DEC_WORK=1 [GEMMKIT_DEC=8,48,184] python3 scripts/w4_tile_ab.py [OUT_FILE]
+(before c72bd98 the route was forced by TILE_MIN_M alone: from f121112 its M = 1024 / 4096 rows ran other routes)
 --ncu (an ncu target): two calls at M = 4096 on 8192 x 8192, nothing timed:
 ncu -k regex:gemm_ws_kernel --launch-skip 1 --launch-count 1 --section SourceCounters --section WarpStateStats
   --section SchedulerStats -o p python3 scripts/w4_tile_ab.py --ncu
@@ -34,10 +34,6 @@ if dec:
     work = f"{work}, decoder {dec}"
 # every call to W4TilePlan (the prefill kernel and the wave rule off)
 hopper_w4.TILE_MIN_M, hopper_w4.TILE_MAX_M, hopper_w4.TILE_MIN_WAVE_USE, hopper_w4.PREFILL_MIN_M = 1, 1 << 30, 0, 1 << 30
-lookahead = os.environ.get("GEMMKIT_DEC_LOOKAHEAD")
-if lookahead is not None:
-    gemm_ws.DEC_LOOKAHEAD = gl.constexpr(lookahead == "1")
-    work = f"{work}, lookahead {lookahead}"
 if "--ncu" in sys.argv:
     inp = probe_util.int4_inputs(4096, 8192, 8192)
     for _ in range(2):

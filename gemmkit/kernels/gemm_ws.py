@@ -63,7 +63,6 @@ W_INT4 = gl.constexpr(1)
 W_MXFP4 = gl.constexpr(2)
 DEC_ROWS = gl.constexpr(64)  # weight rows the decoder turns into A's values at a time (a consumer's rows)
 DEC_WORK = gl.constexpr(2)  # (probes, scripts/w4_tile_ab.py: 0 no decoding, 1 no stores; wrong products)
-DEC_LOOKAHEAD = gl.constexpr(True)  # a K block's words read during the block before
 DEC_WARPS = gl.constexpr(4)  # the decoder's warps: 4 of 80 registers ran 1.05x to 1.16x 8 of 48 (the consumers at
 DEC_REGS = gl.constexpr(80)  # 192 / 184; tuning/w4_tile/w4_tile_ab_decoder_a256111_h100.txt) ...
 DEC_CONSUMER_REGS = gl.constexpr(192)  # ... and the second consumer's registers beside them
@@ -450,15 +449,10 @@ def _pair(lo, hi):
 
 
 @gluon.jit
-def _load_rows(wq, sc, zb, r0: gl.constexpr, W_FORMAT: gl.constexpr, WL: gl.constexpr, WORDS: gl.constexpr = True):
+def _load_rows(wq, sc, zb, r0: gl.constexpr, W_FORMAT: gl.constexpr, WL: gl.constexpr):
     """(words, scales, BASE + zero points) of rows r0 .. r0 + DEC_ROWS of a K block's packed words `wq` (rows x
-    BLOCK_K / 8 int32, 8 consecutive K values per word) and its scales' ring slots sc / zb, in WL (not WORDS:
-    the scales only, the words' place a zero)."""
-    if WORDS:
-        words = wq.slice(r0, DEC_ROWS).load(WL)
-    else:
-        WK: gl.constexpr = wq.shape[1]
-        words = gl.zeros([DEC_ROWS, WK], gl.int32, WL)
+    BLOCK_K / 8 int32, 8 consecutive K values per word) and its scales' ring slots sc / zb, in WL."""
+    words = wq.slice(r0, DEC_ROWS).load(WL)
     s = sc.slice(r0, DEC_ROWS).load(WL)
     if W_FORMAT == W_MXFP4:
         z = s
@@ -542,20 +536,6 @@ def _decoder(wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded,
                               group_shift, HAS_ZERO, BM, SW, SL)
     lu, lk, le, lm = _step_after(lu, lk, le, lm, tiles, units, M, N, splits, k_tiles, BM, BLOCK_N, GROUP_M)
     _cta_barrier()
-    # the program's K blocks, and (DEC_LOOKAHEAD) the first one's words, read while nothing else waits
-    total = 0
-    for unit in range(pid, units, gl.num_programs(0)):
-        _e, _m, _n, _s, k0, k1 = _unit(unit, tiles, M, N, 1, splits, k_tiles, BM, BLOCK_N, GROUP_M)
-        total += k1 - k0
-    WK: gl.constexpr = wq_bufs.shape[2]
-    w0n = gl.zeros([DEC_ROWS, WK], gl.int32, WL)
-    w1n = w0n
-    if DEC_LOOKAHEAD:
-        if total > 0:
-            mbarrier.wait(ready.index(0), 0)
-            w0n = wq_bufs.index(0).slice(0, DEC_ROWS).load(WL)
-            if GROUPS == 2:
-                w1n = wq_bufs.index(0).slice(DEC_ROWS, DEC_ROWS).load(WL)
     it = 0
     for unit in range(pid, units, gl.num_programs(0)):
         _e, off_m, _n, _s, k0, k1 = _unit(unit, tiles, M, N, 1, splits, k_tiles, BM, BLOCK_N, GROUP_M)
@@ -570,26 +550,11 @@ def _decoder(wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded,
             s_n, z_n = _packed_scales(b_scale, b_zero, lm, lk, M, stride_bsn, stride_bsk, stride_bzn, stride_bzk,
                                       group_shift, HAS_ZERO, BM, SW, SL)
             lu, lk, le, lm = _step_after(lu, lk, le, lm, tiles, units, M, N, splits, k_tiles, BM, BLOCK_N, GROUP_M)
-            if DEC_LOOKAHEAD:  # this block's words were read a block ago; the next block's are read now
-                w0 = w0n
-                w1 = w1n
-                _w, s0, z0 = _load_rows(wq_bufs.index(s), sc_ring.index(r), zb_ring.index(r), 0, W_FORMAT, WL, False)
-                if GROUPS == 2:
-                    _w, s1, z1 = _load_rows(wq_bufs.index(s), sc_ring.index(r), zb_ring.index(r), DEC_ROWS, W_FORMAT,
-                                            WL, False)
-                if it + 1 < total:
-                    sn = (it + 1) % STAGES
-                    mbarrier.wait(ready.index(sn), ((it + 1) // STAGES) & 1)
-                    w0n = wq_bufs.index(sn).slice(0, DEC_ROWS).load(WL)
-                    if GROUPS == 2:
-                        w1n = wq_bufs.index(sn).slice(DEC_ROWS, DEC_ROWS).load(WL)
-            else:
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                # both halves' words read before either is decoded (the reads' latency once, not after a store)
-                w0, s0, z0 = _load_rows(wq_bufs.index(s), sc_ring.index(r), zb_ring.index(r), 0, W_FORMAT, WL)
-                if GROUPS == 2:
-                    w1, s1, z1 = _load_rows(wq_bufs.index(s), sc_ring.index(r), zb_ring.index(r), DEC_ROWS, W_FORMAT,
-                                            WL)
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            # both halves' words read before either is decoded (the reads' latency once, not after a store)
+            w0, s0, z0 = _load_rows(wq_bufs.index(s), sc_ring.index(r), zb_ring.index(r), 0, W_FORMAT, WL)
+            if GROUPS == 2:
+                w1, s1, z1 = _load_rows(wq_bufs.index(s), sc_ring.index(r), zb_ring.index(r), DEC_ROWS, W_FORMAT, WL)
             _decode_rows(w0, s0, z0, a0_bufs.index(s), W_FORMAT, FP16)
             if GROUPS == 2:
                 _decode_rows(w1, s1, z1, a1_bufs.index(s), W_FORMAT, FP16)
