@@ -86,15 +86,17 @@ def _pairs_ptx(magic: int, fp16: bool) -> str:
 _PAIRS_BF16 = gl.constexpr(_pairs_ptx(0x43, False))
 _PAIRS_FP16 = gl.constexpr(_pairs_ptx(0x64, True))
 
-# Triton 3.6 names the shared memory reinterpretation _reinterpret, later versions reinterpret
+# A 16-bit tile of 128-byte rows seen as int32 (the same bytes: the swizzle moves 16-byte pieces). Triton 3.6 names
+# the shared memory reinterpretation _reinterpret, later versions reinterpret.
+_WORDS_128B = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
 if hasattr(gl.shared_memory_descriptor, "reinterpret"):
     @gluon.jit
     def _as_int32(buf, rows: gl.constexpr, cols: gl.constexpr):
-        return buf.reinterpret(gl.int32, [rows, cols], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+        return buf.reinterpret(gl.int32, [rows, cols], _WORDS_128B)
 else:
     @gluon.jit
     def _as_int32(buf, rows: gl.constexpr, cols: gl.constexpr):
-        return buf._reinterpret(gl.int32, [rows, cols], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2))
+        return buf._reinterpret(gl.int32, [rows, cols], _WORDS_128B)
 
 
 @gluon.jit
