@@ -707,12 +707,11 @@ class W4TilePlan(_W4Plan):
                                       gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))
         self.b0_desc = x_desc(n0)
         self.b1_desc = x_desc(n1) if n1 else self.b0_desc
-        # descriptors the kernel does not read (no x scales, pointer stores): built once
-        zeros = torch.zeros(hw.BLOCK, dtype=torch.float32, device=self.device)
-        self.xs_desc = hw._Descriptors((hw.BLOCK,), (1,), (hw.BLOCK,), gl.NVMMASharedLayout(
-            swizzle_byte_width=0, element_bitwidth=32, rank=1))(zeros)
-        self.c_desc = hw._Descriptors((hw.HALF, 64), (64, 1), (hw.HALF, 64), gl.NVMMASharedLayout.get_default_for(
-            [hw.HALF, 64], gl.float32))(torch.zeros(hw.HALF, 64, dtype=torch.float32, device=self.device))
+        # descriptors the kernel does not read (no x scales, pointer stores)
+        self.xs_desc = hw.unused_descriptor((hw.BLOCK,), torch.float32, gl.NVMMASharedLayout(
+            swizzle_byte_width=0, element_bitwidth=32, rank=1), self.device)
+        self.c_desc = hw.unused_descriptor((hw.HALF, 64), torch.float32, gl.NVMMASharedLayout.get_default_for(
+            [hw.HALF, 64], gl.float32), self.device)
         self.splits = hw.ws_splits(N, M, K, dev.num_sms, n0 + n1, block_k, rows)
         sw = 8 if mxfp4 or group == 32 else 1
         ring = 2 * rows * sw * (x2.element_size() if mxfp4 else 8)  # (INT4: two rings of int32 pairs)
@@ -722,15 +721,11 @@ class W4TilePlan(_W4Plan):
         convert = rows * max(n0, n1) * 4 if fp32_out else 4096
         stages = hw.ws_stages(n0 + n1, 0, 0, rows, extra=rows * hw.ROW_BYTES // 4, fixed=ring + convert)
         self.split_rows = -(-M // 16) * 16  # a K slice's rows in the workspace (never the constant 1)
-        if self.splits > 1:  # (split_rows, N) per slice, y's orientation
-            self.n_pad = -(-N // 4) * 4
-            self.ws_shape = (self.splits * self.split_rows, self.n_pad)
+        if self.splits > 1:  # in y's orientation: the kernel's columns are the workspace's rows
+            self.slices = hw.KSlices(M, N, self.splits, self.split_rows, self.y_strides, bias is not None, self.device,
+                                     self.device_index)
+            self.ws_shape, self.n_pad = self.slices.shape, self.slices.n_pad
             c_strides = (1, self.n_pad)
-            self.reduce = CachedLaunch(hw.reduce_kernels().sum_k_slices, (-(-M // hw.REDUCE_BLOCK[0]),
-                                                                          -(-N // hw.REDUCE_BLOCK[1])), 4, 1,
-                                       self.device_index)
-            self.reduce_tail = (M, N, self.splits, self.split_rows, self.n_pad, *self.y_strides, bias is not None,
-                                *hw.REDUCE_BLOCK)
         else:
             c_strides = (self.y_strides[1], self.y_strides[0])
         zn, zk = w_zero.stride() if w_zero is not None else (0, 0)
@@ -764,7 +759,7 @@ class W4TilePlan(_W4Plan):
         if self.splits == 1:
             self.launch(self.arguments(x, w_q, c, bias, w_scale, w_zero), self.tail)
             return out
-        ws = torch.empty(self.ws_shape, dtype=torch.float32, device=self.device)
+        ws = self.slices.workspace()
         self.launch(self.arguments(x, w_q, ws, None, w_scale, w_zero), self.tail)
-        self.reduce((ws, c, bias), self.reduce_tail)
+        self.slices.finish(ws, c, bias)
         return out

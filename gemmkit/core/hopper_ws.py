@@ -402,6 +402,36 @@ class _Descriptors:
         return d
 
 
+def unused_descriptor(shape: tuple, dtype, layout, device) -> object:
+    """A TMA descriptor over zeros of `shape` for a kernel argument the launch never reads (an x-scale box
+    without block scales, an output box with pointer stores): built once per plan."""
+    strides = contiguous_strides(tuple(shape))
+    return _Descriptors(shape, strides, shape, layout)(torch.zeros(shape, dtype=dtype, device=device))
+
+
+class KSlices:
+    """The K slices' fp32 partials: a workspace of `splits` blocks of split_rows rows of N (padded to 16 bytes),
+    slice s at rows s * split_rows, in y's orientation, and the launch of kernels/reduce.py's sum_k_slices that
+    adds them (in slice order) into y (M, N) with the bias. Set up once per plan."""
+
+    def __init__(self, M: int, N: int, splits: int, split_rows: int, y_strides, has_bias: bool, device,
+                 device_index: int):
+        from .launcher import CachedLaunch
+
+        self.split_rows, self.n_pad, self.device = split_rows, -(-N // 4) * 4, device
+        self.shape = (splits * split_rows, self.n_pad)
+        self.launch = CachedLaunch(reduce_kernels().sum_k_slices, (-(-M // REDUCE_BLOCK[0]), -(-N // REDUCE_BLOCK[1])),
+                                   4, 1, device_index)
+        self.tail = (M, N, splits, split_rows, self.n_pad, *y_strides, has_bias, *REDUCE_BLOCK)
+
+    def workspace(self) -> torch.Tensor:
+        return torch.empty(self.shape, dtype=torch.float32, device=self.device)
+
+    def finish(self, ws, y, bias) -> None:
+        """y = the slices' sum (+ bias), cast to y's dtype."""
+        self.launch((ws, y, bias), self.tail)
+
+
 def ws_stages(width: int, out_bytes: int, out_width: int | None = None, rows: int = BLOCK, extra: int = 0,
               fixed: int = 0) -> int:
     """Pipeline stages of rows x width tiles (B rows per K block): as many as shared memory holds
@@ -482,9 +512,8 @@ class WSPlan:
             self.xs_tma = False
             scale_strides = (0, 0, 0, 0)
         self.xs_desc = _Descriptors((self.xs_extent if self.xs_tma else BLOCK,), (1,), (BLOCK,), xs_layout)
-        # a descriptor the kernel does not read (scales by register loads): one, built here
-        self._xs_const = None if self.xs_tma else self.xs_desc(torch.zeros(BLOCK, dtype=torch.float32,
-                                                                           device=self.device))
+        # (scales by register loads: a descriptor the kernel does not read)
+        self._xs_const = None if self.xs_tma else unused_descriptor((BLOCK,), torch.float32, xs_layout, self.device)
         if scales != "rowcol" or w_scale.numel() == 1:
             up_offset = 0
         self.y_strides = (N, 1) if y2 is None else y2.stride()
@@ -492,14 +521,10 @@ class WSPlan:
                                                                        self.rows)
         if self.splits > 1:  # K slices summed apart: into an fp32 workspace, slice s at rows s * split_rows
             self.split_rows = -(-M // self.rows) * self.rows
-            n_pad = -(-N // 4) * 4  # 16-byte rows
-            self.ws_shape = (self.splits * self.split_rows, n_pad)
-            c_strides, c_dtype, self.c_tma = (n_pad, 1), torch.float32, True
-            self.reduce = CachedLaunch(reduce_kernels().sum_k_slices, (-(-M // REDUCE_BLOCK[0]),
-                                                                       -(-N // REDUCE_BLOCK[1])), 4, 1,
-                                       self.device_index)
-            self.reduce_tail = (M, N, self.splits, self.split_rows, n_pad, *self.y_strides, bias is not None,
-                                *REDUCE_BLOCK)
+            self.slices = KSlices(M, N, self.splits, self.split_rows, self.y_strides, bias is not None, self.device,
+                                  self.device_index)
+            self.ws_shape, self.reduce_tail = self.slices.shape, self.slices.tail
+            c_strides, c_dtype, self.c_tma = (self.slices.n_pad, 1), torch.float32, True
         else:
             self.split_rows = 0
             c_strides, c_dtype, self.c_tma = self.y_strides, out_dtype, _tma_output(y2, N, out_dtype)
@@ -510,8 +535,7 @@ class WSPlan:
             if self.c_tma:
                 return _Descriptors((MB if self.splits == 1 else self.ws_shape[0], N), (c_strides[0], 1),
                                     (HALF, cols), layout)
-            d = _Descriptors((HALF, cols), (cols, 1), (HALF, cols), layout)  # (unused: pointer stores)
-            return d(torch.zeros(HALF, cols, dtype=c_dtype, device=self.device))
+            return unused_descriptor((HALF, cols), c_dtype, layout, self.device)  # (pointer stores)
 
         self.c0_desc = c_desc(n0)
         self.c1_desc = c_desc(n1) if n1 and not self.gated else self.c0_desc
@@ -575,9 +599,9 @@ class WSPlan:
         if self.splits == 1:
             self.launch(self.arguments(x, w, c, bias, x_scale, w_scale, w2), self.tail)
             return out
-        ws = torch.empty(self.ws_shape, dtype=torch.float32, device=self.device)
+        ws = self.slices.workspace()
         self.launch(self.arguments(x, w, ws, None, x_scale, w_scale), self.tail)
-        self.reduce((ws, c, bias), self.reduce_tail)
+        self.slices.finish(ws, c, bias)
         return out
 
     __call__ = run

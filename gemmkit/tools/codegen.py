@@ -745,22 +745,12 @@ def main(argv=None) -> int:
     if gluon_kernel() is None:
         print("BAD this Triton has no usable Gluon: the warp-specialized FP8 kernel cannot be checked", flush=True)
         return 1
-    for name in WS_CHECKS:
-        ok, _, report = check_ws(name)
-        failed += not ok
-        print(report, flush=True)
-    for name in W4_CHECKS:
-        ok, _, report = check_w4(name)
-        failed += not ok
-        print(report, flush=True)
-    for name in W4_PREFILL_CHECKS:
-        ok, _, report = check_w4_prefill(name)
-        failed += not ok
-        print(report, flush=True)
-    for name in W4_TILE_CHECKS:
-        ok, _, report = check_w4_tile(name)
-        failed += not ok
-        print(report, flush=True)
+    for checks, check_one in ((WS_CHECKS, check_ws), (W4_CHECKS, check_w4), (W4_PREFILL_CHECKS, check_w4_prefill),
+                              (W4_TILE_CHECKS, check_w4_tile)):
+        for name in checks:
+            ok, _, report = check_one(name)
+            failed += not ok
+            print(report, flush=True)
     return 1 if failed else 0
 
 
