@@ -17,6 +17,7 @@ _EXPORTS = {
     "GemmConfig": "gemmkit.core.config",
     "select_config": "gemmkit.core.config",
     "device_info": "gemmkit.core.device",
+    "align_rows": "gemmkit.core.rows",
 }
 
 __all__ = sorted(_EXPORTS)

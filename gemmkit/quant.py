@@ -28,6 +28,7 @@ import torch
 from .core import validate as v
 from .core.config import next_pow2
 from .core.plan import PlanCache, contiguous_strides, plan_key
+from .core.rows import padded_width
 from .core.launcher import CachedLaunch
 from .core.tracing import is_compiling as _is_compiling, library as _library
 
@@ -59,12 +60,14 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> tor
     return (q.to(torch.float32) * scale.to(torch.float32)).to(dtype)
 
 
-def _quantize(t, granularity, qdtype, quant, scale):
-    key = plan_key((t, scale), (granularity, quant))
-    return _plans.plan_for(key, _make_plan, t, granularity, qdtype, quant, scale)(t, scale)
+def _quantize(t, granularity, qdtype, quant, scale, aligned_rows: bool = False):
+    """aligned_rows (the ops' dynamic x, (M, K)): q's rows start on 32-byte boundaries (a view of padded
+    storage: gemmkit.core.rows)."""
+    key = plan_key((t, scale), (granularity, quant, aligned_rows))
+    return _plans.plan_for(key, _make_plan, t, granularity, qdtype, quant, scale, aligned_rows)(t, scale)
 
 
-def _make_plan(t, granularity, qdtype, quant, scale):
+def _make_plan(t, granularity, qdtype, quant, scale, aligned_rows=False):
     v.check_tensor("t", t, _IN_DTYPES)
     if granularity not in ("row", "tensor"):
         raise ValueError(f"granularity={granularity!r} must be 'row' or 'tensor'")
@@ -76,7 +79,9 @@ def _make_plan(t, granularity, qdtype, quant, scale):
     v.check_no_autograd(t=t, scale=scale)
     if t.ndim == 0:
         raise ValueError("t must have at least 1 dimension, got a 0-d tensor")
-    return QuantizePlan(t, granularity, qdtype, quant, scale is not None, device)
+    if aligned_rows and t.ndim != 2:
+        raise ValueError("aligned_rows: t must be 2-D (M, K)")
+    return QuantizePlan(t, granularity, qdtype, quant, scale is not None, device, aligned_rows)
 
 
 def _row_strides(t, R: int, C: int):
@@ -88,11 +93,14 @@ def _row_strides(t, R: int, C: int):
 class QuantizePlan:
     """Quantization of tensors with fixed facts (see gemmkit.core.dense.plan_key)."""
 
-    def __init__(self, t, granularity, qdtype, quant, static, device):
+    def __init__(self, t, granularity, qdtype, quant, static, device, aligned_rows=False):
         from .kernels.quant import absmax_kernel, quantize_rows_kernel, quantize_tensor_kernel
 
         self.shape, self.qdtype, self.device, self.granularity, self.static = t.shape, qdtype, device, granularity, static
         self.q_strides = contiguous_strides(t.shape)
+        if aligned_rows:  # (t is (M, K))
+            self.q_strides = (padded_width(t.shape[1], qdtype.itemsize), 1)
+        self.q_row = self.q_strides[0] if aligned_rows else (t.shape[-1] if t.ndim else 1)
         self.row_scale_shape = (*t.shape[:-1], 1)
         self.row_scale_strides = contiguous_strides(self.row_scale_shape)
         C = t.shape[-1] if t.ndim else 1
@@ -102,6 +110,7 @@ class QuantizePlan:
         if self.empty:
             return
         s_r, s_c, index_64 = _row_strides(t, R, C)
+        index_64 = index_64 or (R - 1) * self.q_row + C > _INT32_MAX
         di = device.index or 0
         if granularity == "row":
             one_pass = next_pow2(C) <= _ONE_PASS_ELEMENTS
@@ -109,7 +118,8 @@ class QuantizePlan:
             block_r = max(1, min(64, _ONE_PASS_ELEMENTS // block_c)) if one_pass else 1
             warps = 8 if block_r * block_c >= 8192 else 4
             self.rows = CachedLaunch(quantize_rows_kernel, (-(-R // block_r),), warps, 1, di)
-            self.rows_tail = (R, C, s_r, s_c, C, quant, block_r, block_c, one_pass, C % block_c == 0, index_64)
+            self.rows_tail = (R, C, s_r, s_c, self.q_row, quant, block_r, block_c, one_pass, C % block_c == 0,
+                              index_64)
         else:
             block_c = min(4096, next_pow2(C))
             block_r = max(1, min(64, 8192 // block_c))
@@ -118,7 +128,8 @@ class QuantizePlan:
                 self.absmax = CachedLaunch(absmax_kernel, grid, 4, 1, di)
                 self.absmax_tail = (R, C, s_r, s_c, block_r, block_c, C % block_c == 0, index_64)
             self.tensor = CachedLaunch(quantize_tensor_kernel, grid, 4, 1, di)
-            self.tensor_tail = (R, C, s_r, s_c, C, quant, not static, block_r, block_c, C % block_c == 0, index_64)
+            self.tensor_tail = (R, C, s_r, s_c, self.q_row, quant, not static, block_r, block_c, C % block_c == 0,
+                                index_64)
 
     def __call__(self, t, scale=None):
         q = torch.empty_strided(self.shape, self.q_strides, dtype=self.qdtype, device=self.device)

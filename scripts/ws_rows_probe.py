@@ -8,6 +8,7 @@ baseline first. --ab: only the op's default call with the 64-row rule (hopper_ws
 without it (its plan built with ROWS64 off), on --models' layers (default: the tuned models').
 
     python3 scripts/ws_rows_probe.py [OUT] [--m M ...] [--shapes N K ...] [--fp8] [--widths W ...]
+                                     [--widths128 W ...] [--splits S ...] [--mnk M N K ...]
                                      [--ab [--models NAME ...]]
 """
 
@@ -46,6 +47,10 @@ def main():
     ap.add_argument("--m", type=int, nargs="+", default=[128, 256, 512, 1024, 2048])
     ap.add_argument("--shapes", type=int, nargs="+", help="N K pairs instead of the built-in list")
     ap.add_argument("--widths", type=int, nargs="+", default=[64, 80, 96, 128, 160, 192])
+    ap.add_argument("--widths128", type=int, nargs="*", default=[],
+                    help="also 128-row tiles at these widths (beside ws_parts' pick)")
+    ap.add_argument("--splits", type=int, nargs="*", default=[],
+                    help="also each 128-row variant in this many K slices (ws_splits overridden)")
     ap.add_argument("--fp8", action="store_true")
     ap.add_argument("--ab", action="store_true", help="the default call with and without the 64-row rule")
     ap.add_argument("--models", nargs="+", default=["llama3-8b", "llama3-70b", "deepseek-v3", "qwen2.5-7b"])
@@ -110,12 +115,21 @@ def main():
                       f"  (rows {rows})", file=out, flush=True)
                 sets = calls = None
                 continue
-            variants = {"ws128": (128, hopper_ws.ws_parts(M, N, sms, args.fp8))}
+            variants = {"ws128": (128, hopper_ws.ws_parts(M, N, sms, args.fp8), None)}
+            for width in args.widths128:
+                variants[f"ws128x{width}"] = (128, PARTS[width], None)
+            for name, (_, parts, _) in list(variants.items()):
+                for s in args.splits:
+                    variants[f"{name}/k{s}"] = (128, parts, s)
             for width in args.widths:
-                variants[f"ws64x{width}"] = (64, PARTS[width])
-            for name, tiles in variants.items():
+                variants[f"ws64x{width}"] = (64, PARTS[width], None)
+            ws_splits = hopper_ws.ws_splits
+            for name, (rows, parts, splits) in variants.items():
+                if splits:
+                    hopper_ws.ws_splits = lambda *a, s=splits: s
                 plan = hopper_ws.WSPlan(x, w, None, M, N, K, "rowcol" if args.fp8 else "none", xs, ws, None,
-                                        torch.bfloat16, (M, N), False, sms, promote=False, tiles=tiles)
+                                        torch.bfloat16, (M, N), False, sms, promote=False, tiles=(rows, parts))
+                hopper_ws.ws_splits = ws_splits
                 err = rel_error(plan.run(x, w, None, None, xs, ws), ref)
                 if err > 2e-2:
                     print(f"  {name}: wrong result (rel err {err:.2e})", file=out, flush=True)
@@ -130,7 +144,9 @@ def main():
             best = min(names[2:], key=times.get)
             print(f"M={M:5d} N={N:5d} K={K:5d}  " + "  ".join(f"{k} {times[k]:7.1f}" for k in names)
                   + "  | ratio " + " ".join(f"{k} {base / times[k]:4.2f}" for k in names[1:])
-                  + f"  | best {best} (ws128 = {variants['ws128'][1]})", file=out, flush=True)
+                  + f"  | best {best} (ws128 = {variants['ws128'][1]}, default rows "
+                  f"{getattr(next(reversed((a8w8 if args.fp8 else a16w16)._plans.values())), 'rows', 'tl')})",
+                  file=out, flush=True)
             sets = calls = None
             torch.cuda.empty_cache()
     for k, v in ratios.items():

@@ -60,7 +60,7 @@ def plan_key(tensors, extras):
     requires_grad, and the grad mode (plans refuse autograd inputs). It may still be unhashable
     (an odd argument in `extras`): PlanCache.plan_for then builds the plan."""
     try:
-        return (tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15,
+        return (tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 31,
                                                 t.requires_grad) for t in tensors]), extras, _grad_enabled())
     except (AttributeError, RuntimeError, NotImplementedError):  # not a tensor; sparse or nested
         return None

@@ -12,6 +12,7 @@ from ..core.epilogue import EpilogueSpec
 from ..core.formats import dense
 from ..core.hopper_ws import ws_plan
 from ..core.plan import PlanCache, plan_key
+from ..core.rows import AlignedX, empty_aligned, warn_unaligned_weight, x_copy_pays
 from ..core.tracing import is_compiling as _is_compiling, library as _library
 
 OP = "a16w16"
@@ -54,19 +55,29 @@ def _make_plan(x, w, bias, y, activation, out_dtype, config, mul=None, add=None)
         return degenerate
     v.check_layout("x", x2)
     v.check_layout("w", w)
+    warn_unaligned_weight("gemm_a16w16", w)
+    if not x_copy_pays(x2, M):
+        return _plan(x2, w, bias, y2, activation, out_dtype, config, mul, add, M, N, K, lead, x.ndim != 2, device)
+    # x's rows straddle the L2's sectors: the GEMM reads a padded copy (gemmkit.core.rows)
+    xa = empty_aligned(M, K, x.dtype, device)
+    plan = _plan(xa, w, bias, y2, activation, out_dtype, config, mul, add, M, N, K, lead, False, device)
+    return AlignedX(plan, M, K, x.ndim != 2)
+
+
+def _plan(x2, w, bias, y2, activation, out_dtype, config, mul, add, M, N, K, lead, flatten_x, device):
     dev = device_info(device)
-    fmt = dense(x.dtype)
+    fmt = dense(x2.dtype)
     cfg = resolve_config(OP, config, M, N, K, dev, fmt, fmt, out_dtype.itemsize)
     if config is None and (mul is not None or add is not None):
         cfg = with_epilogue_inputs(cfg)
     if mul is None and add is None:  # sm_90: the warp-specialized kernel where it measured faster
         ws = ws_plan(dev, x2, w, y2, M, N, K, scales="none", x_scale=None, w_scale=None, bias=bias,
                      activation=activation, config=config, out_dtype=out_dtype, out_shape=(*lead, N),
-                     flatten_x=x.ndim != 2, promote=False)
+                     flatten_x=flatten_x, promote=False)
         if ws is not None:
             return ws
     example_y = y2 if y2 is not None else torch.empty((M, N), dtype=out_dtype, device=device)
     return DensePlan(x2, w, example_y, fmt, fmt, EpilogueSpec(activation, bias is not None, mul is not None,
                                                              add is not None), cfg, dev,
-                     out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=x.ndim != 2,
+                     out_dtype=out_dtype, out_shape=(*lead, N), flatten_x=flatten_x,
                      inputs=dict(bias=bias, mul=mul, add=add), auto_config=config is None)

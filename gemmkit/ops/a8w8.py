@@ -14,6 +14,7 @@ from ..core.hopper_ws import ws_plan
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense, quantized_in_kernel
 from ..core.plan import PlanCache, capturing, plan_key
+from ..core.rows import ALIGN_X_MIN_M, ROW_ALIGN, AlignedX, empty_aligned, warn_unaligned_weight, x_copy_pays
 from ..core.tracing import is_compiling as _is_compiling, library as _library
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -128,14 +129,26 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, f
     fp8 = op == "a8w8_fp8"  # sm_90: the warp-specialized kernel where it measured faster (core/hopper_ws.py)
     ws_common = dict(scales="rowcol", w_scale=w_scale, bias=bias, activation=activation, config=config,
                      out_dtype=out_dtype, out_shape=(*lead, N), promote=not fast_accum)
+    warn_unaligned_weight("gemm_a8w8", w)
     if not dynamic:
-        ws = ws_plan(dev, x2, w, y2, M, N, K, x_scale=x_scale, flatten_x=x.ndim != 2, **ws_common) if fp8 else None
-        return ws or DensePlan(x2, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev,
-                               inputs=dict(bias=bias, a_scale=x_scale, b_scale=w_scale), **common)
-    from ..quant import quantize_fp8, quantize_int8
+        align_x = x_copy_pays(x2, M)  # x's rows straddle the L2's sectors: the GEMM reads a padded copy
+        xa = empty_aligned(M, K, x.dtype, device) if align_x else x2
+        flat = x.ndim != 2 and not align_x
+        ws = ws_plan(dev, xa, w, y2, M, N, K, x_scale=x_scale, flatten_x=flat, **ws_common) if fp8 else None
+        plan = ws or DensePlan(xa, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev,
+                               inputs=dict(bias=bias, a_scale=x_scale, b_scale=w_scale), **dict(common, flatten_x=flat))
+        return AlignedX(plan, M, K, x.ndim != 2) if align_x else plan
+    from ..quant import FP8_TARGETS, _quantize
 
-    quantize = quantize_int8 if w.dtype == torch.int8 else (lambda t: quantize_fp8(t, "row", w.dtype))
-    xq = torch.empty((M, K), dtype=w.dtype, device=device)  # what the quantizer returns (facts only)
+    # the quantizer writes x's rows padded where they would straddle the L2's sectors (core/rows.py)
+    aligned = M >= ALIGN_X_MIN_M and K % ROW_ALIGN != 0
+    target = "int8" if w.dtype == torch.int8 else FP8_TARGETS[w.dtype]
+
+    def quantize(t):
+        return _quantize(t, "row", w.dtype, target, None, aligned)
+
+    # what the quantizer returns (facts only)
+    xq = empty_aligned(M, K, w.dtype, device) if aligned else torch.empty((M, K), dtype=w.dtype, device=device)
     xs = torch.empty((M, 1), dtype=torch.float32, device=device)
     gemm = ws_plan(dev, xq, w, y2, M, N, K, x_scale=xs, flatten_x=False, **ws_common) if fp8 else None
     gemm = gemm or DensePlan(xq, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev,

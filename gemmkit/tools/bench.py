@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..core.device import device_info
+from . import registry as tool_registry
 from .registry import get_op, model_shapes, op_dtype
 from .timing import time_eager_pair_us, time_eager_us, time_graphs_us
 from .tune import input_sets, rel_error
@@ -250,6 +251,9 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default=None)
     p.add_argument("--metric", choices=["time", "tflops", "bandwidth"], default=None,
                    help="what --plot shows (default: tflops for GEMMs, bandwidth for the quant ops)")
+    p.add_argument("--weights", choices=["aligned", "contiguous"], default="aligned",
+                   help="weights stored as gemmkit.nn layers store them (rows padded to 32 bytes where K's bytes "
+                        "are not a multiple: gemmkit.align_rows; the default) or contiguous; both sides get the same")
     p.add_argument("--rep-ms", type=float, default=25)
     p.add_argument("--no-eager", action="store_true", help="skip the eager per-call timing")
     p.add_argument("--csv", type=Path)
@@ -257,6 +261,7 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", type=Path, help="append the result as a section to this Markdown file")
     args = p.parse_args(argv)
     argv_used = argv if argv is not None else sys.argv[2:]
+    tool_registry.ALIGNED_WEIGHTS = args.weights == "aligned"
     op = get_op(args.op)
     dtype = op_dtype(op, args.dtype)
     problems = bench_problems(op, args.shape, args.model, args.m_sweep)
@@ -292,13 +297,16 @@ def main(argv=None) -> int:
     if args.plot:
         plot(rows, metric, args.plot, title)
     if args.markdown:
+        weights = ("rows padded to 32 bytes where K's bytes are not a multiple (gemmkit.align_rows)"
+                   if tool_registry.ALIGNED_WEIGHTS else "contiguous")
         date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
         section = [
             f"## {args.op} ({dtype}) on {dev.name}, {date}, commit {commit_id()}", "",
             f"Command: `gemmkit bench {' '.join(argv_used)}`  ",
             f"torch {torch.__version__}, triton {_triton_version()}; baseline: {op.baseline_name}, measured in "
             "the same run. graph = CUDA-graph replay (kernel time); eager = back-to-back eager calls "
-            "(host cost included); ratio = baseline time / gemmkit time (> 1: gemmkit faster); "
+            "(host cost included); ratio = baseline time / gemmkit time (> 1: gemmkit faster); weights: "
+            f"{weights}; "
             f"% copy BW against the device copy measured in the same run ({copy_gbps:.0f} GB/s).", "",
             *lines, "", *summary, "", "",
         ]

@@ -74,11 +74,22 @@ def _rand(shape, device, scale=1.0):
     return torch.randn(*shape, device=device, dtype=torch.float32) * scale
 
 
+# weights as gemmkit.nn layers store them: rows padded to 32 bytes where K's bytes are not a multiple
+# (gemmkit.align_rows); False (gemmkit bench --weights contiguous): as a plain quantizer returns them
+ALIGNED_WEIGHTS = True
+
+
+def _stored(w):
+    from ..core.rows import align_rows
+
+    return align_rows(w) if ALIGNED_WEIGHTS else w
+
+
 # a16w16 --------------------------------------------------------------------------------------
 
 def _a16w16_inputs(M, N, K, dtype, device):
     dt = DTYPES[dtype]
-    return {"x": _rand((M, K), device).to(dt), "w": (_rand((N, K), device) / K**0.5).to(dt)}
+    return {"x": _rand((M, K), device).to(dt), "w": _stored((_rand((N, K), device) / K**0.5).to(dt))}
 
 
 def _a16w16_run(inp, config=None):
@@ -98,7 +109,7 @@ def _a8w8_inputs(granularity):
             (xq, xs), (wq, ws) = quantize_int8(x, granularity), quantize_int8(w, granularity)
         else:
             (xq, xs), (wq, ws) = quantize_fp8(x, granularity), quantize_fp8(w, granularity)
-        return {"x": xq, "w": wq, "xs": xs, "ws": ws if granularity == "tensor" else ws.reshape(1, N)}
+        return {"x": xq, "w": _stored(wq), "xs": xs, "ws": ws if granularity == "tensor" else ws.reshape(1, N)}
     return make
 
 
@@ -128,7 +139,7 @@ def _dynamic_inputs(M, N, K, dtype, device):
 
     x, w = _rand((M, K), device).to(torch.bfloat16), _rand((N, K), device) / K**0.5
     wq, ws = quantize_fp8(w, "row")
-    return {"x": x, "w": wq, "ws": ws.reshape(1, N), "w16": w.to(torch.bfloat16)}
+    return {"x": x, "w": _stored(wq), "ws": ws.reshape(1, N), "w16": _stored(w.to(torch.bfloat16))}
 
 
 def _dynamic_run(inp, config=None):
@@ -159,8 +170,8 @@ def _blockscale_inputs(M, N, K, dtype, device):
     xq, xs = quantize_fp8_blockwise(x, (1, 128), scale_layout="col")
     wq, ws = quantize_fp8_blockwise(w, (128, 128))
     (xr, xrs), (wr, wrs) = quantize_fp8(x, "row"), quantize_fp8(w, "row")
-    return {"x": xq, "xs": xs, "w": wq, "ws": ws, "x16": x.to(torch.bfloat16), "w16": w.to(torch.bfloat16),
-            "xr": xr, "xrs": xrs, "wr": wr, "wrs": wrs.reshape(1, N)}
+    return {"x": xq, "xs": xs, "w": _stored(wq), "ws": ws, "x16": x.to(torch.bfloat16),
+            "w16": _stored(w.to(torch.bfloat16)), "xr": xr, "xrs": xrs, "wr": _stored(wr), "wrs": wrs.reshape(1, N)}
 
 
 def _blockscale_run(inp, config=None):
@@ -190,7 +201,7 @@ def _blockscale_dynamic_inputs(M, N, K, dtype, device):
     x, w = _rand((M, K), device).to(torch.bfloat16), _rand((N, K), device) / K**0.5
     xq, xs = quantize_fp8_blockwise(x, (1, 128), scale_layout="col")
     wq, ws = quantize_fp8_blockwise(w, (128, 128))
-    return {"x16": x, "x": xq, "xs": xs, "w": wq, "ws": ws}
+    return {"x16": x, "x": xq, "xs": xs, "w": _stored(wq), "ws": ws}
 
 
 def _blockscale_dynamic_run(inp, config=None):
