@@ -9,10 +9,11 @@ with padded rows (scripts/align_probe.py, tuning/align/: FP8 8192 x 3696 at M = 
 M = 512 0.54x -> 0.95x). Padding to 32 bytes measured as fast as to 128.
 
 What gemmkit does about it:
-- x (activations), from ALIGN_X_MIN_M rows: the ops copy it into rows padded to ROW_ALIGN bytes
-  before the GEMM (`AlignedX`; the copy costs one pass over x, which the GEMM's faster reads repay
-  from 128 rows: FP8 8192 x 3696 at M = 128 20.2 -> 16.5 us before the copy's ~2 us); the dynamic
-  quantizers write x's quantized rows padded directly (`quant.quantize_fp8(..., aligned_rows=True)`).
+- x (activations): where w's rows are off the sectors too, the ops copy x into rows padded to
+  ROW_ALIGN bytes before the GEMM if the GEMM is long enough to repay the copy (`x_copy_pays`,
+  `AlignedX`: FP8 8192 x 3696 at M = 512 / 2048 / 8192 33.8 / 126.6 / 500.6 us -> 27.6 / 108.7 /
+  432.7 us with x padded, before the copy); the dynamic paths' quantizer writes x's rows padded
+  at no cost (quant._quantize(..., aligned_rows=True)).
 - w (weights): copied per call would cost its whole size every call, so the ops warn once per
   shape instead; `align_rows(w)` stores a weight padded (same values, a view of wider storage), as
   the `gemmkit.nn` layers store theirs.
@@ -73,22 +74,67 @@ def align_rows(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def x_copy_pays(x2: torch.Tensor, M: int) -> bool:
-    """Whether an op copies x (M, K) into padded rows before the GEMM (module docstring)."""
-    return M >= ALIGN_X_MIN_M and not rows_aligned(x2)
+ALIGN_X_GAIN = 0.2  # the share of a GEMM's time both operands off the sectors cost (measured 0.2 to 0.3)
+COPY_FIXED_US = 2.0  # a second launch in the call: its gap under CUDA graphs and its tail
+FORCE_X_COPY = None  # tests: True / False instead of the rule
+
+
+def x_copy_pays(x2: torch.Tensor, w: torch.Tensor, M: int, N: int, dev) -> bool:
+    """Whether an op copies x (M, K) into padded rows before the GEMM with w (N, K): from ALIGN_X_MIN_M
+    rows, where x's and w's rows both straddle the sectors and ALIGN_X_GAIN of the GEMM's time (its
+    FLOPs at 70% and its bytes at 80% of the device's peaks) exceeds the copy's (x read and written
+    at 80%, plus COPY_FIXED_US). With one operand aligned, the other's rows cost 0% to 8% from 128
+    rows (FP8 8192 x 3696; bf16 up to 26% at M = 512, K = 4104), less than such a copy."""
+    if rows_aligned(x2):
+        return False
+    if FORCE_X_COPY is not None:
+        return FORCE_X_COPY
+    if M < ALIGN_X_MIN_M or rows_aligned(w):
+        return False
+    K, size = x2.shape[1], x2.element_size()
+    tflops = dev.peak_tflops(8 * size) or (1979.0 if size == 1 else 989.0)
+    tbps = dev.peak_tbps() or 3.35
+    gemm_us = max(2 * M * N * K / (0.7 * tflops * 1e6), (M * K + N * K + M * N) * size / (0.8 * tbps * 1e6))
+    copy_us = COPY_FIXED_US + 2 * M * K * size / (0.8 * tbps * 1e6)
+    return ALIGN_X_GAIN * gemm_us > copy_us
 
 
 class AlignedX:
-    """Runs `plan` (built for an x of padded rows) on a padded copy of x (M, K) (or (*, K): flatten_x)."""
+    """Runs `plan` (built for an x of padded rows) on a padded copy of x (M, K) (or (*, K): flatten_x),
+    made by copy_rows_kernel (torch's copy into the strided view ran at 0.4 to 0.7 TB/s)."""
 
-    def __init__(self, plan, M: int, K: int, flatten_x: bool):
+    def __init__(self, plan, x2: torch.Tensor, M: int, K: int, flatten_x: bool):
+        from ..kernels.memory import copy_rows_kernel
+        from .launcher import CachedLaunch
+
         self.plan, self.M, self.K, self.flatten_x = plan, M, K, flatten_x
+        self.dtype, self.device = x2.dtype, x2.device
+        row_bytes = K * x2.element_size()
+        width = padded_width(K, x2.element_size()) * x2.element_size()
+        # the rows as words: int32 where every row and its stride allow it
+        self.word = torch.int32 if row_bytes % 4 == 0 and (x2.stride(0) * x2.element_size()) % 4 == 0 \
+            and x2.data_ptr() % 4 == 0 else torch.uint8
+        size = 4 if self.word == torch.int32 else 1
+        C, s_src, s_dst = row_bytes // size, x2.stride(0) * x2.element_size() // size, width // size
+        vec = 16 // size
+        if C % vec or s_src % vec or x2.data_ptr() % 16:
+            vec = 1
+        block_c = min(512 if size == 4 else 2048, max(16, 1 << (C - 1).bit_length()))
+        block_r = max(1, 2048 // block_c) if size == 4 else max(1, 8192 // block_c)
+        self.copy = CachedLaunch(copy_rows_kernel, (-(-M // block_r),), 4, 1, self.device.index or 0)
+        self.copy_tail = (M, C, s_src, s_dst, block_r, block_c, vec, max(M * s_src, M * s_dst) >= 2**31)
         self.run = self.__call__
 
     def __call__(self, x, w, *rest):
-        xa = empty_aligned(self.M, self.K, x.dtype, x.device)
-        xa.copy_(x.reshape(self.M, self.K) if self.flatten_x else x)
+        xa = empty_aligned(self.M, self.K, self.dtype, self.device)
+        x2 = x.reshape(self.M, self.K) if self.flatten_x else x
+        self.copy((x2.view(self.word) if x2.dtype != self.word else x2, xa.view(self.word)), self.copy_tail)
         return self.plan.run(xa, w, *rest)
+
+    def __getattr__(self, name):  # (the inner plan's facts: cfg, M, ...)
+        if name == "plan":
+            raise AttributeError(name)
+        return getattr(self.plan, name)
 
 
 _warned: set = set()

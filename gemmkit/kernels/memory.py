@@ -177,3 +177,19 @@ def store_split_cat(
             src = tl.load(cat_src + rm[:, None] * stride_sm + hh * stride_sh + rd[None, :], mask=mask)
             tl.store(c + rm[:, None] * stride_c1m + hh * stride_c1h + d1 + rd[None, :], src.to(c.dtype.element_ty),
                      mask=mask)
+
+
+@triton.jit
+def copy_rows_kernel(src, dst, R, C, stride_src, stride_dst, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+                     VEC: tl.constexpr, INDEX_64: tl.constexpr):
+    """dst[r, :C] = src[r, :C] for R rows of C words each (unit stride along a row), at row strides
+    that are multiples of VEC words (C too): the rows move in VEC-word vectors."""
+    rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    if INDEX_64:
+        rr = rr.to(tl.int64)
+    src_rows = src + rr[:, None] * tl.multiple_of(stride_src, VEC)
+    dst_rows = dst + rr[:, None] * tl.multiple_of(stride_dst, VEC)
+    for c0 in range(0, C, BLOCK_C):
+        rc = tl.max_contiguous(tl.multiple_of(c0 + tl.arange(0, BLOCK_C), BLOCK_C), BLOCK_C)
+        mask = (rr < R)[:, None] & (rc < C)[None, :]
+        tl.store(dst_rows + rc[None, :], tl.load(src_rows + rc[None, :], mask=mask), mask=mask)

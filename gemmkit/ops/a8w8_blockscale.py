@@ -109,7 +109,7 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
     common = dict(out_dtype=out_dtype, out_shape=(*lead, N), auto_config=config is None)
     warn_unaligned_weight("gemm_a8w8_blockscale", w)
     if not dynamic:
-        align_x = x_copy_pays(x2, M)  # x's rows straddle the L2's sectors: the GEMM reads a padded copy
+        align_x = x_copy_pays(x2, w, M, N, dev)  # x's rows straddle the L2's sectors: the GEMM reads a padded copy
         xa = empty_aligned(M, K, x.dtype, device) if align_x else x2
         flat = x.ndim != 2 and not align_x
         gemm = ws_plan(dev, xa, w, y2, M, N, K, scales="kblock", x_scale=xs2, w_scale=ws2, bias=bias,
@@ -121,7 +121,7 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
             gemm = DensePlan(xa, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev, flatten_x=flat,
                              inputs=dict(bias=bias, a_scale=xs2, b_scale=ws2), **common)
         plan = _Plan(gemm, lead if x_scale.ndim != 2 else None)
-        return AlignedX(plan, M, K, x.ndim != 2) if align_x else plan
+        return AlignedX(plan, x2, M, K, x.ndim != 2) if align_x else plan
     fused = gemm = None
     if dynamic_path == "fused" or (dynamic_path == "auto" and M <= FUSED_QUANT_MAX_M):
         a_fmt = quantized_in_kernel(x.dtype, w.dtype, "group", GROUP)
