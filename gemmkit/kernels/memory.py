@@ -187,8 +187,11 @@ def copy_rows_kernel(src, dst, R, C, stride_src, stride_dst, BLOCK_R: tl.constex
     rr = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     if INDEX_64:
         rr = rr.to(tl.int64)
-    src_rows = src + rr[:, None] * tl.multiple_of(stride_src, VEC)
-    dst_rows = dst + rr[:, None] * tl.multiple_of(stride_dst, VEC)
+    if VEC > 1:  # (a stride of 1 arrives as a constant, which takes no hint)
+        stride_src = tl.multiple_of(stride_src, VEC)
+        stride_dst = tl.multiple_of(stride_dst, VEC)
+    src_rows = src + rr[:, None] * stride_src
+    dst_rows = dst + rr[:, None] * stride_dst
     for c0 in range(0, C, BLOCK_C):
         rc = tl.max_contiguous(tl.multiple_of(c0 + tl.arange(0, BLOCK_C), BLOCK_C), BLOCK_C)
         mask = (rr < R)[:, None] & (rc < C)[None, :]
