@@ -660,11 +660,15 @@ def test_ff_a8w8_gated_tiles(built, layout, granularity):
 # batched bf16 / fp16 (gemmkit.batched_gemm_a16w16 on this kernel) ---------------------------------
 
 @pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")
-@pytest.mark.parametrize("B,M,N,K,b_rows,c_tma", [(8, 512, 4096, 2048, 4096, True), (3, 300, 1000, 1040, 0, False)])
-def test_batched_plan_binds_the_kernel_signature(B, M, N, K, b_rows, c_tma):
+@pytest.mark.parametrize("B,M,N,K,b_rows,c_tma", [(8, 512, 4096, 2048, 4096, 1), (3, 300, 1000, 1040, 0, 2)])
+@pytest.mark.parametrize("ragged_tma", [True, False])
+def test_batched_plan_binds_the_kernel_signature(B, M, N, K, b_rows, c_tma, ragged_tma, monkeypatch):
     """A batched WSPlan over the entries' row stacks (built on the CPU): the descriptors span every
-    entry, each entry's rows at M per entry, one K slice; TMA stores only where M is a multiple of
-    the tiles' rows (a tile past M would write the next entry's)."""
+    entry, each entry's rows at M per entry, one K slice; TMA stores where M is a multiple of the
+    tiles' rows, else (C_TMA_INSIDE, 2) for the rows inside an entry (a tile past M would write the
+    next entry's), or (RAGGED_C_TMA off) pointer stores only."""
+    monkeypatch.setattr(hopper_ws, "RAGGED_C_TMA", ragged_tma)
+    c_tma = c_tma if ragged_tma or c_tma == 1 else 0
     x, w = torch.empty(B * M, K, dtype=BF16), torch.empty(B * b_rows or N, K, dtype=BF16)
     bias = torch.empty(B, N, dtype=BF16)
     plan = hopper_ws.WSPlan(x, w, None, M, N, K, "none", None, None, bias, BF16, (B, M, N), False, 132,
@@ -672,7 +676,8 @@ def test_batched_plan_binds_the_kernel_signature(B, M, N, K, b_rows, c_tma):
     names = hopper_ws.gluon_kernel().gemm_ws_kernel.arg_names[len(hopper_ws.PER_CALL):]
     tail = dict(zip(names, plan.tail))
     assert (tail["batch"], tail["a_batch_rows"], tail["b_batch_rows"], tail["c_batch_rows"]) == (B, M, b_rows, M)
-    assert tail["bias_batch_stride"] == N and plan.splits == 1 and plan.c_tma == c_tma
+    assert tail["bias_batch_stride"] == N and plan.splits == 1 and tail["C_TMA"] == c_tma
+    assert plan.c_tma == (c_tma > 0) and plan.ragged == (c_tma == 2)
     assert plan.a_desc.args[0] == [B * M, K] and plan.b0_desc.args[0] == [B * b_rows or N, K]
     assert plan.launch.grid[0] == min(132, B * -(-M // plan.rows) * -(-N // plan.block_n))
 
@@ -683,19 +688,24 @@ def test_batched_plan_binds_the_kernel_signature(B, M, N, K, b_rows, c_tma):
 @pytest.mark.parametrize("bias_kind", [None, "shared", "per_batch"])
 @pytest.mark.parametrize("weights", ["per_entry", "shared"])
 @pytest.mark.parametrize("B,M,N,K", [(8, 512, 4096, 2048), (3, 256, 1000, 1040), (4, 1024, 1500, 2048),
-                                     (2, 128, 3000, 1024)])
+                                     (2, 128, 3000, 1024), (3, 300, 1000, 1040), (5, 200, 2048, 1024), (4, 1, 512, 256)])
 def test_batched_a16w16(built, monkeypatch, B, M, N, K, weights, bias_kind, out_dtype, tiles):
-    """Ragged N and K (a tile past N reads the next entry's weight rows), a weight shared by the batch
-    (stride 0), bias per entry, fp32 output (pointer stores, each entry's rows offset), 64-row tiles."""
+    """Ragged N and K (a tile past N reads the next entry's weight rows), ragged M (a tile past M reads
+    the next entry's rows; its warp groups' rows past M stored by pointers), a weight shared by the
+    batch (stride 0), bias per entry, fp32 output (pointer stores, each entry's rows offset), 64-row
+    tiles. The output is poisoned first: every entry's rows must be written, none twice wrongly."""
     monkeypatch.setattr(hopper_ws, "ws_direct_ok", lambda *args: True)
     if tiles is not None:
         monkeypatch.setattr(hopper_ws, "ws_tiles", lambda *args: tiles)
     x = randn(B, M, K, dtype=BF16)
     w = randn(B, N, K, dtype=BF16, scale=K**-0.5) if weights == "per_entry" else randn(N, K, dtype=BF16, scale=K**-0.5)
     bias = {None: None, "shared": randn(N, dtype=FP32), "per_batch": randn(B, N, dtype=FP32)}[bias_kind]
+    poison = poisoned((B, M, N), out_dtype)
+    del poison  # (freed NaNs: the output's allocation likely reuses them; a row left unwritten shows)
     out = gemmkit.batched_gemm_a16w16(x, w, bias, out_dtype=out_dtype)
     assert out.shape == (B, M, N) and out.dtype == out_dtype and len(built) == 1 and built[0].batch == B
     assert built[0].c_tma == (out_dtype == BF16 and N % 8 == 0)  # (16-byte output rows)
+    assert built[0].ragged == (built[0].c_tma and M % built[0].rows != 0)
     ref = torch.matmul(x.double(), (w if w.ndim == 3 else w.expand(B, N, K)).double().transpose(1, 2))
     if bias is not None:
         ref = ref + (bias.double() if bias.ndim == 1 else bias.double()[:, None, :])
@@ -703,9 +713,10 @@ def test_batched_a16w16(built, monkeypatch, B, M, N, K, weights, bias_kind, out_
 
 
 @needs_hopper
-def test_batched_fp16_and_fallbacks(built):
+def test_batched_fp16_and_fallbacks(built, monkeypatch):
     """fp16 at a size the rule takes; an activation, a caller's config, an x whose entries are not
-    evenly stacked or entries of a ragged number of rows take the tl kernel."""
+    evenly stacked take the tl kernel; entries of a ragged number of rows this kernel (RAGGED_BATCHED),
+    or the tl kernel with it off."""
     B, M, N, K = 4, 1024, 2048, 2048
     x, w = randn(B, M, K, dtype=FP16), randn(B, N, K, dtype=FP16, scale=K**-0.5)
     ref = torch.matmul(x.double(), w.double().transpose(1, 2))
@@ -716,5 +727,9 @@ def test_batched_fp16_and_fallbacks(built):
     assert_close(gemmkit.batched_gemm_a16w16(xs, w), torch.matmul(xs.double(), w.double().transpose(1, 2)).to(FP16))
     assert_close(gemmkit.batched_gemm_a16w16(x, w, config=dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64)), ref.to(FP16))
     xr = randn(B, 1000, K, dtype=FP16)  # 1000 rows per entry: not a multiple of the tiles'
-    assert_close(gemmkit.batched_gemm_a16w16(xr, w), torch.matmul(xr.double(), w.double().transpose(1, 2)).to(FP16))
-    assert len(built) == 1
+    ref_r = torch.matmul(xr.double(), w.double().transpose(1, 2)).to(FP16)
+    assert_close(gemmkit.batched_gemm_a16w16(xr, w), ref_r)
+    assert len(built) == 2 and built[1].ragged
+    monkeypatch.setattr(hopper_ws, "RAGGED_BATCHED", False)
+    assert_close(gemmkit.batched_gemm_a16w16(xr[:, :999], w), ref_r[:, :999])
+    assert len(built) == 2

@@ -54,6 +54,8 @@ PER_CALL = ("a_desc", "b0_desc", "b1_desc", "xs_desc", "c", "c0_desc", "c1_desc"
 DENSE_W = dict(stride_bzn=0, stride_bzk=0, group_shift=0, W_FORMAT=0, HAS_ZERO=False, SW=1)
 C_TMA = True  # 16-bit outputs stored by TMA from shared memory (off: pointer stores; scripts/ws_probe.py --no-c-tma)
 SHARE_C = True  # 128 x (128 + 128) tiles: one output buffer per warp group for both parts, a stage more
+RAGGED_C_TMA = True  # batched, M not a multiple of the tiles' rows: TMA stores of the rows inside an entry
+RAGGED_BATCHED = True  # batched with such M on this kernel (else the tl kernel)
 
 
 @functools.lru_cache(maxsize=1)
@@ -339,8 +341,8 @@ class BatchedWSPlan:
 def ws_batched_plan(dev: DeviceInfo, x, w, bias, activation: str, out_dtype, config) -> "BatchedWSPlan | None":
     """A batched plan on this kernel for x (B, M, K) and w (B, N, K) (or a weight shared with batch
     stride 0), both bf16 / fp16, K-contiguous, x's entries stacked at a uniform row stride, M a
-    multiple of the tiles' rows, where the (B * M)-row problem qualifies as ws_direct_ok / ws_tiles
-    decide for a dense one, no activation, the library's config; else None. On the H100 (`gemmkit
+    multiple of the tiles' rows or (RAGGED_BATCHED) any M, where the (B * M)-row problem qualifies as
+    ws_direct_ok / ws_tiles decide for a dense one, no activation, the library's config; else None. On the H100 (`gemmkit
     bench batched_a16w16@b8`, tuning/fitted/batched_b8_e1a4a97_h100.md) 0.98x to 1.01x torch.bmm
     where the tl kernel ran 0.90x and 0.96x."""
     B, M, K = x.shape
@@ -360,10 +362,9 @@ def ws_batched_plan(dev: DeviceInfo, x, w, bias, activation: str, out_dtype, con
     w2 = torch.as_strided(w, w_rows, (w.stride(1), 1))
     m_eff = B * -(-M // BLOCK) * BLOCK
     tiles = ws_tiles(m_eff, N, dev.num_sms, False)
-    # entries of a multiple of the tiles' rows: with ragged M (tiles reading into the next entry, pointer
-    # stores) the tl kernel measured 1.02x to 1.18x faster (tuning/fitted/batched_ragged_*_e1a4a97_h100.md)
-    if (B > 1 and M % tiles[0]) or not (_tma_operand(x2) and _tma_operand(w2)
-                                        and ws_direct_ok(m_eff, N, K, dev.num_sms, False)):
+    # ragged M (tiles reading into the next entry, their rows past M stored by pointers): RAGGED_BATCHED
+    if (B > 1 and M % tiles[0] and not RAGGED_BATCHED) or not (_tma_operand(x2) and _tma_operand(w2)
+                                                                and ws_direct_ok(m_eff, N, K, dev.num_sms, False)):
         return None
     plan = WSPlan(x2, w2, None, M, N, K, "none", None, None, bias, out_dtype, (B, M, N), False, dev.num_sms,
                   promote=False, tiles=tiles, batch=(B, b_rows))
@@ -519,6 +520,7 @@ class WSPlan:
         self.y_strides = (N, 1) if y2 is None else y2.stride()
         self.splits = 1 if self.gated or self.batch > 1 else ws_splits(M, N, K, num_sms, self.block_n, block_k,
                                                                        self.rows)
+        self.ragged = False
         if self.splits > 1:  # K slices summed apart: into an fp32 workspace, slice s at rows s * split_rows
             self.split_rows = -(-M // self.rows) * self.rows
             self.slices = KSlices(M, N, self.splits, self.split_rows, self.y_strides, bias is not None, self.device,
@@ -528,7 +530,10 @@ class WSPlan:
         else:
             self.split_rows = 0
             c_strides, c_dtype, self.c_tma = self.y_strides, out_dtype, _tma_output(y2, N, out_dtype)
-            self.c_tma = self.c_tma and (self.batch == 1 or M % self.rows == 0)  # (tiles within an entry's rows)
+            # ragged M: a tile's rows past its entry's end stored by pointers (kernels/gemm_ws.py C_TMA_INSIDE)
+            self.ragged = self.c_tma and self.batch > 1 and M % self.rows != 0
+            if self.ragged and not RAGGED_C_TMA:
+                self.c_tma = self.ragged = False
 
         def c_desc(cols):
             layout = gl.NVMMASharedLayout.get_default_for([HALF, cols], _gl_dtype(c_dtype))
@@ -550,7 +555,8 @@ class WSPlan:
             stride_asm=s_am, stride_ask=s_ak, stride_bsn=s_bn, stride_bsk=s_bk, up_scale_offset=up_offset,
             GROUP_M=GROUP_M, STAGES=self.stages, SCALES={"kblock": 0, "rowcol": 1, "none": 2}[scales],
             XS_TMA=self.xs_tma, PROMOTE=promote, TWO=n1 > 0, HAS_BIAS=bias is not None and self.splits == 1,
-            C_TMA=self.c_tma, GATED=self.gated, ACTIVATION=gated[0] if self.gated else "none", SHARE_C=self.share_c,
+            C_TMA=(2 if self.ragged else 1) if self.c_tma else 0, GATED=self.gated,
+            ACTIVATION=gated[0] if self.gated else "none", SHARE_C=self.share_c,
             GROUPS=self.rows // HALF, batch=self.batch, a_batch_rows=M, b_batch_rows=b_rows, c_batch_rows=M,
             bias_batch_stride=bias.stride(0) if bias is not None and bias.ndim == 2 else 0, **DENSE_W))
         units = _tiles(M, N, self.rows, self.block_n) * self.splits * self.batch

@@ -56,6 +56,8 @@ _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_
 SCALES_KBLOCK = gl.constexpr(0)
 SCALES_ROWCOL = gl.constexpr(1)
 SCALES_NONE = gl.constexpr(2)
+# C_TMA: 0 pointer stores, 1 TMA stores, C_TMA_INSIDE TMA stores of the rows inside their batch entry (ragged M)
+C_TMA_INSIDE = gl.constexpr(2)
 # the weight's storage (W_FORMAT): 16-bit or FP8 values (B, read by TMA), or 4-bit: then the weight is A, its
 # values written into shared memory by a decoder partition (_decoder) and x is B
 W_DENSE = gl.constexpr(0)
@@ -197,12 +199,13 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
 @gluon.jit
 def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, stride_cm, stride_cn, stride_bsn,
             SUB: gl.constexpr, K_INSTR: gl.constexpr, SCALES: gl.constexpr, HAS_BIAS: gl.constexpr,
-            C_TMA: gl.constexpr, PENDING: gl.constexpr, BIAS_ROWS: gl.constexpr = False):
+            C_TMA: gl.constexpr, PENDING: gl.constexpr, BIAS_ROWS: gl.constexpr = False, inside=True):
     """Epilogue of one SUB-wide column part of a warp group's rows: (SCALES_ROWCOL) the row scales
     `sa` and the columns' scales, the bias, the cast to c's dtype, then a masked pointer store,
     or (C_TMA) the part into its buffer `c_smem` and a TMA store from there that runs on while the
     warp group starts its next tile (PENDING: the stores issued since the previous one out of
-    this buffer, which may still run). BIAS_ROWS: the bias is per row (the weight's rows as A)."""
+    this buffer, which may still run); C_TMA_INSIDE: by TMA where the rows lie inside their batch
+    entry (`inside`), else by pointers. BIAS_ROWS: the bias is per row (the weight's rows as A)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, SUB, K_INSTR])
     rn = n0 + gl.arange(0, SUB, layout=gl.SliceLayout(0, mma))
@@ -213,12 +216,14 @@ def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, 
         acc += gl.load(bias + rm, mask=row_ok, other=0.0).to(gl.float32)[:, None]
     elif HAS_BIAS:
         acc += gl.load(bias + rn, mask=col_ok, other=0.0).to(gl.float32)[None, :]
-    if C_TMA:
-        out = acc.to(c_desc.dtype)
-        tma.store_wait(PENDING)  # this buffer's store of the previous tile has read it
-        c_smem.store(out)
-        fence_async_shared()
-        _tma_store(c_desc, [row0, n0], c_smem)
+    if C_TMA == C_TMA_INSIDE:
+        if inside:
+            _tma_part(acc, c_desc, c_smem, row0, n0, PENDING)
+        else:
+            gl.store(c + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c.dtype.element_ty),
+                     mask=row_ok[:, None] & col_ok[None, :])
+    elif C_TMA:
+        _tma_part(acc, c_desc, c_smem, row0, n0, PENDING)
     elif BIAS_ROWS:  # (the transposed tile: 16-byte vectors along its rows, c's contiguous dimension)
         st_l: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
         out = gl.convert_layout(acc.to(c.dtype.element_ty), st_l)
@@ -229,6 +234,16 @@ def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, 
     else:
         gl.store(c + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
+
+
+@gluon.jit
+def _tma_part(acc, c_desc, c_smem, row0, n0, PENDING: gl.constexpr):
+    """The part into its output buffer, then a TMA store of it at (row0, n0)."""
+    out = acc.to(c_desc.dtype)
+    tma.store_wait(PENDING)  # this buffer's store of the previous tile has read it
+    c_smem.store(out)
+    fence_async_shared()
+    _tma_store(c_desc, [row0, n0], c_smem)
 
 
 @gluon.jit
@@ -385,19 +400,20 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
             sa = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)
         else:
             sa = rm.to(gl.float32)  # (unused)
+        inside = off_m + (ROLE + 1) * HALF <= M  # (C_TMA_INSIDE: this group's rows lie inside the entry)
         if GATED:
             out = _gate_tile(acc0, acc1, sa, b_scale, off_n, N, stride_bsn, up_scale_offset, N0, K_INSTR, SCALES,
                              ACTIVATION)
             _finish(out, c_e, c0_desc, c0_smem, bias_e, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
-                    stride_bsn, N0, K_INSTR, SCALES_NONE, False, C_TMA, PEND)
+                    stride_bsn, N0, K_INSTR, SCALES_NONE, False, C_TMA, PEND, False, inside)
         else:
             _finish(acc0, c_e, c0_desc, c0_smem, bias_e, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm,
-                    stride_cn, stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND, PACKED)
+                    stride_cn, stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND, PACKED, inside)
         if TWO and not GATED:
             rm1 = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows1_l)
             _finish(acc1, c_e, c1_desc, c1_smem, bias_e, b_scale, gl.convert_layout(sa, rows1_l), row0, rm1, rm1 < M,
                     off_n + N0, N, stride_cm, stride_cn, stride_bsn, W1, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND,
-                    PACKED)
+                    PACKED, inside)
     if C_TMA:
         tma.store_wait(0)  # the last stores read the c buffers: finished before the program ends
 
@@ -594,8 +610,9 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     Batched (batch > 1; one K slice, no scales): `batch` independent problems of (M, N, K) whose
     rows lie at a_batch_rows / b_batch_rows / c_batch_rows per entry in the descriptors' and c's
     rows (b_batch_rows 0: one weight for every entry), bias_batch_stride elements apart in bias; a
-    tile's rows past M (or columns past N) read the next entry's, and are not stored: C_TMA only
-    where M is a multiple of the tile's rows.
+    tile's rows past M (or columns past N) read the next entry's, and are not stored: with M not a
+    multiple of the tile's rows C_TMA is C_TMA_INSIDE (a warp group's rows that cross the entry's
+    end stored by pointers).
     W_FORMAT INT4 / MXFP4 (a 4-bit weight; bf16 / fp16 x, MXFP4: bf16; accumulating, one batch entry, not
     gated, pointer stores): the kernel computes c^T = w x^T, the weight being A: a_desc is over the packed
     weight (gemmkit's layout, uint8 (M, K // 2): M is the weight's rows here) viewed as int32 (M, K // 8), one
@@ -625,9 +642,9 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                      "block-scaled column parts of one weight scale group")
     gl.static_assert(not GATED or (TWO and N1 == N0 and not PROMOTE and not HAS_BIAS and SCALES != SCALES_KBLOCK),
                      "gated: equal gate and up parts, the tensor cores' accumulation, no bias")
-    gl.static_assert(not SHARE_C or (TWO and N1 == N0 and C_TMA), "a shared output buffer: two equal parts")
+    gl.static_assert(not SHARE_C or (TWO and N1 == N0 and C_TMA != 0), "a shared output buffer: two equal parts")
     gl.static_assert(GROUPS == 2 or (GROUPS == 1 and not PROMOTE and not GATED), "one warp group: accumulating tiles")
-    gl.static_assert(not PACKED or (not PROMOTE and not GATED and not C_TMA and SCALES == SCALES_NONE),
+    gl.static_assert(not PACKED or (not PROMOTE and not GATED and C_TMA == 0 and SCALES == SCALES_NONE),
                      "4-bit weight: accumulating, pointer stores")
     if PACKED:  # the words by TMA; the values the decoder writes, laid out as x's tiles
         wq_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, GROUPS * HALF, BLOCK_K // 8], a_desc.layout)

@@ -607,8 +607,14 @@ WS_CHECKS = {  # (M, N, K, compile_ws keywords, tensor-core instruction)
         512, 2560, 8192, dict(scales="rowcol", promote=False, tiles=(64, (128, 32))), "QGMMA"),
     "gluon bf16 batched (8 x 512 x 4096 x 2048), TMA stores": (
         512, 4096, 2048, dict(scales="none", promote=False, dtype=torch.bfloat16, batch=8), "HGMMA"),
-    "gluon bf16 batched (3 x 300 x 1000 x 1040), pointer stores": (
+    "gluon bf16 batched (3 x 300 x 1000 x 1040), TMA stores inside each entry, by pointers past it": (
         300, 1000, 1040, dict(scales="none", promote=False, dtype=torch.bfloat16, batch=3, tiles=(128, (128, 0))),
+        "HGMMA"),
+    "gluon bf16 batched (3 x 300 x 1000 x 1040), 128 x 256 tiles of a shared output buffer, ragged M": (
+        300, 1000, 1040, dict(scales="none", promote=False, dtype=torch.bfloat16, batch=3, tiles=(128, (128, 128))),
+        "HGMMA"),
+    "gluon bf16 batched (3 x 300 x 1000 x 1040), 64-row tiles, ragged M": (
+        300, 1000, 1040, dict(scales="none", promote=False, dtype=torch.bfloat16, batch=3, tiles=(64, (128, 0))),
         "HGMMA"),
     "gluon bf16, 64 x 128 tiles in 4 K slices, one consumer warp group": (
         128, 1280, 8192, dict(scales="none", promote=False, dtype=torch.bfloat16, tiles=(64, (128, 0))), "HGMMA"),
