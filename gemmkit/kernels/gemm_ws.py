@@ -365,8 +365,8 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
                     sb0 = sb0_nxt
                     sb1 = sb1_nxt
                 it += 1
-        elif PACKED or off_m + ROLE * HALF < M:  # the tensor cores accumulate: this K block's products run
-            prev = 0                                # while the next block's are issued
+        else:  # the tensor cores accumulate: this K block's products run while the next block's are issued
+            prev = 0
             for ki in range(k0, k1):
                 s = it % STAGES
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
@@ -386,12 +386,6 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
             else:
                 acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, ))
             mbarrier.arrive(empty.index(prev), count=1)
-        else:  # this group's rows all lie past M (a ragged last tile): no products, the stages released at once,
-            for ki in range(k0, k1):  # the other group's products at the tensor cores' full rate
-                s = it % STAGES
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                mbarrier.arrive(empty.index(s), count=1)
-                it += 1
         # (split_rows: a K slice's rows in the workspace c; c_batch_rows: a batch entry's rows in c)
         row0 = sp * split_rows + entry * c_batch_rows + off_m + ROLE * HALF
         if PACKED:  # (c is the output transposed: a K slice's rows of x are the kernel's columns)
