@@ -21,14 +21,16 @@ from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 
 @triton.jit
 def read_kernel(src, out, n_words, passes, BLOCK: tl.constexpr):
-    """Program p reads words p * BLOCK, (p + P) * BLOCK, ... of src (int32), `passes` times."""
+    """Program p reads blocks p, p + P, ... of src (int32) in pass 0, blocks p + 1, p + 1 + P, ... in pass 1,
+    and so on (never the same addresses twice in a row), bypassing L1 (.cg: the L2 serves every load)."""
     pid = tl.program_id(0)
-    step = tl.num_programs(0) * BLOCK
+    progs = tl.num_programs(0)
+    step = progs * BLOCK
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
-    for _ in range(passes):
-        for start in range(pid * BLOCK, n_words, step):
+    for i in range(passes):
+        for start in range(((pid + i * 7) % progs) * BLOCK, n_words, step):
             offs = start + tl.arange(0, BLOCK)
-            acc += tl.load(src + offs, mask=offs < n_words, other=0)
+            acc += tl.load(src + offs, mask=offs < n_words, other=0, cache_modifier=".cg")
     tl.store(out + pid * BLOCK + tl.arange(0, BLOCK), acc)
 
 
