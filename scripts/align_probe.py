@@ -14,12 +14,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 import gemmkit  # noqa: E402
-from gemmkit import quant  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 from gemmkit.tools.tune import rel_error  # noqa: E402
+from probe_util import dense_baseline, dense_sets  # noqa: E402
 
 SETS = 3
 
@@ -44,22 +43,11 @@ def main():
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {'fp8 fast accumulation' if args.fp8 else 'bf16'}"
           f", rows padded to {args.pad} bytes; CUDA-graph us per call; ratio = baseline / variant", file=out, flush=True)
     for M, N, K in zip(args.mnk[::3], args.mnk[1::3], args.mnk[2::3]):
-        sets = []
-        for _ in range(SETS):
-            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-            w = (torch.randn(N, K, device="cuda") / K**0.5).bfloat16()
-            if args.fp8:
-                xq, xs = quant.quantize_fp8(x, "row")
-                wq, ws = quant.quantize_fp8(w, "row")
-                sets.append((xq, wq, xs.reshape(M, 1), ws.reshape(1, N)))
-            else:
-                sets.append((x, w, None, None))
+        sets = dense_sets(M, N, K, args.fp8, SETS)
 
         def call(x, w, xs, ws, base=False):
-            if base and args.fp8:
-                return torch._scaled_mm(x, w.t(), xs, ws, out_dtype=torch.bfloat16, use_fast_accum=True)
             if base:
-                return F.linear(x, w)
+                return dense_baseline(x, w, xs, ws)
             return gemmkit.gemm_a8w8(x, w, xs, ws) if args.fp8 else gemmkit.gemm_a16w16(x, w)
 
         ref = call(*sets[0], base=True).float()

@@ -77,3 +77,32 @@ def time_and_print(named: dict, header: str, wbytes: float, out, digits: int = 1
         print(f"  {t:9.{digits}f} us  {times[0] / t:5.2f}x F.linear  {wbytes / t / 1e3:6.0f} GB/s  {n}", file=out,
               flush=True)
     return times
+
+
+def dense_sets(M: int, N: int, K: int, fp8: bool, count: int) -> list:
+    """`count` input sets (x, w, x_scale, w_scale) of one problem on the GPU: bf16 x (M, K) and w (N, K)
+    (w / sqrt(K)), scales None; or (fp8) both quantized to e4m3 per row, scales (M, 1) and (1, N)."""
+    import torch
+
+    from gemmkit import quant
+
+    sets = []
+    for _ in range(count):
+        x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        w = (torch.randn(N, K, device="cuda") / K**0.5).bfloat16()
+        if fp8:
+            (xq, xs), (wq, ws) = quant.quantize_fp8(x, "row"), quant.quantize_fp8(w, "row")
+            sets.append((xq, wq, xs.reshape(M, 1), ws.reshape(1, N)))
+        else:
+            sets.append((x, w, None, None))
+    return sets
+
+
+def dense_baseline(x, w, xs, ws):
+    """torch's result for one of dense_sets' sets: fast-accumulation _scaled_mm (scales given) or F.linear."""
+    import torch
+    import torch.nn.functional as F
+
+    if xs is not None:
+        return torch._scaled_mm(x, w.t(), xs, ws, out_dtype=torch.bfloat16, use_fast_accum=True)
+    return F.linear(x, w)

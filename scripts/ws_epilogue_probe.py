@@ -14,12 +14,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
-from gemmkit import quant  # noqa: E402
 from gemmkit.core import hopper_ws  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 from gemmkit.tools.tune import rel_error  # noqa: E402
+from probe_util import dense_baseline, dense_sets  # noqa: E402
 
 SETS = 2
 
@@ -52,25 +51,11 @@ def main():
         row = {}
         for k_mult in (1, 2):
             Kk = K * k_mult
-            sets = []
-            for _ in range(SETS):
-                x = torch.randn(M, Kk, device="cuda", dtype=torch.bfloat16)
-                w = (torch.randn(N, Kk, device="cuda") / Kk**0.5).bfloat16()
-                if fp8:
-                    xq, xs = quant.quantize_fp8(x, "row")
-                    wq, ws = quant.quantize_fp8(w, "row")
-                    sets.append((xq, wq, xs.reshape(M, 1), ws.reshape(1, N)))
-                else:
-                    sets.append((x, w, None, None))
+            sets = dense_sets(M, N, Kk, fp8, SETS)
+            base = dense_baseline
 
-            def base(s):
-                x, w, xs, ws = s
-                if fp8:
-                    return torch._scaled_mm(x, w.t(), xs, ws, out_dtype=torch.bfloat16, use_fast_accum=True)
-                return F.linear(x, w)
-
-            ref = base(sets[0]).float()
-            calls = {"base": [lambda s=s: base(s) for s in sets]}
+            ref = base(*sets[0]).float()
+            calls = {"base": [lambda s=s: base(*s) for s in sets]}
             names = ["default"] if k_mult == 2 else list(variants)
             for name in names:
                 plan = plan_for(*sets[0], M, N, Kk, fp8, sms, **variants[name])

@@ -21,16 +21,15 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 import gemmkit  # noqa: E402
-from gemmkit import quant  # noqa: E402
 from gemmkit.core import config as config_mod  # noqa: E402
 from gemmkit.core import hopper_ws  # noqa: E402
 from gemmkit.ops import a8w8, a16w16  # noqa: E402
 from gemmkit.tools.registry import __file__ as registry_file  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 from gemmkit.tools.tune import rel_error  # noqa: E402
+from probe_util import dense_baseline, dense_sets  # noqa: E402
 
 # Llama-3-70B / TP8 qkv, / TP4 qkv, / TP8 gate_up, / TP4 o; Gemma-2-9B down, Phi-3-mini down and o,
 # Gemma-2-27B o, Qwen3-32B / TP2 qkv
@@ -69,22 +68,10 @@ def main():
                 else [(M, N, K) for N, K in shapes for M in args.m])
     for M, N, K in problems:
         if True:
-            sets = []
-            for _ in range(SETS):
-                x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
-                w = (torch.randn(N, K, device="cuda") / K**0.5).bfloat16()
-                if args.fp8:
-                    xq, xs = quant.quantize_fp8(x, "row")
-                    wq, ws = quant.quantize_fp8(w, "row")
-                    sets.append((xq, wq, xs.reshape(M, 1), ws.reshape(1, N)))
-                else:
-                    sets.append((x, w, None, None))
+            sets = dense_sets(M, N, K, args.fp8, SETS)
 
             def baseline(i):
-                x, w, xs, ws = sets[i]
-                if args.fp8:
-                    return torch._scaled_mm(x, w.t(), xs, ws, out_dtype=torch.bfloat16, use_fast_accum=True)
-                return F.linear(x, w)
+                return dense_baseline(*sets[i])
 
             def default(i):
                 x, w, xs, ws = sets[i]
