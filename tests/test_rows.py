@@ -211,3 +211,17 @@ def test_weight_warning():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             rows.warn_unaligned_weight("op_once", w)  # once per shape
+
+
+@pytest.mark.parametrize("scheme", ["bf16", "fp8"])
+def test_gated_mlp_stores_aligned_weights(scheme):
+    H, I = (40, 24) if scheme == "bf16" else (48, 80)  # (rows of 80 / 48 bytes: bf16; 48 / 80: fp8)
+    mlp = gemmkit.nn.GatedMLP(H, I, scheme=scheme, dtype=BF16, device=DEVICE)
+    mlp.load_gate_up(randn(2 * I, H, dtype=BF16))
+    mlp.load_down(randn(H, I, dtype=BF16, scale=I**-0.5))
+    assert rows.rows_aligned(mlp.gate_up_weight) and rows.rows_aligned(mlp.down_weight)
+    x = randn(130, H, dtype=BF16)
+    before = mlp(x)
+    mlp._apply(lambda t: t.contiguous())
+    assert rows.rows_aligned(mlp.gate_up_weight) and rows.rows_aligned(mlp.down_weight)
+    assert torch.equal(mlp(x), before)

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from .. import quant
+from ..core.rows import align_rows, empty_aligned, rows_aligned
 from ..ops.fused import ff_a8w8_gated, ff_a16w16_gated
 from .layers import ALIGN, _name
 
@@ -70,11 +71,19 @@ class GatedMLP(nn.Module):
         self.hidden, self.intermediate, self.out_features = hidden, intermediate, out_features
         self.activation, self.scheme, self.dtype = activation, scheme, dtype
         wdt = torch.float8_e4m3fn if scheme == "fp8" else dtype
-        self.register_buffer("gate_up_weight", torch.zeros(2 * intermediate, hidden, dtype=wdt, device=device))
-        self.register_buffer("down_weight", torch.zeros(out_features, intermediate, dtype=wdt, device=device))
+        # (rows padded to 32 bytes where the row's bytes are not a multiple: gemmkit.align_rows)
+        self.register_buffer("gate_up_weight", empty_aligned(2 * intermediate, hidden, wdt, device).zero_())
+        self.register_buffer("down_weight", empty_aligned(out_features, intermediate, wdt, device).zero_())
         if scheme == "fp8":
             self.register_buffer("gate_up_scale", torch.ones(2 * intermediate, dtype=torch.float32, device=device))
             self.register_buffer("down_scale", torch.ones(out_features, dtype=torch.float32, device=device))
+
+    def _apply(self, fn, *args, **kwargs):
+        super()._apply(fn, *args, **kwargs)
+        for name in ("gate_up_weight", "down_weight"):  # (Module.to keeps dense layouts only)
+            if not rows_aligned(self._buffers[name]):
+                self._buffers[name] = align_rows(self._buffers[name])
+        return self
 
     @torch.no_grad()
     def load_gate_up(self, gate_up=None, *, gate=None, up=None, layout: str = "concat") -> None:
