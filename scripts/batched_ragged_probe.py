@@ -8,7 +8,6 @@ each route's result is checked against bmm first.
 """
 
 import argparse
-import math
 import os
 import sys
 
@@ -20,8 +19,8 @@ import gemmkit  # noqa: E402
 from gemmkit.core import config as config_mod  # noqa: E402
 from gemmkit.core import hopper_ws  # noqa: E402
 from gemmkit.ops import batched  # noqa: E402
-from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 from gemmkit.tools.tune import rel_error  # noqa: E402
+from probe_util import print_geomeans, timed_row  # noqa: E402
 
 PROBLEMS = [8, 1000, 1536, 2048, 8, 300, 4096, 4096, 8, 777, 2048, 2048, 8, 1000, 4096, 1024,
             8, 512, 4096, 4096, 8, 2048, 1024, 1024, 8, 256, 4096, 8192]
@@ -68,18 +67,12 @@ def main():
                 print(f"  {name}: wrong result (rel err {err:.2e})", file=out, flush=True)
                 continue
             calls[name] = [lambda s=s, p=plan: p.run(*s, None, None, None, None, None, None, None) for s in sets]
-        names = list(calls)
-        times = dict(zip(names, time_graphs_us(*calls.values(), rep_ms=8, retries=5)))
-        for k in names[1:]:
-            ratios.setdefault(k, []).append(times["bmm"] / times[k])
-        print(f"B={B} M={M:5d} N={N:5d} K={K:5d}  " + "  ".join(f"{k} {times[k]:7.1f}" for k in names)
-              + "  | ratio " + " ".join(f"{k} {times['bmm'] / times[k]:4.2f}" for k in names[1:])
-              + "  | " + ", ".join(f"{k}: {v}" for k, v in kinds.items()), file=out, flush=True)
+        _, line = timed_row(calls, ratios)
+        print(f"B={B} M={M:5d} N={N:5d} K={K:5d}  " + line + "  | " + ", ".join(f"{k}: {v}" for k, v in kinds.items()),
+              file=out, flush=True)
         sets = calls = None
         torch.cuda.empty_cache()
-    for k, v in ratios.items():
-        print(f"geomean ratio to torch.bmm, {k}: {math.exp(sum(map(math.log, v)) / len(v)):.3f} over {len(v)}",
-              file=out)
+    print_geomeans(ratios, "torch.bmm", out)
 
 
 if __name__ == "__main__":

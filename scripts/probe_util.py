@@ -106,3 +106,27 @@ def dense_baseline(x, w, xs, ws):
     if xs is not None:
         return torch._scaled_mm(x, w.t(), xs, ws, out_dtype=torch.bfloat16, use_fast_accum=True)
     return F.linear(x, w)
+
+
+def timed_row(calls: dict, ratios: dict, rep_ms: float = 8) -> tuple[dict, str]:
+    """Time `calls` (name -> list of calls, the first the baseline) in one interleaved CUDA-graph run; append each
+    other name's ratio (baseline time / its time) to `ratios`; return the times and a printable
+    "name us ... | ratio name r ..." line."""
+    from gemmkit.tools.timing import time_graphs_us
+
+    names = list(calls)
+    times = dict(zip(names, time_graphs_us(*[calls[k] for k in names], rep_ms=rep_ms, retries=5)))
+    base = times[names[0]]
+    for k in names[1:]:
+        ratios.setdefault(k, []).append(base / times[k])
+    return times, ("  ".join(f"{k} {times[k]:7.1f}" for k in names) + "  | ratio "
+                   + " ".join(f"{k} {base / times[k]:4.2f}" for k in names[1:]))
+
+
+def print_geomeans(ratios: dict, baseline: str, out) -> None:
+    """The geometric mean of each name's ratios (timed_row) to `baseline`."""
+    import math
+
+    for k, v in ratios.items():
+        print(f"geomean ratio to {baseline}, {k}: {math.exp(sum(map(math.log, v)) / len(v)):.3f} over {len(v)}",
+              file=out)

@@ -14,7 +14,6 @@ without it (its plan built with ROWS64 off), on --models' layers (default: the t
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -29,7 +28,7 @@ from gemmkit.ops import a8w8, a16w16  # noqa: E402
 from gemmkit.tools.registry import __file__ as registry_file  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 from gemmkit.tools.tune import rel_error  # noqa: E402
-from probe_util import dense_baseline, dense_sets  # noqa: E402
+from probe_util import dense_baseline, dense_sets, print_geomeans, timed_row  # noqa: E402
 
 # Llama-3-70B / TP8 qkv, / TP4 qkv, / TP8 gate_up, / TP4 o; Gemma-2-9B down, Phi-3-mini down and o,
 # Gemma-2-27B o, Qwen3-32B / TP2 qkv
@@ -123,22 +122,15 @@ def main():
                     continue
                 calls[name] = [lambda i=i, p=plan: p.run(sets[i][0], sets[i][1], None, None, sets[i][2], sets[i][3])
                                for i in range(SETS)]
-            names = list(calls)
-            times = dict(zip(names, time_graphs_us(*[calls[k] for k in names], rep_ms=6, retries=5)))
-            base = times["base"]
-            for k in names[1:]:
-                ratios.setdefault(k, []).append(base / times[k])
-            best = min(names[2:], key=times.get)
-            print(f"M={M:5d} N={N:5d} K={K:5d}  " + "  ".join(f"{k} {times[k]:7.1f}" for k in names)
-                  + "  | ratio " + " ".join(f"{k} {base / times[k]:4.2f}" for k in names[1:])
+            times, line = timed_row(calls, ratios, rep_ms=6)
+            best = min(list(calls)[2:], key=times.get)
+            print(f"M={M:5d} N={N:5d} K={K:5d}  " + line
                   + f"  | best {best} (ws128 = {variants['ws128'][1]}, default rows "
                   f"{getattr(next(reversed((a8w8 if args.fp8 else a16w16)._plans.values())), 'rows', 'tl')})",
                   file=out, flush=True)
             sets = calls = None
             torch.cuda.empty_cache()
-    for k, v in ratios.items():
-        print(f"geomean ratio to the baseline, {k}: {math.exp(sum(map(math.log, v)) / len(v)):.3f} over {len(v)}",
-              file=out)
+    print_geomeans(ratios, "the baseline", out)
 
 
 if __name__ == "__main__":
