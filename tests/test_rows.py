@@ -225,3 +225,18 @@ def test_gated_mlp_stores_aligned_weights(scheme):
     mlp._apply(lambda t: t.contiguous())
     assert rows.rows_aligned(mlp.gate_up_weight) and rows.rows_aligned(mlp.down_weight)
     assert torch.equal(mlp(x), before)
+
+
+def test_state_dict_is_dense():
+    """A checkpoint holds dense tensors (safetensors requires them); loading keeps the layer's padded rows."""
+    lin = nn.Linear(40, 24, dtype=BF16, device=DEVICE)
+    layer = gemmkit.nn.Linear.from_linear(lin)
+    mlp = gemmkit.nn.GatedMLP(40, 24, dtype=BF16, device=DEVICE)
+    for module, names in ((layer, ("weight",)), (mlp, ("gate_up_weight", "down_weight"))):
+        state = module.state_dict()
+        assert all(state[n].is_contiguous() for n in names)
+        assert all(torch.equal(state[n], getattr(module, n)) for n in names)
+        fresh = type(module)(40, 24, dtype=BF16, device=DEVICE) if module is layer else gemmkit.nn.GatedMLP(
+            40, 24, dtype=BF16, device=DEVICE)
+        fresh.load_state_dict(state)
+        assert all(rows.rows_aligned(getattr(fresh, n)) and torch.equal(getattr(fresh, n), state[n]) for n in names)

@@ -74,6 +74,15 @@ def align_rows(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def dense_state(state: dict, keys) -> None:
+    """A state_dict's padded weights as dense copies (what safetensors and most checkpoint tools require);
+    loading copies them back into the layer's padded rows."""
+    for key in keys:
+        t = state.get(key)
+        if t is not None and not t.is_contiguous():
+            state[key] = t.contiguous()
+
+
 ALIGN_X_GAIN = 0.2  # the share of a GEMM's time both operands off the sectors cost (measured 0.2 to 0.3)
 COPY_FIXED_US = 2.0  # a second launch in the call: its gap under CUDA graphs and its tail
 FORCE_X_COPY = None  # tests: True / False instead of the rule

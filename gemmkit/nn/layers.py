@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .. import quant
-from ..core.rows import align_rows, empty_aligned, rows_aligned
+from ..core.rows import align_rows, dense_state, empty_aligned, rows_aligned
 from ..ops.a8w8 import gemm_a8w8
 from ..ops.a8w8_blockscale import gemm_a8w8_blockscale
 from ..ops.a16w16 import gemm_a16w16
@@ -58,6 +58,10 @@ class GemmLayer(nn.Module):
         if self.dense_weight and w is not None and not rows_aligned(w):  # (Module.to keeps dense layouts only)
             self._buffers["weight"] = align_rows(w)
         return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        dense_state(destination, (prefix + "weight",))
 
     @classmethod
     def unsupported(cls, linear: nn.Linear, **options) -> str | None:

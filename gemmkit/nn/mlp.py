@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .. import quant
-from ..core.rows import align_rows, empty_aligned, rows_aligned
+from ..core.rows import align_rows, dense_state, empty_aligned, rows_aligned
 from ..ops.fused import ff_a8w8_gated, ff_a16w16_gated
 from .layers import ALIGN, _name
 
@@ -84,6 +84,10 @@ class GatedMLP(nn.Module):
             if not rows_aligned(self._buffers[name]):
                 self._buffers[name] = align_rows(self._buffers[name])
         return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        dense_state(destination, (prefix + "gate_up_weight", prefix + "down_weight"))
 
     @torch.no_grad()
     def load_gate_up(self, gate_up=None, *, gate=None, up=None, layout: str = "concat") -> None:
