@@ -33,7 +33,8 @@ class GemmLayer(nn.Module):
     Subclasses set `scheme` (a short description) and `weight_dtype`, and implement
     `_set_weight(w)` (store w (N, K), any float dtype, in the layer's format) and `forward`.
     A dense (N, K) weight is kept in rows that start on 32-byte boundaries (gemmkit.align_rows: the
-    kernels read rows straddling the L2's sectors up to 1.8x slower), also after `.to()`."""
+    kernels read rows straddling the L2's sectors up to 1.8x slower), also after `.to()`; state_dict()
+    holds dense copies of such weights."""
 
     scheme = ""
     weight_dtype = None  # None: the layer's dtype
