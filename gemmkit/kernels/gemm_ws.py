@@ -704,8 +704,8 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
         if PACKED:
             mbarrier.init(decoded.index(i), count=1)
     k_tiles = gl.cdiv(K, BLOCK_K)
-    # (the partitions' argument tuples are written out: Gluon cannot keep one holding constexpr strings in a
-    # variable)
+    # (the partitions' argument tuples are written out in each call: a tuple kept in a variable holds no strings
+    # (ACTIVATION) and passes its constexprs on as plain values (N1, TWO, ...: tried with Triton 3.9's Gluon))
     if GROUPS == 2 and PACKED:
         gl.warp_specialize([
             (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cA0, cA1, bias,
