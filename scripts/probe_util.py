@@ -130,3 +130,17 @@ def print_geomeans(ratios: dict, baseline: str, out) -> None:
     for k, v in ratios.items():
         print(f"geomean ratio to {baseline}, {k}: {math.exp(sum(map(math.log, v)) / len(v)):.3f} over {len(v)}",
               file=out)
+
+
+def w4_problem(M: int, N: int, K: int, fp4: bool, group: int = 128, copies: int = 3):
+    """(inputs, reference, named) of one 4-bit problem on the GPU: `copies` input sets (MXFP4 as `gemmkit bench
+    a16wfp4` builds them, else INT4 in groups of `group`: int4_inputs), the first's fp32 reference x @ w16^T, and
+    {"F.linear bf16": its calls on each set} to add the 4-bit routes' calls to."""
+    import torch.nn.functional as F
+
+    from gemmkit.tools import registry
+
+    inps = ([registry._a16wfp4_inputs(M, N, K, "bf16", "cuda") for _ in range(copies)] if fp4
+            else [int4_inputs(M, N, K, group) for _ in range(copies)])
+    ref = inps[0]["x"].float() @ inps[0]["w16"].float().T
+    return inps, ref, {"F.linear bf16": [lambda inp=inp: F.linear(inp["x"], inp["w16"]) for inp in inps]}

@@ -18,11 +18,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from gemmkit.core import hopper_w4  # noqa: E402
 from gemmkit.ops import a16w4  # noqa: E402
-from gemmkit.tools import registry, tune  # noqa: E402
+from gemmkit.tools import tune  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 
 import probe_util  # noqa: E402
@@ -68,10 +67,7 @@ ratios = {}  # (M, variant) -> old kernel's time / the variant's
 for N, K in SHAPES:
     for M in M_LIST:
         torch.manual_seed(0)
-        inps = ([registry._a16wfp4_inputs(M, N, K, "bf16", "cuda") for _ in range(3)] if FP4
-                else [probe_util.int4_inputs(M, N, K, GROUP) for _ in range(3)])
-        ref = inps[0]["x"].float() @ inps[0]["w16"].float().T
-        named = {"F.linear bf16": [lambda inp=inp: F.linear(inp["x"], inp["w16"]) for inp in inps]}
+        inps, ref, named = probe_util.w4_problem(M, N, K, FP4, GROUP)
         for name, kernel, consts in VARIANTS:
             calls = calls_for(inps, kernel, consts)
             named[f"{name} (rel err {tune.rel_error(calls[0](), ref):.1e})"] = calls

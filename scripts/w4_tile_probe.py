@@ -28,7 +28,7 @@ from gemmkit import quant  # noqa: E402
 from gemmkit.core import hopper_w4  # noqa: E402
 from gemmkit.ops import a16w4  # noqa: E402
 from gemmkit.ops import fp4 as fp4_op  # noqa: E402
-from gemmkit.tools import registry, tune  # noqa: E402
+from gemmkit.tools import tune  # noqa: E402
 
 import probe_util  # noqa: E402
 
@@ -145,10 +145,7 @@ if "--check-only" not in sys.argv:
     for N, K in SHAPES:
         for M in M_LIST:
             torch.manual_seed(0)
-            inps = ([registry._a16wfp4_inputs(M, N, K, "bf16", "cuda") for _ in range(3)] if FP4
-                    else [probe_util.int4_inputs(M, N, K) for _ in range(3)])
-            ref = inps[0]["x"].float() @ inps[0]["w16"].float().T
-            named = {"F.linear bf16": [lambda inp=inp: F.linear(inp["x"], inp["w16"]) for inp in inps]}
+            inps, ref, named = probe_util.w4_problem(M, N, K, FP4)
             variants = [("shipped", "shipped", None), ("shipped, this route off", False, None),
                         ("this route", True, None)]
             if "--variants" in sys.argv:

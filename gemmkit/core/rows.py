@@ -46,8 +46,7 @@ def padded_width(K: int, element_size: int) -> int:
 def empty_aligned(rows: int, K: int, dtype, device) -> torch.Tensor:
     """An uninitialized (rows, K) tensor whose rows start on ROW_ALIGN-byte boundaries (a view of
     (rows, padded_width) storage; the padding is never read)."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return torch.empty((rows, padded_width(K, itemsize)), dtype=dtype, device=device)[:, :K]
+    return torch.empty((rows, padded_width(K, dtype.itemsize)), dtype=dtype, device=device)[:, :K]
 
 
 def align_rows(t: torch.Tensor) -> torch.Tensor:
@@ -118,8 +117,9 @@ class AlignedX:
 
         self.plan, self.M, self.K, self.flatten_x = plan, M, K, flatten_x
         self.dtype, self.device = x2.dtype, x2.device
+        self.shape = (M, padded_width(K, x2.element_size()))  # (the padded copy's storage)
         row_bytes = K * x2.element_size()
-        width = padded_width(K, x2.element_size()) * x2.element_size()
+        width = self.shape[1] * x2.element_size()
         # the rows as words: int32 where every row and its stride allow it
         self.word = torch.int32 if row_bytes % 4 == 0 and (x2.stride(0) * x2.element_size()) % 4 == 0 \
             and x2.data_ptr() % 4 == 0 else torch.uint8
@@ -135,7 +135,7 @@ class AlignedX:
         self.run = self.__call__
 
     def __call__(self, x, w, *rest):
-        xa = empty_aligned(self.M, self.K, self.dtype, self.device)
+        xa = torch.empty(self.shape, dtype=self.dtype, device=self.device)[:, :self.K]
         x2 = x.reshape(self.M, self.K) if self.flatten_x else x
         self.copy((x2.view(self.word) if x2.dtype != self.word else x2, xa.view(self.word)), self.copy_tail)
         return self.plan.run(xa, w, *rest)
