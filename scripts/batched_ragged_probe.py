@@ -2,9 +2,11 @@
 on its routes: the Gluon kernel with TMA stores of the rows inside an entry (RAGGED_BATCHED, the
 default), the Gluon kernel with pointer stores only (RAGGED_C_TMA off), its 64-row tiles, and the tl
 kernel (RAGGED_BATCHED off); torch.bmm the baseline. One interleaved CUDA-graph timing per problem;
-each route's result is checked against bmm first.
+each route's result is checked against bmm first. --swap: the 128-row tiles (operands as given) against
+the swapped operands (x's rows as the tiles' columns, kernels/gemm_ws.py C_T) at ws_batched_swap's
+width for any gain ("swap") and at every width of WIDTHS, with the wave costs the rule compares.
 
-    python3 scripts/batched_ragged_probe.py [OUT] [--bmnk B M N K ...]
+    python3 scripts/batched_ragged_probe.py [OUT] [--bmnk B M N K ...] [--swap]
 """
 
 import argparse
@@ -24,8 +26,22 @@ from probe_util import print_geomeans, timed_row  # noqa: E402
 
 PROBLEMS = [8, 1000, 1536, 2048, 8, 300, 4096, 4096, 8, 777, 2048, 2048, 8, 1000, 4096, 1024,
             8, 512, 4096, 4096, 8, 2048, 1024, 1024, 8, 256, 4096, 8192]
-ROUTES = {"gluon": {}, "gluon_ptr": {"RAGGED_C_TMA": False},
-          "gluon64": {"ws_tiles": lambda *a: (64, (128, 64))}, "tl": {"RAGGED_BATCHED": False}}
+ROUTES = {"gluon": {"SWAP_BATCHED": False}, "gluon_ptr": {"RAGGED_C_TMA": False, "SWAP_BATCHED": False},
+          "gluon64": {"ws_tiles": lambda *a: (64, (128, 64)), "SWAP_BATCHED": False},
+          "tl": {"RAGGED_BATCHED": False}}
+SWAP_ROUTES = {"gluon": {"SWAP_BATCHED": False}, "swap": {"SWAP_GAIN": 1e9},
+               **{f"s{n0}+{n1}": {"ws_batched_swap": lambda *a, p=(n0, n1): p} for n0, n1 in hopper_ws.WIDTHS}}
+
+
+def wave_costs(B, M, N):
+    """(the 128-row tiles' wave cost, the swapped tiles' at the rule's width, that width): ws_batched_swap's terms."""
+    tiles = hopper_ws.ws_tiles(B * -(-M // hopper_ws.BLOCK) * hopper_ws.BLOCK, N, 132, False)
+
+    def cost(m, n, r, p):
+        return -(-B * hopper_ws._tiles(m, n, r, p[0] + p[1]) // 132) * (p[0] + p[1] + hopper_ws.PART_COST) * r // 128
+
+    best = min(hopper_ws.WIDTHS, key=lambda p: (cost(N, M, 128, p), -(p[0] + p[1])))
+    return cost(M, N, *tiles), cost(N, M, 128, best), best
 SETS = 3
 
 
@@ -47,7 +63,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out", nargs="?")
     ap.add_argument("--bmnk", type=int, nargs="+", default=PROBLEMS)
+    ap.add_argument("--swap", action="store_true")
     args = ap.parse_args()
+    routes = SWAP_ROUTES if args.swap else ROUTES
     out = open(args.out, "w") if args.out else sys.stdout
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16; CUDA-graph us per call; "
           "ratio = torch.bmm / route", file=out, flush=True)
@@ -59,17 +77,20 @@ def main():
         ref = torch.bmm(sets[0][0], sets[0][1].transpose(1, 2)).float()
         calls = {"bmm": [lambda s=s: torch.bmm(s[0], s[1].transpose(1, 2)) for s in sets]}
         kinds = {}
-        for name, patch in ROUTES.items():
+        for name, patch in routes.items():
             plan = plan_with(*sets[0], patch)
             kinds[name] = f"rows {plan.rows}" if hasattr(plan, "rows") else type(plan).__name__
+            if getattr(getattr(plan, "plan", None), "swap", False):
+                kinds[name] += f" swap {plan.parts}"
             err = rel_error(plan.run(*sets[0], None, None, None, None, None, None, None), ref)
             if err > 2e-2:
                 print(f"  {name}: wrong result (rel err {err:.2e})", file=out, flush=True)
                 continue
             calls[name] = [lambda s=s, p=plan: p.run(*s, None, None, None, None, None, None, None) for s in sets]
         _, line = timed_row(calls, ratios)
-        print(f"B={B} M={M:5d} N={N:5d} K={K:5d}  " + line + "  | " + ", ".join(f"{k}: {v}" for k, v in kinds.items()),
-              file=out, flush=True)
+        costs = "  | wave cost 128-row {} swapped {} at {}".format(*wave_costs(B, M, N)) if args.swap else ""
+        print(f"B={B} M={M:5d} N={N:5d} K={K:5d}  " + line + "  | " + ", ".join(f"{k}: {v}" for k, v in kinds.items())
+              + costs, file=out, flush=True)
         sets = calls = None
         torch.cuda.empty_cache()
     print_geomeans(ratios, "torch.bmm", out)

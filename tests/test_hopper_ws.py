@@ -695,6 +695,7 @@ def test_batched_a16w16(built, monkeypatch, B, M, N, K, weights, bias_kind, out_
     batch (stride 0), bias per entry, fp32 output (pointer stores, each entry's rows offset), 64-row
     tiles. The output is poisoned first: every entry's rows must be written, none twice wrongly."""
     monkeypatch.setattr(hopper_ws, "ws_direct_ok", lambda *args: True)
+    monkeypatch.setattr(hopper_ws, "SWAP_BATCHED", False)  # (the swapped operands: test_batched_swapped)
     if tiles is not None:
         monkeypatch.setattr(hopper_ws, "ws_tiles", lambda *args: tiles)
     x = randn(B, M, K, dtype=BF16)
@@ -709,6 +710,62 @@ def test_batched_a16w16(built, monkeypatch, B, M, N, K, weights, bias_kind, out_
     ref = torch.matmul(x.double(), (w if w.ndim == 3 else w.expand(B, N, K)).double().transpose(1, 2))
     if bias is not None:
         ref = ref + (bias.double() if bias.ndim == 1 else bias.double()[:, None, :])
+    assert_close(out, ref.to(out_dtype))
+
+
+@pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")
+@pytest.mark.parametrize("b_rows", [4096, 0])
+def test_batched_swapped_plan_binds_the_kernel_signature(b_rows):
+    """Swapped operands (built on the CPU): the weight's rows as the kernel's rows (A), x's as its columns (B),
+    c's strides swapped, each entry's output M rows of y apart, pointer stores of the transposed tiles."""
+    B, M, N, K = 8, 300, 4096, 4096
+    x, w = torch.empty(B * M, K, dtype=BF16), torch.empty(B * b_rows or N, K, dtype=BF16)
+    bias = torch.empty(B, N, dtype=BF16)
+    plan = hopper_ws.WSPlan(x, w, None, M, N, K, "none", None, None, bias, BF16, (B, M, N), False, 132,
+                            promote=False, tiles=(128, (128, 32)), batch=(B, b_rows), swap=True)
+    names = hopper_ws.gluon_kernel().gemm_ws_kernel.arg_names[len(hopper_ws.PER_CALL):]
+    tail = dict(zip(names, plan.tail))
+    assert (tail["M"], tail["N"], tail["stride_cm"], tail["stride_cn"]) == (N, M, 1, N)
+    assert (tail["a_batch_rows"], tail["b_batch_rows"], tail["c_batch_rows"], tail["C_T"]) == (b_rows, M, M, True)
+    assert tail["C_TMA"] == 0 and not plan.c_tma and plan.splits == 1 and tail["bias_batch_stride"] == N
+    assert plan.a_desc.args[0] == [B * b_rows or N, K] and plan.a_desc.args[2] == [64, 64]
+    assert plan.b0_desc.args[0] == [B * M, K] and plan.b0_desc.args[2] == [128, 64] and plan.b1_desc.args[2] == [32, 64]
+    assert plan.launch.grid[0] == min(132, B * (N // 128) * -(-M // 160))
+
+
+def test_batched_swap_rule():
+    """Swapped only where M per entry is ragged for the picked tiles, N a multiple of 16 and the swapped waves
+    cost less: 300 rows padded to 384 by 128-row tiles against 2 x 160 swapped."""
+    tiles = (128, (128, 128))
+    assert hopper_ws.ws_batched_swap(8, 300, 4096, tiles, 132) is not None
+    assert hopper_ws.ws_batched_swap(8, 256, 4096, tiles, 132) is None  # (no padding)
+    assert hopper_ws.ws_batched_swap(8, 300, 4104, tiles, 132) is None  # (y's rows: 8-byte vectors only)
+
+
+@needs_hopper
+@pytest.mark.parametrize("out_dtype", [BF16, FP32])
+@pytest.mark.parametrize("bias_kind", [None, "per_batch"])
+@pytest.mark.parametrize("weights", ["per_entry", "shared"])
+@pytest.mark.parametrize("B,M,N,K,parts", [(8, 300, 4096, 1024, (128, 32)), (3, 777, 2048, 1040, (128, 64)),
+                                           (4, 1, 512, 256, (64, 16)), (2, 200, 1000, 2048, (128, 128)),
+                                           (5, 129, 1536, 1024, (64, 0)), (3, 1000, 1024, 4096, (128, 0))])
+def test_batched_swapped(built, monkeypatch, B, M, N, K, parts, weights, bias_kind, out_dtype):
+    """Swapped operands (y^T = w x^T per entry, kernels/gemm_ws.py C_T) at each tile width: x's rows past an
+    entry's end read the next entry's (not stored), ragged N and K, one M = 1, N = 1000 (y's rows not a
+    multiple of 16 elements: unvectorized stores), a weight shared by the batch, bias per entry, fp32 output.
+    The output is poisoned first."""
+    monkeypatch.setattr(hopper_ws, "ws_direct_ok", lambda *args: True)
+    monkeypatch.setattr(hopper_ws, "ws_batched_swap", lambda *args: parts)
+    x = randn(B, M, K, dtype=BF16)
+    w = randn(B, N, K, dtype=BF16, scale=K**-0.5) if weights == "per_entry" else randn(N, K, dtype=BF16, scale=K**-0.5)
+    bias = None if bias_kind is None else randn(B, N, dtype=FP32)
+    poison = poisoned((B, M, N), out_dtype)
+    del poison
+    out = gemmkit.batched_gemm_a16w16(x, w, bias, out_dtype=out_dtype)
+    assert len(built) == 1 and built[0].swap and built[0].parts == parts and not built[0].c_tma
+    ref = torch.matmul(x.double(), (w if w.ndim == 3 else w.expand(B, N, K)).double().transpose(1, 2))
+    if bias is not None:
+        ref = ref + bias.double()[:, None, :]
     assert_close(out, ref.to(out_dtype))
 
 

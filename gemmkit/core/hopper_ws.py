@@ -11,7 +11,8 @@ widths"), else None and the op builds its DensePlan as before:
   (M >= WS_MIN_M, K >= WS_MIN_K, half a wave of 128 x 128 tiles, a third with block scales, and no
   thin second wave; fewer tiles favour the tl kernel's split-K / stream-K); the tensor cores'
   own accumulation (bf16 / fp16, FP8 fast accumulation) by ws_direct_ok, in tiles of 128 rows
-  and the width ws_parts fits to the SMs' waves.
+  and the width ws_parts fits to the SMs' waves; batched with M per entry that 128-row tiles pad, swapped
+  operands where x's rows as fitted tile widths pad less (ws_batched_swap).
 Block-scaled (SCALES_KBLOCK): x_scale's 128 values of a tile and K block come by TMA with the
 stage when x_scale is column-major with a group stride of a multiple of 4 and a 16-byte aligned
 base (as quantize_fp8_blockwise(scale_layout="col") and DeepGEMM's TMA-aligned layout store it);
@@ -56,6 +57,8 @@ C_TMA = True  # 16-bit outputs stored by TMA from shared memory (off: pointer st
 SHARE_C = True  # 128 x (128 + 128) tiles: one output buffer per warp group for both parts, a stage more
 RAGGED_C_TMA = True  # batched, M not a multiple of the tiles' rows: TMA stores of the rows inside an entry
 RAGGED_BATCHED = True  # batched with such M on this kernel (else the tl kernel)
+SWAP_BATCHED = True  # batched with such M: x's rows as the tiles' columns where that pads less (ws_batched_swap)
+SWAP_GAIN = 1.0
 
 
 @functools.lru_cache(maxsize=1)
@@ -323,6 +326,23 @@ def ws_gated_plan(dev: DeviceInfo, x2, gate, up, y2, M: int, N: int, K: int, *, 
                   flatten_x, dev.num_sms, promote=False, gated=(activation, up_scale))
 
 
+def ws_batched_swap(B: int, M: int, N: int, tiles: tuple, num_sms: int) -> tuple | None:
+    """Column parts (N0, N1) for a batched problem of M rows per entry computed with its operands swapped (the
+    weight's rows as the tiles' 128 rows, x's rows as their fitted columns: y^T = w x^T per entry), or None
+    for the tiles ws_tiles picked (rows, parts). Only for M not a multiple of those tiles' rows (their last
+    tile per entry pads it: 300 rows in 384), N a multiple of 16 (the transposed tile's 16-byte stores along
+    y's rows), where the swapped tiles' waves (_wave_cost over every entry) take under SWAP_GAIN of theirs."""
+    rows, parts = tiles
+    if not SWAP_BATCHED or M % rows == 0 or N % 16:
+        return None
+
+    def cost(m, n, r, p):
+        return -(-B * _tiles(m, n, r, p[0] + p[1]) // num_sms) * (p[0] + p[1] + PART_COST) * r // BLOCK
+
+    best = min(WIDTHS, key=lambda p: (cost(N, M, BLOCK, p), -(p[0] + p[1])))
+    return best if cost(N, M, BLOCK, best) < SWAP_GAIN * cost(M, N, rows, parts) else None
+
+
 class BatchedWSPlan:
     """Batched bf16 / fp16 y[b] = x[b] @ w[b].T (+ bias) through one WSPlan over the entries' row
     stacks; called as the batched op's plans are: run(x, w, None, None, None, None, bias, None, None)
@@ -366,8 +386,9 @@ def ws_batched_plan(dev: DeviceInfo, x, w, bias, activation: str, out_dtype, con
     if (B > 1 and M % tiles[0] and not RAGGED_BATCHED) or not (_tma_operand(x2) and _tma_operand(w2)
                                                                 and ws_direct_ok(m_eff, N, K, dev.num_sms, False)):
         return None
+    swap = ws_batched_swap(B, M, N, tiles, dev.num_sms) if B > 1 else None
     plan = WSPlan(x2, w2, None, M, N, K, "none", None, None, bias, out_dtype, (B, M, N), False, dev.num_sms,
-                  promote=False, tiles=tiles, batch=(B, b_rows))
+                  promote=False, tiles=tiles if swap is None else (BLOCK, swap), batch=(B, b_rows), swap=swap is not None)
     return BatchedWSPlan(plan, x_rows, w_rows)
 
 
@@ -449,10 +470,12 @@ class WSPlan:
     for fixed tensor facts. Called as run(x, w, bias, y, x_scale, w_scale) like the ops' other
     plans; launched through Triton the first time, then directly (core/launcher.CachedLaunch).
     gated=(activation, (up scale offset, stride)): y = activation(x @ w.T) * (x @ w2.T), w the gate
-    and w2 the up weight (run(..., w2=up)), in tiles of ws_gated_width columns of each."""
+    and w2 the up weight (run(..., w2=up)), in tiles of ws_gated_width columns of each.
+    swap (batched bf16 / fp16, `tiles` (128, parts)): the kernel computes y^T = w x^T per entry, the weight's
+    rows as the tiles' rows and x's as their columns, and stores the tiles transposed by pointers (C_T)."""
 
     def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms,
-                 promote=True, gated=None, tiles=None, batch=None):
+                 promote=True, gated=None, tiles=None, batch=None, swap=False):
         from triton.experimental.gluon import language as gl
 
         from .launcher import CachedLaunch
@@ -470,8 +493,14 @@ class WSPlan:
         self.promote = promote = promote or self.kblock
         block_k = ROW_BYTES // x2.element_size()
         op_dtype = _gl_dtype(x2.dtype)
-        self.a_desc = _Descriptors((MB, K), (x2.stride(0), 1), (HALF, block_k),
-                                   gl.NVMMASharedLayout.get_default_for([HALF, block_k], op_dtype))
+        self.swap = swap
+        w_rows = self.batch * b_rows or N
+
+        def desc(rows, stride, box):
+            return _Descriptors((rows, K), (stride, 1), (box, block_k),
+                                gl.NVMMASharedLayout.get_default_for([box, block_k], op_dtype))
+
+        self.a_desc = desc(w_rows, w.stride(0), HALF) if swap else desc(MB, x2.stride(0), HALF)
         self.gated = gated is not None
         if self.gated:
             width = ws_gated_width(M, N, num_sms)
@@ -487,8 +516,7 @@ class WSPlan:
         self.block_n = n0 if self.gated else n0 + n1  # (output columns per tile)
 
         def b_desc(rows):
-            return _Descriptors((self.batch * b_rows or N, K), (w.stride(0), 1), (rows, block_k),
-                                gl.NVMMASharedLayout.get_default_for([rows, block_k], op_dtype))
+            return desc(MB, x2.stride(0), rows) if swap else desc(w_rows, w.stride(0), rows)
 
         self.b0_desc = b_desc(n0)
         self.b1_desc = b_desc(n1) if n1 else self.b0_desc  # (gated: over the up weight, a descriptor of its own)
@@ -532,8 +560,10 @@ class WSPlan:
             c_strides, c_dtype, self.c_tma = self.y_strides, out_dtype, _tma_output(y2, N, out_dtype)
             # ragged M: a tile's rows past its entry's end stored by pointers (kernels/gemm_ws.py C_TMA_INSIDE)
             self.ragged = self.c_tma and self.batch > 1 and M % self.rows != 0
-            if self.ragged and not RAGGED_C_TMA:
+            if (self.ragged and not RAGGED_C_TMA) or swap:
                 self.c_tma = self.ragged = False
+            if swap:  # the kernel's rows are y's columns
+                c_strides = c_strides[::-1]
 
         def c_desc(cols):
             layout = gl.NVMMASharedLayout.get_default_for([HALF, cols], _gl_dtype(c_dtype))
@@ -547,19 +577,23 @@ class WSPlan:
         kernel = gluon_kernel().gemm_ws_kernel
         s_am, s_ak, s_bn, s_bk = scale_strides
         self.share_c = SHARE_C and n1 == n0 and self.c_tma and not self.gated
+        # swap: the transposed stores' layout conversion, as W4TilePlan's (a (64, part) tile per warp group in fp32)
+        convert = (self.rows * max(n0, n1) * 4 if out_dtype == torch.float32 else 4096) if swap else 0
         self.stages = ws_stages(n0 + n1, c_dtype.itemsize if self.c_tma else 0, n0 if self.share_c else self.block_n,
-                                self.rows)
+                                self.rows, fixed=convert)
+        km, kn = (N, M) if swap else (M, N)  # the kernel's rows and columns
         self.tail = kernel_tail(kernel, PER_CALL, dict(
-            M=M, N=N, K=K, splits=self.splits, split_rows=self.split_rows, xs_group_stride=xs_group_stride,
+            M=km, N=kn, K=K, splits=self.splits, split_rows=self.split_rows, xs_group_stride=xs_group_stride,
             stride_cm=c_strides[0], stride_cn=c_strides[1],
             stride_asm=s_am, stride_ask=s_ak, stride_bsn=s_bn, stride_bsk=s_bk, up_scale_offset=up_offset,
             GROUP_M=GROUP_M, STAGES=self.stages, SCALES={"kblock": 0, "rowcol": 1, "none": 2}[scales],
             XS_TMA=self.xs_tma, PROMOTE=promote, TWO=n1 > 0, HAS_BIAS=bias is not None and self.splits == 1,
             C_TMA=(2 if self.ragged else 1) if self.c_tma else 0, GATED=self.gated,
             ACTIVATION=gated[0] if self.gated else "none", SHARE_C=self.share_c,
-            GROUPS=self.rows // HALF, batch=self.batch, a_batch_rows=M, b_batch_rows=b_rows, c_batch_rows=M,
-            bias_batch_stride=bias.stride(0) if bias is not None and bias.ndim == 2 else 0, **DENSE_W))
-        units = _tiles(M, N, self.rows, self.block_n) * self.splits * self.batch
+            GROUPS=self.rows // HALF, batch=self.batch, a_batch_rows=b_rows if swap else M,
+            b_batch_rows=M if swap else b_rows, c_batch_rows=M,
+            bias_batch_stride=bias.stride(0) if bias is not None and bias.ndim == 2 else 0, C_T=swap, **DENSE_W))
+        units = _tiles(km, kn, self.rows, self.block_n) * self.splits * self.batch
         self.launch = CachedLaunch(kernel, (min(units, num_sms),), 4, 1,
                                    self.device_index)  # persistent: at most one program per SM
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)
@@ -569,17 +603,18 @@ class WSPlan:
         """The kernel's PER_CALL arguments for these tensors (x (M, K), c (M, N); gated: w2 the up
         weight)."""
         xs_desc = self.xs_desc(torch.as_strided(x_scale, (self.xs_extent,), (1,))) if self.xs_tma else self._xs_const
-        b0 = self.b0_desc(w)
+        b = x if self.swap else w
+        b0 = self.b0_desc(b)
         if self.gated:
             b1 = self.b1_desc(w2)
         else:
-            b1 = self.b1_desc(w) if self.b1_desc is not self.b0_desc else b0
+            b1 = self.b1_desc(b) if self.b1_desc is not self.b0_desc else b0
         if self.c_tma:
             c0 = self.c0_desc(c)
             c1 = self.c1_desc(c) if self.c1_desc is not self.c0_desc else c0
         else:
             c0, c1 = self.c0_desc, self.c1_desc
-        return self.a_desc(x), b0, b1, xs_desc, c, c0, c1, bias, x_scale, w_scale, None
+        return self.a_desc(w if self.swap else x), b0, b1, xs_desc, c, c0, c1, bias, x_scale, w_scale, None
 
     def run(self, x, w, bias, y, x_scale, w_scale, w2=None):
         if _get_device() != self.device_index:  # launches go to the current device

@@ -270,7 +270,7 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
               N0: gl.constexpr, N1: gl.constexpr, K_INSTR: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr,
               XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr,
               GATED: gl.constexpr, ACTIVATION: gl.constexpr, SHARE_C: gl.constexpr, GROUPS: gl.constexpr,
-              PACKED: gl.constexpr):
+              PACKED: gl.constexpr, C_T: gl.constexpr):
     """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles
     (GROUPS * HALF rows: one group per tile of HALF rows, or two), in
     column parts of N0 and (N1 > 0) N1 columns, each its own product and accumulator.
@@ -284,7 +284,8 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
     ACTIVATION(gate) * up (each times its scales for SCALES_ROWCOL) in N0 columns.
     PACKED (a 4-bit weight as A, accumulating): a stage's A tile is read once the decoder has written it
     (`decoded`); the bias is per row, and K slice s of a tile goes to rows s * split_rows.. of x's (c's
-    rows: the kernel's columns)."""
+    rows: the kernel's columns). C_T (dense operands swapped by the caller: A the weight, B x): the same
+    transposed store and per-row bias, batch entry e's output at e * c_batch_rows rows of c (x's rows)."""
     mma0: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                    instr_shape=[16, N0, K_INSTR])
     rows_l: gl.constexpr = gl.SliceLayout(1, mma0)
@@ -388,8 +389,8 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
             mbarrier.arrive(empty.index(prev), count=1)
         # (split_rows: a K slice's rows in the workspace c; c_batch_rows: a batch entry's rows in c)
         row0 = sp * split_rows + entry * c_batch_rows + off_m + ROLE * HALF
-        if PACKED:  # (c is the output transposed: a K slice's rows of x are the kernel's columns)
-            c_e = c + sp * split_rows * stride_cn
+        if PACKED or C_T:  # (c is the output transposed: x's rows (a K slice's, an entry's) are the kernel's columns)
+            c_e = c + (sp * split_rows + entry * c_batch_rows) * stride_cn
         else:
             c_e = c + entry * c_batch_rows * stride_cm
         if HAS_BIAS:
@@ -408,12 +409,12 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
                     stride_bsn, N0, K_INSTR, SCALES_NONE, False, C_TMA, PEND, False, inside)
         else:
             _finish(acc0, c_e, c0_desc, c0_smem, bias_e, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm,
-                    stride_cn, stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND, PACKED, inside)
+                    stride_cn, stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND, PACKED or C_T, inside)
         if TWO and not GATED:
             rm1 = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows1_l)
             _finish(acc1, c_e, c1_desc, c1_smem, bias_e, b_scale, gl.convert_layout(sa, rows1_l), row0, rm1, rm1 < M,
                     off_n + N0, N, stride_cm, stride_cn, stride_bsn, W1, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND,
-                    PACKED, inside)
+                    PACKED or C_T, inside)
     if C_TMA:
         tma.store_wait(0)  # the last stores read the c buffers: finished before the program ends
 
@@ -592,7 +593,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                    XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, TWO: gl.constexpr, HAS_BIAS: gl.constexpr,
                    C_TMA: gl.constexpr, GATED: gl.constexpr = False, ACTIVATION: gl.constexpr = "none",
                    SHARE_C: gl.constexpr = False, GROUPS: gl.constexpr = 2, W_FORMAT: gl.constexpr = 0,
-                   HAS_ZERO: gl.constexpr = False, SW: gl.constexpr = 1):
+                   HAS_ZERO: gl.constexpr = False, SW: gl.constexpr = 1, C_T: gl.constexpr = False):
     """c (M, N) = x (a_desc: (M, K), boxes of HALF x BLOCK_K) @ w (b0_desc / b1_desc: (N, K), boxes
     of N0 / N1 x BLOCK_K) in (2 * HALF) x (N0 + N1) tiles (N1 = 0 unless TWO), persistent: program
     p takes work units p, p + programs, ... (4 warps launched: the first consumer; a second
@@ -621,7 +622,11 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     in x's dtype, scales b_scale (M, G) with zero points b_zero (M, G) uint8 (HAS_ZERO; else 8), groups of
     64 * 2^group_shift K (SW = 1) or 32 (SW = 8); MXFP4 e2m1 with b_scale (M, K // 32) uint8 e8m0 (SW = 8).
     The caller passes c's strides swapped (stride_cm along the weight's rows) and a per-row bias; with
-    splits > 1 slice s goes to c's rows (x's) s * split_rows... K a multiple of BLOCK_K."""
+    splits > 1 slice s goes to c's rows (x's) s * split_rows... K a multiple of BLOCK_K.
+    C_T (batched bf16 / fp16 whose rows per entry the tiles' rows would pad: core/hopper_ws.ws_batched_swap): the
+    caller swaps the dense operands, a_desc over the weight (M: its rows) and b0_desc / b1_desc over x (N: x's
+    rows per entry, a fitted tile width of them), c's strides swapped as for W_FORMAT, a per-row bias, entry e's
+    output at row e * c_batch_rows of c (pointer stores, accumulating, no scales)."""
     PACKED: gl.constexpr = W_FORMAT != W_DENSE
     if PACKED:
         HALF: gl.constexpr = DEC_ROWS
@@ -646,6 +651,8 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     gl.static_assert(GROUPS == 2 or (GROUPS == 1 and not PROMOTE and not GATED), "one warp group: accumulating tiles")
     gl.static_assert(not PACKED or (not PROMOTE and not GATED and C_TMA == 0 and SCALES == SCALES_NONE),
                      "4-bit weight: accumulating, pointer stores")
+    gl.static_assert(not C_T or (not PACKED and not PROMOTE and not GATED and C_TMA == 0 and SCALES == SCALES_NONE),
+                     "swapped dense operands: bf16 / fp16, accumulating, pointer stores")
     if PACKED:  # the words by TMA; the values the decoder writes, laid out as x's tiles
         wq_bufs = gl.allocate_shared_memory(gl.int32, [STAGES, GROUPS * HALF, BLOCK_K // 8], a_desc.layout)
         a_layout: gl.constexpr = b0_desc.layout
@@ -712,12 +719,12 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
             (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cB0, cB1, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, wq_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
                          STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED)),
@@ -731,12 +738,12 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
             (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cB0, cB1, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
                          STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED)),
@@ -747,7 +754,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, wq_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
                          STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED)),
@@ -761,7 +768,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
                          STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED)),

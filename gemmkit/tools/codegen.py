@@ -224,14 +224,15 @@ def compile_bare(M: int, N: int, K: int, cfg: GemmConfig, dtype=torch.float8_e4m
 
 def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = True, dtype=torch.float8_e4m3fn,
                xs_tma: bool = True, out_dtype=torch.bfloat16, num_sms: int = H100.num_sms, gated: bool = False,
-               tiles=None, batch: int = 1) -> Binary:
+               tiles=None, batch: int = 1, swap: bool = False) -> Binary:
     """Compile the warp-specialized Gluon kernel (kernels/gemm_ws.py) for sm_90 with the arguments
     core/hopper_ws.WSPlan passes for this problem: scales "kblock" (x scales by TMA or by register
     loads), "rowcol" or "none" (bf16 / fp16), FP8 promoted or not, the plan's tile width, TMA stores
     for 16-bit outputs (pointer stores for fp32). gated: the fused feed-forward's gated tiles
     (silu(x @ gate^T) * (x @ up^T), N the intermediate size; per-channel scales for "rowcol").
     tiles: (rows, column parts) forced (WSPlan's tiles; rows 64: one consumer warp group).
-    batch: that many (M, N, K) problems with weights of their own (gemmkit.batched_gemm_a16w16)."""
+    batch: that many (M, N, K) problems with weights of their own (gemmkit.batched_gemm_a16w16); swap: their
+    operands swapped (the weight's rows as the tiles' rows, `tiles`' parts over x's rows; ws_batched_swap)."""
     from ..core import hopper_ws as hw
 
     kernel = hw.gluon_kernel().gemm_ws_kernel
@@ -250,7 +251,7 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
         bias = None
     plan = hw.WSPlan(x, w, None, M, N, K, scales, xs, ws, bias, out_dtype, (M, N), False, num_sms, promote,
                      gated=("silu", (N, 1)) if gated else None, tiles=tiles,
-                     batch=(batch, N) if batch > 1 else None)
+                     batch=(batch, N) if batch > 1 else None, swap=swap)
     if plan.splits > 1:  # the kernel writes K slices' fp32 partials into the workspace
         c = torch.empty(plan.ws_shape, dtype=torch.float32)
     return _compile_gluon(kernel, (*plan.arguments(x, w, c, bias, xs, ws, w if gated else None), *plan.tail))
@@ -616,6 +617,12 @@ WS_CHECKS = {  # (M, N, K, compile_ws keywords, tensor-core instruction)
     "gluon bf16 batched (3 x 300 x 1000 x 1040), 64-row tiles, ragged M": (
         300, 1000, 1040, dict(scales="none", promote=False, dtype=torch.bfloat16, batch=3, tiles=(64, (128, 0))),
         "HGMMA"),
+    "gluon bf16 batched (3 x 300 x 1024 x 1040), swapped: 128 weight rows x 160 of x's, pointer stores": (
+        300, 1024, 1040, dict(scales="none", promote=False, dtype=torch.bfloat16, batch=3, tiles=(128, (128, 32)),
+                              swap=True), "HGMMA"),
+    "gluon fp16 batched (3 x 777 x 2048 x 1024), swapped, fp32 output": (
+        777, 2048, 1024, dict(scales="none", promote=False, dtype=torch.float16, batch=3, tiles=(128, (128, 64)),
+                              swap=True, out_dtype=torch.float32), "HGMMA"),
     "gluon bf16, 64 x 128 tiles in 4 K slices, one consumer warp group": (
         128, 1280, 8192, dict(scales="none", promote=False, dtype=torch.bfloat16, tiles=(64, (128, 0))), "HGMMA"),
     "gluon bf16, 4 K slices into a workspace (32 tiles)": (
@@ -638,9 +645,11 @@ def check_ws(name: str, dev: DeviceInfo = H100) -> tuple[bool, Binary, str]:
           and (stores > 0) == ((kw.get("out_dtype", torch.bfloat16) != torch.float32 or "slices" in name)
                                and "pointer stores" not in name)
           and b.shared_bytes <= dev.smem_per_block)
+    serial = ptxas_serializes_wgmma(b.ptx) if kw.get("swap") else None  # (the transposed stores: C7514 before)
+    ok = ok and not serial
     return ok, b, (f"{'ok ' if ok else 'BAD'} {name}: {b.registers} registers, {b.local_bytes} B local, "
                    f"{b.shared_bytes} B shared, {mma} {b.count(mma)}, UTMALDG {b.count('UTMALDG')}, "
-                   f"UTMASTG {stores}")
+                   f"UTMASTG {stores}" + ("" if serial is None else f", CUDA 12 ptxas C7514 {serial}"))
 
 
 W4_CHECKS = {  # (M, N, K, compile_w4_decode keywords)
