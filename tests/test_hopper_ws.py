@@ -657,6 +657,30 @@ def test_ff_a8w8_gated_tiles(built, layout, granularity):
     assert_close(out, ref, tol=2e-2)
 
 
+@needs_hopper
+@pytest.mark.parametrize("out_kind", ["bf16", "fp32", "y_view"])
+@pytest.mark.parametrize("M,N,K,parts", [(300, 1280, 8192, (128, 32)), (777, 4096, 1040, (128, 64)),
+                                         (1, 1024, 2048, (64, 0)), (1000, 2000, 1024, (128, 128)),
+                                         (130, 768, 4096, (64, 16))])
+def test_dense_swapped(built, monkeypatch, M, N, K, parts, out_kind):
+    """gemm_a16w16 with swapped operands forced (kernels/gemm_ws.py C_T): K slices summed in y's orientation where
+    the tiles are few (the bias added by the reduction), ragged M, N and K, an fp32 output, a preallocated
+    poisoned output that is a column slice of a wider buffer (its rows' stride not N)."""
+    monkeypatch.setattr(hopper_ws, "ws_direct_ok", lambda *args: True)
+    monkeypatch.setattr(hopper_ws, "ws_dense_swap", lambda *args: parts)
+    x, w = randn(M, K, dtype=BF16), randn(N, K, dtype=BF16, scale=K**-0.5)
+    bias = randn(N, dtype=FP32)
+    ref = reference(x, w) + bias.double()
+    if out_kind == "y_view":
+        y = poisoned((M, N + 24), BF16)[:, 8:N + 8]
+        out = gemmkit.gemm_a16w16(x, w, bias, y=y)
+        assert out.data_ptr() == y.data_ptr()
+    else:
+        out = gemmkit.gemm_a16w16(x, w, bias, out_dtype=BF16 if out_kind == "bf16" else FP32)
+    assert len(built) == 1 and built[0].swap and built[0].parts == parts
+    assert_close(out, ref.to(out.dtype))
+
+
 # batched bf16 / fp16 (gemmkit.batched_gemm_a16w16 on this kernel) ---------------------------------
 
 @pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")

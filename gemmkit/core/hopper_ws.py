@@ -304,8 +304,15 @@ def ws_plan(dev: DeviceInfo, x2, w, y2, M: int, N: int, K: int, *, scales: str, 
             or not ws_enabled(dev, x2.device) or not (_tma_operand(x2) and _tma_operand(w))
             or (M * N >= 2**31 and not _tma_output(y2, N, out_dtype))):  # pointer stores: 32-bit offsets
         return None
+    swap = ws_dense_swap(M, N, K, dev.num_sms) if scales == "none" and M * N < 2**31 else None
     return WSPlan(x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, dev.num_sms,
-                  promote)
+                  promote, tiles=None if swap is None else (BLOCK, swap), swap=swap is not None)
+
+
+def ws_dense_swap(M: int, N: int, K: int, num_sms: int) -> tuple | None:
+    """Column parts of a bf16 / fp16 problem computed with swapped operands (ws_batched_swap), or None.
+    (Measured before it is used: scripts/dense_swap_probe.py.)"""
+    return None
 
 
 def ws_gated_plan(dev: DeviceInfo, x2, gate, up, y2, M: int, N: int, K: int, *, x_scale, w_scale, up_scale,
@@ -546,15 +553,19 @@ class WSPlan:
         if scales != "rowcol" or w_scale.numel() == 1:
             up_offset = 0
         self.y_strides = (N, 1) if y2 is None else y2.stride()
-        self.splits = 1 if self.gated or self.batch > 1 else ws_splits(M, N, K, num_sms, self.block_n, block_k,
+        km, kn = (N, M) if swap else (M, N)  # the kernel's rows and columns
+        self.splits = 1 if self.gated or self.batch > 1 else ws_splits(km, kn, K, num_sms, self.block_n, block_k,
                                                                        self.rows)
         self.ragged = False
         if self.splits > 1:  # K slices summed apart: into an fp32 workspace, slice s at rows s * split_rows
-            self.split_rows = -(-M // self.rows) * self.rows
+            # (swap: x's rows are the kernel's columns; never the constant 1, as W4TilePlan's)
+            self.split_rows = -(-M // 16) * 16 if swap else -(-M // self.rows) * self.rows
             self.slices = KSlices(M, N, self.splits, self.split_rows, self.y_strides, bias is not None, self.device,
                                   self.device_index)
             self.ws_shape, self.reduce_tail = self.slices.shape, self.slices.tail
-            c_strides, c_dtype, self.c_tma = (self.slices.n_pad, 1), torch.float32, True
+            c_strides, c_dtype, self.c_tma = (self.slices.n_pad, 1), torch.float32, not swap
+            if swap:
+                c_strides = c_strides[::-1]
         else:
             self.split_rows = 0
             c_strides, c_dtype, self.c_tma = self.y_strides, out_dtype, _tma_output(y2, N, out_dtype)
@@ -578,10 +589,9 @@ class WSPlan:
         s_am, s_ak, s_bn, s_bk = scale_strides
         self.share_c = SHARE_C and n1 == n0 and self.c_tma and not self.gated
         # swap: the transposed stores' layout conversion, as W4TilePlan's (a (64, part) tile per warp group in fp32)
-        convert = (self.rows * max(n0, n1) * 4 if out_dtype == torch.float32 else 4096) if swap else 0
+        convert = (self.rows * max(n0, n1) * 4 if c_dtype == torch.float32 else 4096) if swap else 0
         self.stages = ws_stages(n0 + n1, c_dtype.itemsize if self.c_tma else 0, n0 if self.share_c else self.block_n,
                                 self.rows, fixed=convert)
-        km, kn = (N, M) if swap else (M, N)  # the kernel's rows and columns
         self.tail = kernel_tail(kernel, PER_CALL, dict(
             M=km, N=kn, K=K, splits=self.splits, split_rows=self.split_rows, xs_group_stride=xs_group_stride,
             stride_cm=c_strides[0], stride_cn=c_strides[1],

@@ -1,0 +1,91 @@
+"""Probe (device tool, H100): gemm_a16w16 at M not a multiple of 128 (the tiles' rows), its own route
+against the Gluon kernel with swapped operands (the weight's rows as the tiles' 128 rows, x's rows as their
+columns at a fitted width; kernels/gemm_ws.py C_T, K slices where the tiles are few), F.linear (cuBLAS) the
+baseline; each route checked against it first, then one interleaved CUDA-graph timing per problem.
+
+    python3 scripts/dense_swap_probe.py [OUT] [--m M ...] [--nk N K ...] [--widths N0 N1 ...]
+"""
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+import gemmkit  # noqa: E402
+from gemmkit.core import config as config_mod  # noqa: E402
+from gemmkit.core import hopper_ws  # noqa: E402
+from gemmkit.tools.tune import rel_error  # noqa: E402
+from probe_util import dense_baseline, dense_sets, print_geomeans, timed_row  # noqa: E402
+
+NK = [4096, 4096, 14336, 4096, 4096, 14336, 1280, 8192, 6144, 4096, 8192, 8192]
+MS = [200, 300, 450, 777, 1000, 1500, 3000]
+SETS = 3
+
+
+def swapped_cost(M, N, parts):
+    """The swapped tiles' wave cost (_wave_cost in the kernel's orientation: N rows, M columns)."""
+    return hopper_ws._wave_cost(N, M, parts, 132)
+
+
+def plan_with(x, w, parts):
+    """gemm_a16w16's plan for x, w: its own (parts None) or swapped at `parts`, the rule bypassed."""
+    saved = hopper_ws.ws_dense_swap, hopper_ws.ws_direct_ok
+    if parts is not None:
+        hopper_ws.ws_dense_swap = lambda *a: parts
+        hopper_ws.ws_direct_ok = lambda *a: True
+    try:
+        config_mod.clear_caches()
+        gemmkit.gemm_a16w16(x, w)
+        from gemmkit.ops import a16w16
+
+        return next(reversed(a16w16._plans.values()))
+    finally:
+        hopper_ws.ws_dense_swap, hopper_ws.ws_direct_ok = saved
+        config_mod.clear_caches()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--m", type=int, nargs="+", default=MS)
+    ap.add_argument("--nk", type=int, nargs="+", default=NK)
+    ap.add_argument("--widths", type=int, nargs="+", default=[])
+    args = ap.parse_args()
+    out = open(args.out, "w") if args.out else sys.stdout
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16; CUDA-graph us per call; "
+          "ratio = F.linear / route; swap: x's rows as the tiles' columns at the width of least wave cost", file=out,
+          flush=True)
+    fixed = [tuple(args.widths[i:i + 2]) for i in range(0, len(args.widths), 2)]
+    ratios = {}
+    for N, K in zip(args.nk[::2], args.nk[1::2]):
+        for M in args.m:
+            sets = dense_sets(M, N, K, False, SETS)
+            ref = dense_baseline(*sets[0]).float()
+            best = min(hopper_ws.WIDTHS, key=lambda p: (swapped_cost(M, N, p), -(p[0] + p[1])))
+            routes = {"own": None, "swap": best, **{f"s{p[0]}+{p[1]}": p for p in fixed if p != best}}
+            calls = {"F.linear": [lambda s=s: dense_baseline(*s) for s in sets]}
+            kinds = {}
+            for name, parts in routes.items():
+                plan = plan_with(sets[0][0], sets[0][1], parts)
+                run = getattr(plan, "run", plan)
+                kinds[name] = (f"{type(plan).__name__} rows {getattr(plan, 'rows', '-')} parts "
+                               f"{getattr(plan, 'parts', '-')} splits {getattr(plan, 'splits', '-')}"
+                               + (" swap" if getattr(plan, "swap", False) else ""))
+                err = rel_error(run(sets[0][0], sets[0][1], None, None, None, None), ref)
+                if err > 2e-2:
+                    print(f"  {name}: wrong result (rel err {err:.2e})", file=out, flush=True)
+                    continue
+                calls[name] = [lambda s=s, r=run: r(s[0], s[1], None, None, None, None) for s in sets]
+            _, line = timed_row(calls, ratios)
+            print(f"M={M:5d} N={N:5d} K={K:5d}  {line}  | " + ", ".join(f"{k}: {v}" for k, v in kinds.items()),
+                  file=out, flush=True)
+            sets = calls = None
+            torch.cuda.empty_cache()
+    print_geomeans(ratios, "F.linear", out)
+
+
+if __name__ == "__main__":
+    main()
