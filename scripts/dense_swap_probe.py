@@ -4,6 +4,10 @@ columns at a fitted width; kernels/gemm_ws.py C_T, K slices where the tiles are 
 baseline; each route checked against it first, then one interleaved CUDA-graph timing per problem.
 
     python3 scripts/dense_swap_probe.py [OUT] [--m M ...] [--nk N K ...] [--widths N0 N1 ...]
+
+Routes: own (the library's pick), ws128 / ws64 (the Gluon kernel, tiles of 128 / 64 rows at the width of
+least wave cost, K slices where the tiles are few), swap (swapped at the width of least wave cost), and
+s<N0>+<N1> (swapped at each --widths pair).
 """
 
 import argparse
@@ -20,9 +24,15 @@ from gemmkit.core import hopper_ws  # noqa: E402
 from gemmkit.tools.tune import rel_error  # noqa: E402
 from probe_util import dense_baseline, dense_sets, print_geomeans, timed_row  # noqa: E402
 
-NK = [4096, 4096, 14336, 4096, 4096, 14336, 1280, 8192, 6144, 4096, 8192, 8192]
-MS = [200, 300, 450, 777, 1000, 1500, 3000]
+NK = [4096, 4096, 14336, 4096, 4096, 14336, 1280, 8192, 6144, 4096, 8192, 8192, 5120, 5120, 2560, 8192]
+MS = [200, 300, 450, 640, 777, 1000]
 SETS = 3
+
+
+def fitted(M, N, rows):
+    """The width of least wave cost for tiles of `rows` rows (ws_tiles' candidates)."""
+    widths = hopper_ws.ROWS64_WIDTHS[False] if rows == 64 else hopper_ws._widths(False, M)
+    return min(widths, key=lambda p: (hopper_ws._wave_cost(M, N, p, 132, rows), -(p[0] + p[1])))
 
 
 def swapped_cost(M, N, parts):
@@ -30,12 +40,16 @@ def swapped_cost(M, N, parts):
     return hopper_ws._wave_cost(N, M, parts, 132)
 
 
-def plan_with(x, w, parts):
-    """gemm_a16w16's plan for x, w: its own (parts None) or swapped at `parts`, the rule bypassed."""
-    saved = hopper_ws.ws_dense_swap, hopper_ws.ws_direct_ok
+def plan_with(x, w, parts=None, rows=None):
+    """gemm_a16w16's plan for x, w: its own (parts None), swapped at `parts`, or (rows 128 / 64) the Gluon
+    kernel's tiles of that many rows at the width ws_tiles would fit (the rule bypassed)."""
+    saved = hopper_ws.ws_dense_swap, hopper_ws.ws_direct_ok, hopper_ws.ws_tiles
     if parts is not None:
         hopper_ws.ws_dense_swap = lambda *a: parts
         hopper_ws.ws_direct_ok = lambda *a: True
+    if rows is not None:
+        hopper_ws.ws_direct_ok = lambda *a: True
+        hopper_ws.ws_tiles = lambda M, N, sms, fp8: (rows, fitted(M, N, rows))
     try:
         config_mod.clear_caches()
         gemmkit.gemm_a16w16(x, w)
@@ -43,7 +57,7 @@ def plan_with(x, w, parts):
 
         return next(reversed(a16w16._plans.values()))
     finally:
-        hopper_ws.ws_dense_swap, hopper_ws.ws_direct_ok = saved
+        hopper_ws.ws_dense_swap, hopper_ws.ws_direct_ok, hopper_ws.ws_tiles = saved
         config_mod.clear_caches()
 
 
@@ -65,11 +79,12 @@ def main():
             sets = dense_sets(M, N, K, False, SETS)
             ref = dense_baseline(*sets[0]).float()
             best = min(hopper_ws.WIDTHS, key=lambda p: (swapped_cost(M, N, p), -(p[0] + p[1])))
-            routes = {"own": None, "swap": best, **{f"s{p[0]}+{p[1]}": p for p in fixed if p != best}}
+            routes = {"own": {}, "ws128": dict(rows=128), "ws64": dict(rows=64), "swap": dict(parts=best),
+                      **{f"s{p[0]}+{p[1]}": dict(parts=p) for p in fixed if p != best}}
             calls = {"F.linear": [lambda s=s: dense_baseline(*s) for s in sets]}
             kinds = {}
-            for name, parts in routes.items():
-                plan = plan_with(sets[0][0], sets[0][1], parts)
+            for name, route in routes.items():
+                plan = plan_with(sets[0][0], sets[0][1], **route)
                 run = getattr(plan, "run", plan)
                 kinds[name] = (f"{type(plan).__name__} rows {getattr(plan, 'rows', '-')} parts "
                                f"{getattr(plan, 'parts', '-')} splits {getattr(plan, 'splits', '-')}"
