@@ -130,7 +130,7 @@ def test_k_slice_rule(M, N, K, block_n, block_k, splits):
 @pytest.mark.parametrize("scales,dtype", [("kblock", E4M3), ("none", BF16)])
 def test_plan_with_k_slices(scales, dtype):
     """A plan in K slices (built on the CPU, no launch): fp32 partials into a workspace of
-    splits x (M rounded up to 128) rows, stored by TMA whatever the output dtype, no bias in the
+    splits x (M rounded up to the tiles' rows) rows, stored by TMA whatever the output dtype, no bias in the
     GEMM; sum_k_slices's arguments bound to its signature with the bias."""
     from gemmkit.kernels.reduce import sum_k_slices
 
@@ -140,8 +140,8 @@ def test_plan_with_k_slices(scales, dtype):
     ws = torch.empty(-(-N // 128), K // 128) if scales == "kblock" else None
     plan = hopper_ws.WSPlan(x, w, None, M, N, K, scales, xs, ws, torch.empty(N), FP16, (M, N), False, 132,
                             scales == "kblock")
-    assert plan.splits == hopper_ws.ws_splits(M, N, K, 132, plan.block_n, 128 // dtype.itemsize) > 1
-    assert plan.ws_shape == (plan.splits * -(-M // 128) * 128, -(-N // 4) * 4) and plan.c_tma
+    assert plan.splits == hopper_ws.ws_splits(M, N, K, 132, plan.block_n, 128 // dtype.itemsize, plan.rows) > 1
+    assert plan.ws_shape == (plan.splits * -(-M // plan.rows) * plan.rows, -(-N // 4) * 4) and plan.c_tma
     tail = dict(zip(hopper_ws.gluon_kernel().gemm_ws_kernel.arg_names[len(hopper_ws.PER_CALL):], plan.tail))
     assert tail["HAS_BIAS"] is False and tail["C_TMA"] == 1 and tail["splits"] == plan.splits
     reduce_args = dict(zip(sum_k_slices.arg_names[3:], plan.reduce_tail))

@@ -154,6 +154,37 @@ ROWS64_GAIN_BF16_LARGE = (1024, 0.97)  # bf16 from this many rows: under 0.97x
 ROWS64_BF16_MIN_USE = 0.55  # bf16: below, the tl kernel's split-K (or K slices) serves the 128-row tiles
 
 
+RAGGED_RULE = True  # bf16 / fp16, M not a multiple of 128: ws_ragged_tiles
+RAGGED_MIN_M = 192
+RAGGED_ROWS64_PENALTY = 0.85
+
+
+def _ragged(M: int, K: int, fp8: bool) -> bool:
+    """bf16 / fp16 problems whose M the 128-row tiles pad (RAGGED_MIN_M <= M < BF16_ANY_WIDTH_M), K >= DIRECT_MIN_K:
+    ws_ragged_tiles decides them."""
+    return RAGGED_RULE and not fp8 and M % BLOCK != 0 and RAGGED_MIN_M <= M < BF16_ANY_WIDTH_M and K >= DIRECT_MIN_K
+
+
+def ws_ragged_tiles(M: int, N: int, num_sms: int, swap_ok: bool = True) -> tuple[int, tuple[int, int], bool]:
+    """(rows, column parts, swapped) of a bf16 / fp16 problem with M not a multiple of 128 (_ragged): of 128-row
+    tiles (ws_parts' width), 64-row tiles (ROWS64_WIDTHS) and swapped operands (x's rows as the columns of 128-row
+    weight tiles, any of WIDTHS; y's rows a multiple of 16 elements), the one whose waves take the least time
+    (_wave_cost; the 64-row tiles' divided by RAGGED_ROWS64_PENALTY: one consumer warp group keeps the tensor
+    cores less busy; ties: 128 rows, then 64, then swapped). On 40 problems of 200 to 1000 rows (not multiples
+    of 128) x 8 layers (scripts/dense_swap_probe.py, tuning/ragged/dense_swap2_h100.txt) it came within 1% of the
+    best of the three in geomean (0.897x cuBLAS against 0.906 for the best, 0.856 for the rule before it, whose
+    tl kernel and 64-row tiles ran as low as 0.56x: 300 x 2560 x 8192 -> 0.82x); the penalty fitted there
+    (0.8 to 0.9 alike, 0.75 lost 4%)."""
+    p128 = ws_parts(M, N, num_sms, False)
+    p64 = min(ROWS64_WIDTHS[False], key=lambda p: (_wave_cost(M, N, p, num_sms, HALF), -(p[0] + p[1])))
+    options = [(_wave_cost(M, N, p128, num_sms), 0, (BLOCK, p128, False)),
+               (_wave_cost(M, N, p64, num_sms, HALF) / RAGGED_ROWS64_PENALTY, 1, (HALF, p64, False))]
+    if swap_ok and N % 16 == 0:  # (the transposed tiles' 16-byte stores along y's rows)
+        psw = min(WIDTHS, key=lambda p: (_wave_cost(N, M, p, num_sms), -(p[0] + p[1])))
+        options.append((_wave_cost(N, M, psw, num_sms), 2, (BLOCK, psw, True)))
+    return min(options)[2]
+
+
 def ws_tiles(M: int, N: int, num_sms: int, fp8: bool) -> tuple[int, tuple[int, int]]:
     """(rows, column parts) of the tiles without promotion: 128 rows at ws_parts' width, or 64 rows
     (one consumer warp group), as cuBLAS's 64-row kernels on narrow layers (96 x 64 tiles at
@@ -167,7 +198,10 @@ def ws_tiles(M: int, N: int, num_sms: int, fp8: bool) -> tuple[int, tuple[int, i
     1.09x (bf16, 7) and 0.97x to 1.30x (FP8, 40). The 0.97x of bf16 from 1024 rows adds 11
     problems of models.json's layers at 1.02x to 1.18x (N = 4608, 7168, 14336 at M = 1024 and 2048:
     2048 x 7168 x 16384 0.82x -> 0.86x cuBLAS); at 256 and 512 rows it lost up to 0.92x on N >= 28672
-    (ws_rows64_ab_gain097_bf16_a7bf7e9_h100.txt)."""
+    (ws_rows64_ab_gain097_bf16_a7bf7e9_h100.txt). bf16 / fp16 with M not a multiple of 128: ws_ragged_tiles
+    (the tiles it would take if not swapped)."""
+    if _ragged(M, DIRECT_MIN_K, fp8):
+        return ws_ragged_tiles(M, N, num_sms, swap_ok=False)[:2]
     parts = ws_parts(M, N, num_sms, fp8)
     if not ROWS64 or M < ROWS64_MIN_M[fp8]:
         return BLOCK, parts
@@ -201,7 +235,10 @@ def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
     held-out layers at M = 1024 / 2048 / 8192 1.06x / 1.02x / 1.02x the tl kernel (256-wide tiles
     0.91x to 1.11x; ws_any_a16w16_heldout_share_c_h100.txt), on the model layers at M = 4096 0.99x
     to 1.26x (1.05x; ws_share_c_h100.txt, where without SHARE_C 256-wide tiles ran 0.95x to 1.03x).
-    And wherever ws_tiles takes 64-row tiles (K >= DIRECT_MIN_K)."""
+    And wherever ws_tiles takes 64-row tiles (K >= DIRECT_MIN_K), and bf16 / fp16 with M not a multiple of 128
+    rows from RAGGED_MIN_M (ws_ragged_tiles)."""
+    if _ragged(M, K, fp8):
+        return True
     if K >= DIRECT_MIN_K and ws_tiles(M, N, num_sms, fp8)[0] == HALF:
         return True
     if BLOCK <= M < WS_MIN_M and K >= DIRECT_MIN_K:
@@ -310,8 +347,11 @@ def ws_plan(dev: DeviceInfo, x2, w, y2, M: int, N: int, K: int, *, scales: str, 
 
 
 def ws_dense_swap(M: int, N: int, K: int, num_sms: int) -> tuple | None:
-    """Column parts of a bf16 / fp16 problem computed with swapped operands (ws_batched_swap), or None.
-    (Measured before it is used: scripts/dense_swap_probe.py.)"""
+    """Column parts of a bf16 / fp16 problem computed with swapped operands where ws_ragged_tiles takes them,
+    else None."""
+    if _ragged(M, K, False):
+        rows, parts, swap = ws_ragged_tiles(M, N, num_sms)
+        return parts if swap else None
     return None
 
 
