@@ -400,6 +400,7 @@ def force_fitted(monkeypatch, parts):
     at every shape."""
     monkeypatch.setattr(hopper_ws, "ws_direct_ok", lambda *args: True)
     monkeypatch.setattr(hopper_ws, "ROWS64", False)
+    monkeypatch.setattr(hopper_ws, "RAGGED_RULE", False)  # (its 64-row and swapped tiles: test_ragged_rule)
     if parts is not None:
         monkeypatch.setattr(hopper_ws, "ws_parts", lambda *args: parts)
 
@@ -679,6 +680,37 @@ def test_dense_swapped(built, monkeypatch, M, N, K, parts, out_kind):
         out = gemmkit.gemm_a16w16(x, w, bias, out_dtype=BF16 if out_kind == "bf16" else FP32)
     assert len(built) == 1 and built[0].swap and built[0].parts == parts
     assert_close(out, ref.to(out.dtype))
+
+
+def test_ragged_rule():
+    """bf16 / fp16 with M not a multiple of 128 from RAGGED_MIN_M rows: the Gluon kernel always, in the tiles of
+    least wave cost (64-row ones penalized): swapped where x's rows fit 160-wide tiles (300 of 8192 x 8192),
+    64 rows where 128-row tiles leave SMs idle (200 of 4096 x 4096), 128 rows where they fill a wave (450 x 4096);
+    aligned M, FP8, short K and fewer rows keep the rules before it."""
+    sms = 132
+    assert hopper_ws.ws_ragged_tiles(300, 8192, sms) == (128, (128, 32), True)
+    assert hopper_ws.ws_dense_swap(300, 8192, 8192, sms) == (128, 32)
+    assert hopper_ws.ws_tiles(300, 8192, sms, False) == hopper_ws.ws_ragged_tiles(300, 8192, sms, swap_ok=False)[:2]
+    assert hopper_ws.ws_ragged_tiles(300, 8200, sms)[2] is False  # (y's rows not 16-element multiples)
+    assert hopper_ws.ws_ragged_tiles(200, 4096, sms)[0] == 64 and hopper_ws.ws_dense_swap(200, 4096, 4096, sms) is None
+    assert hopper_ws.ws_ragged_tiles(450, 4096, sms)[:2] == (128, (128, 0))
+    for M, N, K in [(450, 4096, 4096), (777, 5120, 14336), (200, 1280, 8192)]:
+        assert hopper_ws.ws_direct_ok(M, N, K, sms, False)
+    assert not hopper_ws._ragged(512, 4096, False) and not hopper_ws._ragged(300, 4096, True)
+    assert not hopper_ws._ragged(300, 512, False) and not hopper_ws._ragged(150, 4096, False)
+    assert not hopper_ws._ragged(1500, 4096, False)
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("M,N,K,kind", [(300, 8192, 2048, "swap"), (200, 4096, 1040, "rows64"),
+                                        (450, 4096, 1024, "rows128"), (777, 6144, 1104, "swap")])
+def test_ragged_rule_results(built, dtype, M, N, K, kind):
+    """gemm_a16w16 at M not a multiple of 128 as the rule routes it (each of its three tilings), with a bias into a
+    poisoned output, against the float64 reference."""
+    check_a16w16_into_poisoned(built, dtype, M, N, K)
+    plan = built[0]
+    assert (plan.swap, plan.rows) == {"swap": (True, 128), "rows64": (False, 64), "rows128": (False, 128)}[kind]
 
 
 # batched bf16 / fp16 (gemmkit.batched_gemm_a16w16 on this kernel) ---------------------------------

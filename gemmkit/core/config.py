@@ -14,6 +14,10 @@ fit_waves; for a16w16 its rows cut to M's, fit_rows), else a config derived from
 without a shipped table of its own for an op reads the H100's (shipped_device). With no table or no
 fitting entry the config is derived from the device (shared memory, SM count) and the shape. Results
 are cached per (op, M bucket, N, K, dtypes, device), so the per-call cost is one dict lookup.
+On sm_90 the problems core/hopper_ws.py takes (bf16 / fp16 from 128 rows, FP8) run its warp-specialized
+kernel, whose tiles are fitted to the shape there, not read from these tables: 128 or 64 rows, a width that
+fills the SMs' waves, K slices where tiles are few; at M not a multiple of 128, the 128-row, 64-row or
+swapped tiles (x's rows as the columns) whose waves cost least (ws_ragged_tiles).
 """
 
 from __future__ import annotations
