@@ -469,3 +469,17 @@ def test_borrowed_entry_keeps_its_split_where_x_is_quantized_in_the_kernel():
     entry, _ = nearest_shape_entry(H100.name, "a8w8_fp8_dynamic", 64, 1000, 2048)
     assert fit_waves(GemmConfig.from_dict(entry), 64, 1000, 2048, H100).SPLIT_K != entry["SPLIT_K"]
     assert select_config("a8w8_fp8_dynamic", 64, 1000, 2048, H100, a, b, 2).SPLIT_K == entry["SPLIT_K"]
+
+
+def test_gluon_route_names_the_ragged_tiles():
+    """`gemmkit configs show` on sm_90: the warp-specialized kernel's tiles as core/hopper_ws.py picks them, the
+    64-row and swapped ones at M not a multiple of 128 included."""
+    from gemmkit.core import hopper_ws
+    from gemmkit.tools.configs import gluon_route
+
+    if hopper_ws.gluon_kernel() is None:
+        pytest.skip("this Triton has no Gluon")
+    assert gluon_route("a16w16", 300, 8192, 8192, H100).startswith("swapped operands: 128 weight rows x 160 rows of x")
+    assert gluon_route("a16w16", 200, 4096, 4096, H100).startswith("64 x ")
+    assert gluon_route("a16w16", 4096, 4096, 4096, H100).startswith("128 x 256 tiles")
+    assert gluon_route("a16w16", 16, 4096, 4096, H100) is None

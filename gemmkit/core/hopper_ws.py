@@ -155,7 +155,7 @@ ROWS64_BF16_MIN_USE = 0.55  # bf16: below, the tl kernel's split-K (or K slices)
 
 
 RAGGED_RULE = True  # bf16 / fp16, M not a multiple of 128: ws_ragged_tiles
-RAGGED_MIN_M = 192
+RAGGED_MIN_M = 96
 RAGGED_ROWS64_PENALTY = 0.85
 
 
@@ -174,7 +174,9 @@ def ws_ragged_tiles(M: int, N: int, num_sms: int, swap_ok: bool = True) -> tuple
     of 128) x 8 layers (scripts/dense_swap_probe.py, tuning/ragged/dense_swap2_h100.txt) it came within 1% of the
     best of the three in geomean (0.897x cuBLAS against 0.906 for the best, 0.856 for the rule before it, whose
     tl kernel and 64-row tiles ran as low as 0.56x: 300 x 2560 x 8192 -> 0.82x); the penalty fitted there
-    (0.8 to 0.9 alike, 0.75 lost 4%)."""
+    (0.8 to 0.9 alike, 0.75 lost 4%). At 100 to 170 rows (24 problems, dense_swap_ranges_h100.txt) 0.930 against
+    0.869 (the tl kernel's tables; best of all 0.954); from 1024 rows (1300, 2500) the rule before it (the
+    Gluon kernel's 128- or 64-row tiles) was as good as any of the three: not taken there."""
     p128 = ws_parts(M, N, num_sms, False)
     p64 = min(ROWS64_WIDTHS[False], key=lambda p: (_wave_cost(M, N, p, num_sms, HALF), -(p[0] + p[1])))
     options = [(_wave_cost(M, N, p128, num_sms), 0, (BLOCK, p128, False)),

@@ -52,13 +52,19 @@ def gluon_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | No
         fp8 = table == "a8w8_fp8"
         if not hw.ws_direct_ok(M, N, K, sms, fp8):
             return None
-        parts, block_k = hw.ws_parts(M, N, sms, fp8), 128 if fp8 else 64
+        (rows, parts), block_k = hw.ws_tiles(M, N, sms, fp8), 128 if fp8 else 64
+        swap = None if fp8 else hw.ws_dense_swap(M, N, K, sms)
+        if swap is not None:  # (x's rows as the tiles' columns)
+            width = swap[0] + swap[1]
+            splits = hw.ws_splits(N, M, K, sms, width, block_k)
+            return (f"swapped operands: 128 weight rows x {width} rows of x per tile"
+                    + (f" ({swap[0]} + {swap[1]})" if swap[1] else "") + (f", {splits} K slices" if splits > 1 else ""))
     elif table in ("a8w8_fp8_exact", "a8w8_blockscale"):
         kblock = table == "a8w8_blockscale"
         if not hw.ws_shape_ok(M, N, K, sms, kblock):
             return None
         wide = hw.ws_block_n(M, N, sms, kblock) == 2 * hw.BLOCK
-        parts, block_k = ((hw.BLOCK, hw.BLOCK) if wide else (hw.BLOCK, 0)), 128
+        rows, parts, block_k = hw.BLOCK, ((hw.BLOCK, hw.BLOCK) if wide else (hw.BLOCK, 0)), 128
     elif table == "ff_gated_a16w16":
         if not hw.ws_gated_ok(M, N, K, sms):
             return None
@@ -67,8 +73,8 @@ def gluon_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | No
     else:
         return None
     width = parts[0] + parts[1]
-    splits = hw.ws_splits(M, N, K, sms, width, block_k)
-    shape = f"128 x {width} tiles" + (f" ({parts[0]} + {parts[1]})" if parts[1] else "")
+    splits = hw.ws_splits(M, N, K, sms, width, block_k, rows)
+    shape = f"{rows} x {width} tiles" + (f" ({parts[0]} + {parts[1]})" if parts[1] else "")
     return shape + (f", {splits} K slices" if splits > 1 else "")
 
 
