@@ -157,6 +157,7 @@ ROWS64_BF16_MIN_USE = 0.55  # bf16: below, the tl kernel's split-K (or K slices)
 RAGGED_RULE = True  # bf16 / fp16, M not a multiple of 128: ws_ragged_tiles
 RAGGED_MIN_M = 96
 RAGGED_ROWS64_PENALTY = 0.85
+RAGGED_SWAP_PENALTY = 1.05
 
 
 def _ragged(M: int, K: int, fp8: bool) -> bool:
@@ -170,20 +171,24 @@ def ws_ragged_tiles(M: int, N: int, num_sms: int, swap_ok: bool = True) -> tuple
     tiles (ws_parts' width), 64-row tiles (ROWS64_WIDTHS) and swapped operands (x's rows as the columns of 128-row
     weight tiles, any of WIDTHS; y's rows a multiple of 16 elements), the one whose waves take the least time
     (_wave_cost; the 64-row tiles' divided by RAGGED_ROWS64_PENALTY: one consumer warp group keeps the tensor
-    cores less busy; ties: 128 rows, then 64, then swapped). On 40 problems of 200 to 1000 rows (not multiples
+    cores less busy; the swapped ones' times RAGGED_SWAP_PENALTY: their epilogue stores by pointers; ties: 128
+    rows, then 64, then swapped). On 40 problems of 200 to 1000 rows (not multiples
     of 128) x 8 layers (scripts/dense_swap_probe.py, tuning/ragged/dense_swap2_h100.txt) it came within 1% of the
     best of the three in geomean (0.897x cuBLAS against 0.906 for the best, 0.856 for the rule before it, whose
     tl kernel and 64-row tiles ran as low as 0.56x: 300 x 2560 x 8192 -> 0.82x); the penalty fitted there
     (0.8 to 0.9 alike, 0.75 lost 4%). At 100 to 170 rows (24 problems, dense_swap_ranges_h100.txt) 0.930 against
     0.869 (the tl kernel's tables; best of all 0.954); from 1024 rows (1300, 2500) the rule before it (the
-    Gluon kernel's 128- or 64-row tiles) was as good as any of the three: not taken there."""
+    Gluon kernel's 128- or 64-row tiles) was as good as any of the three: not taken there. The swapped tiles
+    add 0.3% over the 64 problems (1.0 to 1.1 alike), their wins large (300 x 8192 x 8192 0.79x -> 0.85x, 777 x 6144
+    x 4096 0.81x -> 0.86x), a loss where their cost came within 3% (900 x 7168 x 8192: 0.72x against 0.82x before;
+    ragged_rule_heldout_d0d71b8_h100.txt): hence 1.05."""
     p128 = ws_parts(M, N, num_sms, False)
     p64 = min(ROWS64_WIDTHS[False], key=lambda p: (_wave_cost(M, N, p, num_sms, HALF), -(p[0] + p[1])))
     options = [(_wave_cost(M, N, p128, num_sms), 0, (BLOCK, p128, False)),
                (_wave_cost(M, N, p64, num_sms, HALF) / RAGGED_ROWS64_PENALTY, 1, (HALF, p64, False))]
     if swap_ok and N % 16 == 0:  # (the transposed tiles' 16-byte stores along y's rows)
         psw = min(WIDTHS, key=lambda p: (_wave_cost(N, M, p, num_sms), -(p[0] + p[1])))
-        options.append((_wave_cost(N, M, psw, num_sms), 2, (BLOCK, psw, True)))
+        options.append((_wave_cost(N, M, psw, num_sms) * RAGGED_SWAP_PENALTY, 2, (BLOCK, psw, True)))
     return min(options)[2]
 
 
