@@ -6,8 +6,7 @@ baseline; each route checked against it first, then one interleaved CUDA-graph t
     python3 scripts/dense_swap_probe.py [OUT] [--m M ...] [--nk N K ...] [--widths N0 N1 ...]
 
 Routes: own (the library's pick), before (its pick without RAGGED_RULE), ws128 / ws64 (the Gluon kernel, tiles of 128 / 64 rows at the width of
-least wave cost, K slices where the tiles are few), ws64s (64-row tiles of two equal parts, 64 + 64 or 128 + 128,
-a consumer warp group each: kernels/gemm_ws.py SPLIT_N), swap (swapped at the width of least wave cost), and
+least wave cost, K slices where the tiles are few), swap (swapped at the width of least wave cost), and
 s<N0>+<N1> (swapped at each --widths pair).
 """
 
@@ -41,16 +40,11 @@ def swapped_cost(M, N, parts):
     return hopper_ws._wave_cost(N, M, parts, 132)
 
 
-def plan_with(x, w, parts=None, rows=None, old=False, split=False):
+def plan_with(x, w, parts=None, rows=None, old=False):
     """gemm_a16w16's plan for x, w: its own (parts None), swapped at `parts`, or (rows 128 / 64) the Gluon
     kernel's tiles of that many rows at the width ws_tiles would fit (the rule bypassed)."""
     saved = hopper_ws.ws_dense_swap, hopper_ws.ws_direct_ok, hopper_ws.ws_tiles
     hopper_ws.RAGGED_RULE = not old
-    if split:  # 64-row tiles of two equal parts, a consumer warp group each
-        hopper_ws.ROWS64_SPLIT_N = True
-        hopper_ws.ws_direct_ok = lambda *a: True
-        hopper_ws.ws_tiles = lambda M, N, sms, fp8: (64, min(((64, 64), (128, 128)), key=lambda p: (
-            hopper_ws._wave_cost(M, N, p, 132, 64), -p[0])))
     if parts is not None:
         hopper_ws.ws_dense_swap = lambda *a: parts
         hopper_ws.ws_direct_ok = lambda *a: True
@@ -66,7 +60,6 @@ def plan_with(x, w, parts=None, rows=None, old=False, split=False):
     finally:
         hopper_ws.ws_dense_swap, hopper_ws.ws_direct_ok, hopper_ws.ws_tiles = saved
         hopper_ws.RAGGED_RULE = True
-        hopper_ws.ROWS64_SPLIT_N = False
         config_mod.clear_caches()
 
 
@@ -77,7 +70,6 @@ def main():
     ap.add_argument("--nk", type=int, nargs="+", default=NK)
     ap.add_argument("--widths", type=int, nargs="+", default=[])
     ap.add_argument("--rule-only", action="store_true", help="time own and before only")
-    ap.add_argument("--split-only", action="store_true", help="time own, ws128, ws64 and ws64s only")
     args = ap.parse_args()
     out = open(args.out, "w") if args.out else sys.stdout
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16; CUDA-graph us per call; "
@@ -90,13 +82,10 @@ def main():
             sets = dense_sets(M, N, K, False, SETS)
             ref = dense_baseline(*sets[0]).float()
             best = min(hopper_ws.WIDTHS, key=lambda p: (swapped_cost(M, N, p), -(p[0] + p[1])))
-            routes = {"own": {}, "before": dict(old=True), "ws128": dict(rows=128), "ws64": dict(rows=64),
-                      "ws64s": dict(split=True), "swap": dict(parts=best),
+            routes = {"own": {}, "before": dict(old=True), "ws128": dict(rows=128), "ws64": dict(rows=64), "swap": dict(parts=best),
                       **{f"s{p[0]}+{p[1]}": dict(parts=p) for p in fixed if p != best}}
             if args.rule_only:
                 routes = {"own": {}, "before": dict(old=True)}
-            if args.split_only:
-                routes = {"own": {}, "ws128": dict(rows=128), "ws64": dict(rows=64), "ws64s": dict(split=True)}
             calls = {"F.linear": [lambda s=s: dense_baseline(*s) for s in sets]}
             kinds = {}
             for name, route in routes.items():

@@ -713,31 +713,6 @@ def test_ragged_rule_results(built, dtype, M, N, K, kind):
     assert (plan.swap, plan.rows) == {"swap": (True, 128), "rows64": (False, 64), "rows128": (False, 128)}[kind]
 
 
-@needs_hopper
-@pytest.mark.parametrize("out_dtype", [BF16, FP32])
-@pytest.mark.parametrize("M,N,K,parts", [(300, 8192, 1040, (128, 128)), (200, 1000, 2048, (64, 64)),
-                                         (1, 512, 1024, (64, 64)), (777, 2056, 4096, (128, 128))])
-def test_split_n(built, monkeypatch, M, N, K, parts, out_dtype):
-    """64-row tiles of two equal column parts, a consumer warp group each (kernels/gemm_ws.py SPLIT_N): ragged
-    M, N (a part past N) and K, K slices where the tiles are few, bf16 by TMA and fp32 by pointers, a bias,
-    into a poisoned output; and FP8 with per-token and per-channel scales."""
-    monkeypatch.setattr(hopper_ws, "ROWS64_SPLIT_N", True)
-    monkeypatch.setattr(hopper_ws, "RAGGED_RULE", False)
-    monkeypatch.setattr(hopper_ws, "ws_direct_ok", lambda *args: True)
-    monkeypatch.setattr(hopper_ws, "ws_tiles", lambda *args: (64, parts))
-    x, w = randn(M, K, dtype=BF16), randn(N, K, dtype=BF16, scale=K**-0.5)
-    bias = randn(N, dtype=FP32)
-    y = poisoned((M, N), out_dtype)
-    out = gemmkit.gemm_a16w16(x, w, bias, y=y)
-    assert len(built) == 1 and built[0].split_n and built[0].rows == 64 and built[0].parts == parts
-    assert_close(out, (reference(x, w) + bias.double()).to(out_dtype))
-    xq, xs = quant.quantize_fp8(x, "row")
-    wq, ws = quant.quantize_fp8(w, "row")
-    out8 = gemmkit.gemm_a8w8(xq, wq, xs, ws, out_dtype=out_dtype)
-    assert built[-1].split_n
-    assert_close(out8, reference(xq, wq, x_scale=xs, w_scale=ws).to(out_dtype), tol=2e-2)
-
-
 # batched bf16 / fp16 (gemmkit.batched_gemm_a16w16 on this kernel) ---------------------------------
 
 @pytest.mark.skipif(hopper_ws.gluon_kernel() is None, reason="this Triton has no Gluon")

@@ -152,7 +152,6 @@ ROWS64_WIDTHS = {False: ((64, 16), (64, 32), (128, 0), (128, 32), (128, 64)),
 ROWS64_GAIN = 0.9
 ROWS64_GAIN_BF16_LARGE = (1024, 0.97)  # bf16 from this many rows: under 0.97x
 ROWS64_BF16_MIN_USE = 0.55  # bf16: below, the tl kernel's split-K (or K slices) serves the 128-row tiles
-ROWS64_SPLIT_N = False  # 64-row tiles of two equal parts: both consumer warp groups, a part each (kernel SPLIT_N)
 
 
 RAGGED_RULE = True  # bf16 / fp16, M not a multiple of 128: ws_ragged_tiles
@@ -635,10 +634,7 @@ class WSPlan:
         self.c1_desc = c_desc(n1) if n1 and not self.gated else self.c0_desc
         kernel = gluon_kernel().gemm_ws_kernel
         s_am, s_ak, s_bn, s_bk = scale_strides
-        # 64-row tiles of two equal parts: a consumer warp group per part (SPLIT_N), else one group for both
-        self.split_n = (ROWS64_SPLIT_N and self.rows == HALF and n1 == n0 and not self.gated and not promote
-                        and not swap)
-        self.share_c = SHARE_C and n1 == n0 and self.c_tma and not self.gated and not self.split_n
+        self.share_c = SHARE_C and n1 == n0 and self.c_tma and not self.gated
         # swap: the transposed stores' layout conversion, as W4TilePlan's (a (64, part) tile per warp group in fp32)
         convert = (self.rows * max(n0, n1) * 4 if c_dtype == torch.float32 else 4096) if swap else 0
         self.stages = ws_stages(n0 + n1, c_dtype.itemsize if self.c_tma else 0, n0 if self.share_c else self.block_n,
@@ -651,8 +647,7 @@ class WSPlan:
             XS_TMA=self.xs_tma, PROMOTE=promote, TWO=n1 > 0, HAS_BIAS=bias is not None and self.splits == 1,
             C_TMA=(2 if self.ragged else 1) if self.c_tma else 0, GATED=self.gated,
             ACTIVATION=gated[0] if self.gated else "none", SHARE_C=self.share_c,
-            GROUPS=2 if self.split_n else self.rows // HALF, SPLIT_N=self.split_n, batch=self.batch,
-            a_batch_rows=b_rows if swap else M,
+            GROUPS=self.rows // HALF, batch=self.batch, a_batch_rows=b_rows if swap else M,
             b_batch_rows=M if swap else b_rows, c_batch_rows=M,
             bias_batch_stride=bias.stride(0) if bias is not None and bias.ndim == 2 else 0, C_T=swap, **DENSE_W))
         units = _tiles(km, kn, self.rows, self.block_n) * self.splits * self.batch

@@ -143,20 +143,19 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
               k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M: gl.constexpr,
               STAGES: gl.constexpr,
               XS_TMA: gl.constexpr, TWO: gl.constexpr, GATED: gl.constexpr, GROUPS: gl.constexpr,
-              PACKED: gl.constexpr, SPLIT_N: gl.constexpr):
+              PACKED: gl.constexpr):
     """One warp: for each of the program's tiles, TMA loads of each K block's A rows (GROUPS boxes
     of HALF rows, one per consumer warp group; PACKED: one box of the 4-bit weight's words for all
     of them, into a0_bufs), B column part(s) and (XS_TMA) the tile's activation scales into the next
     stage, once the consumers (and the decoder) have released it; it runs ahead into the next tile
     while the consumers finish the last one. Batched (batch entries): entry b's A rows start at row
-    b * a_batch_rows of a_desc, its B rows at b * b_batch_rows of b0_desc / b1_desc. SPLIT_N: one A box of
-    HALF rows per tile, which both consumer warp groups read."""
+    b * a_batch_rows of a_desc, its B rows at b * b_batch_rows of b0_desc / b1_desc."""
     if PACKED:  # one box of the packed weight's words for the tile's rows
         HALF: gl.constexpr = a_desc.block_type.shape[0] // GROUPS
         a_bytes: gl.constexpr = a_desc.block_type.nbytes
     else:
         HALF: gl.constexpr = a_desc.block_type.shape[0]
-        a_bytes: gl.constexpr = (1 if SPLIT_N else GROUPS) * a_desc.block_type.nbytes
+        a_bytes: gl.constexpr = GROUPS * a_desc.block_type.nbytes
     A_K: gl.constexpr = a_desc.block_type.shape[1]  # A's K block in its elements
     B_K: gl.constexpr = b0_desc.block_type.shape[1]
     N0: gl.constexpr = b0_desc.block_type.shape[0]
@@ -173,11 +172,11 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
         nbytes: gl.constexpr = a_bytes + b_bytes + xs_desc.block_type.nbytes
     else:
         nbytes: gl.constexpr = a_bytes + b_bytes
-    TILE_M: gl.constexpr = HALF if SPLIT_N else GROUPS * HALF
     it = 0
-    tiles, units = _units(M, N, batch, splits, TILE_M, BLOCK_N)
+    tiles, units = _units(M, N, batch, splits, GROUPS * HALF, BLOCK_N)
     for unit in range(gl.program_id(0), units, gl.num_programs(0)):
-        entry, off_m, off_n, sp, k0, k1 = _unit(unit, tiles, M, N, batch, splits, k_tiles, TILE_M, BLOCK_N, GROUP_M)
+        entry, off_m, off_n, sp, k0, k1 = _unit(unit, tiles, M, N, batch, splits, k_tiles, GROUPS * HALF, BLOCK_N,
+                                                GROUP_M)
         a_m = entry * a_batch_rows + off_m
         b_n = entry * b_batch_rows + off_n
         for ki in range(k0, k1):
@@ -187,7 +186,7 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
             if XS_TMA:  # x_scale column-major: group ki's scales of rows off_m.. are contiguous
                 _tma_load(xs_desc, [ki * xs_group_stride + off_m], ready.index(s), xs_bufs.index(s))
             _tma_load(a_desc, [a_m, ki * A_K], ready.index(s), a0_bufs.index(s))
-            if GROUPS == 2 and not PACKED and not SPLIT_N:
+            if GROUPS == 2 and not PACKED:
                 _tma_load(a_desc, [a_m + HALF, ki * A_K], ready.index(s), a1_bufs.index(s))
             _tma_load(b0_desc, [b_n, ki * B_K], ready.index(s), b0_bufs.index(s))
             if GATED:
@@ -271,7 +270,7 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
               N0: gl.constexpr, N1: gl.constexpr, K_INSTR: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr,
               XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr,
               GATED: gl.constexpr, ACTIVATION: gl.constexpr, SHARE_C: gl.constexpr, GROUPS: gl.constexpr,
-              PACKED: gl.constexpr, C_T: gl.constexpr, SPLIT_N: gl.constexpr):
+              PACKED: gl.constexpr, C_T: gl.constexpr):
     """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles
     (GROUPS * HALF rows: one group per tile of HALF rows, or two), in
     column parts of N0 and (N1 > 0) N1 columns, each its own product and accumulator.
@@ -286,25 +285,11 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
     PACKED (a 4-bit weight as A, accumulating): a stage's A tile is read once the decoder has written it
     (`decoded`); the bias is per row, and K slice s of a tile goes to rows s * split_rows.. of x's (c's
     rows: the kernel's columns). C_T (dense operands swapped by the caller: A the weight, B x): the same
-    transposed store and per-row bias, batch entry e's output at e * c_batch_rows rows of c (x's rows).
-    SPLIT_N (accumulating, N1 == N0): both warp groups take the tile's HALF rows, group ROLE its column part
-    ROLE (b0_bufs / b1_bufs), one product per K block each."""
+    transposed store and per-row bias, batch entry e's output at e * c_batch_rows rows of c (x's rows)."""
     mma0: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                    instr_shape=[16, N0, K_INSTR])
     rows_l: gl.constexpr = gl.SliceLayout(1, mma0)
-    TWO: gl.constexpr = N1 > 0 and not SPLIT_N
-    if SPLIT_N:
-        TILE_M: gl.constexpr = HALF
-        ROW_OFF: gl.constexpr = 0
-        COL_OFF: gl.constexpr = ROLE * N0
-    else:
-        TILE_M: gl.constexpr = GROUPS * HALF
-        ROW_OFF: gl.constexpr = ROLE * HALF
-        COL_OFF: gl.constexpr = 0
-    if SPLIT_N and ROLE == 1:
-        b_bufs = b1_bufs
-    else:
-        b_bufs = b0_bufs
+    TWO: gl.constexpr = N1 > 0
     if TWO:
         W1: gl.constexpr = N1
     else:
@@ -320,10 +305,11 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
     else:
         BLOCK_N: gl.constexpr = N0 + N1
     it = 0
-    tiles, units = _units(M, N, batch, splits, TILE_M, BLOCK_N)
+    tiles, units = _units(M, N, batch, splits, GROUPS * HALF, BLOCK_N)
     for unit in range(gl.program_id(0), units, gl.num_programs(0)):
-        entry, off_m, off_n, sp, k0, k1 = _unit(unit, tiles, M, N, batch, splits, k_tiles, TILE_M, BLOCK_N, GROUP_M)
-        rm = off_m + ROW_OFF + gl.arange(0, HALF, layout=rows_l)
+        entry, off_m, off_n, sp, k0, k1 = _unit(unit, tiles, M, N, batch, splits, k_tiles, GROUPS * HALF, BLOCK_N,
+                                                GROUP_M)
+        rm = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows_l)
         row_ok = rm < M
         acc0 = gl.zeros((HALF, N0), dtype=gl.float32, layout=mma0)
         acc1 = gl.zeros((HALF, W1), dtype=gl.float32, layout=mma1)
@@ -387,7 +373,7 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 if PACKED:
                     mbarrier.wait(decoded.index(s), (it // STAGES) & 1)
-                acc0 = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc0, is_async=True)
+                acc0 = warpgroup_mma(a_bufs.index(s), b0_bufs.index(s).permute((1, 0)), acc0, is_async=True)
                 if TWO:
                     acc1 = warpgroup_mma(a_bufs.index(s), b1_bufs.index(s).permute((1, 0)), acc1, is_async=True)
                     acc0, acc1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc0, acc1))
@@ -402,7 +388,7 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
                 acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, ))
             mbarrier.arrive(empty.index(prev), count=1)
         # (split_rows: a K slice's rows in the workspace c; c_batch_rows: a batch entry's rows in c)
-        row0 = sp * split_rows + entry * c_batch_rows + off_m + ROW_OFF
+        row0 = sp * split_rows + entry * c_batch_rows + off_m + ROLE * HALF
         if PACKED or C_T:  # (c is the output transposed: x's rows (a K slice's, an entry's) are the kernel's columns)
             c_e = c + (sp * split_rows + entry * c_batch_rows) * stride_cn
         else:
@@ -415,17 +401,17 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
             sa = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)
         else:
             sa = rm.to(gl.float32)  # (unused)
-        inside = off_m + ROW_OFF + HALF <= M  # (C_TMA_INSIDE: this group's rows lie inside the entry)
+        inside = off_m + (ROLE + 1) * HALF <= M  # (C_TMA_INSIDE: this group's rows lie inside the entry)
         if GATED:
             out = _gate_tile(acc0, acc1, sa, b_scale, off_n, N, stride_bsn, up_scale_offset, N0, K_INSTR, SCALES,
                              ACTIVATION)
             _finish(out, c_e, c0_desc, c0_smem, bias_e, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
                     stride_bsn, N0, K_INSTR, SCALES_NONE, False, C_TMA, PEND, False, inside)
         else:
-            _finish(acc0, c_e, c0_desc, c0_smem, bias_e, b_scale, sa, row0, rm, row_ok, off_n + COL_OFF, N, stride_cm,
+            _finish(acc0, c_e, c0_desc, c0_smem, bias_e, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm,
                     stride_cn, stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND, PACKED or C_T, inside)
         if TWO and not GATED:
-            rm1 = off_m + ROW_OFF + gl.arange(0, HALF, layout=rows1_l)
+            rm1 = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows1_l)
             _finish(acc1, c_e, c1_desc, c1_smem, bias_e, b_scale, gl.convert_layout(sa, rows1_l), row0, rm1, rm1 < M,
                     off_n + N0, N, stride_cm, stride_cn, stride_bsn, W1, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND,
                     PACKED or C_T, inside)
@@ -607,8 +593,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                    XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, TWO: gl.constexpr, HAS_BIAS: gl.constexpr,
                    C_TMA: gl.constexpr, GATED: gl.constexpr = False, ACTIVATION: gl.constexpr = "none",
                    SHARE_C: gl.constexpr = False, GROUPS: gl.constexpr = 2, W_FORMAT: gl.constexpr = 0,
-                   HAS_ZERO: gl.constexpr = False, SW: gl.constexpr = 1, C_T: gl.constexpr = False,
-                   SPLIT_N: gl.constexpr = False):
+                   HAS_ZERO: gl.constexpr = False, SW: gl.constexpr = 1, C_T: gl.constexpr = False):
     """c (M, N) = x (a_desc: (M, K), boxes of HALF x BLOCK_K) @ w (b0_desc / b1_desc: (N, K), boxes
     of N0 / N1 x BLOCK_K) in (2 * HALF) x (N0 + N1) tiles (N1 = 0 unless TWO), persistent: program
     p takes work units p, p + programs, ... (4 warps launched: the first consumer; a second
@@ -641,9 +626,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     C_T (batched bf16 / fp16 whose rows per entry the tiles' rows would pad: core/hopper_ws.ws_batched_swap): the
     caller swaps the dense operands, a_desc over the weight (M: its rows) and b0_desc / b1_desc over x (N: x's
     rows per entry, a fitted tile width of them), c's strides swapped as for W_FORMAT, a per-row bias, entry e's
-    output at row e * c_batch_rows of c (pointer stores, accumulating, no scales).
-    SPLIT_N (GROUPS = 2, TWO, N1 == N0, accumulating): tiles of HALF rows x (N0 + N1), the two consumer warp
-    groups each a column part of the same rows (one A box per K block)."""
+    output at row e * c_batch_rows of c (pointer stores, accumulating, no scales)."""
     PACKED: gl.constexpr = W_FORMAT != W_DENSE
     if PACKED:
         HALF: gl.constexpr = DEC_ROWS
@@ -668,8 +651,6 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     gl.static_assert(GROUPS == 2 or (GROUPS == 1 and not PROMOTE and not GATED), "one warp group: accumulating tiles")
     gl.static_assert(not PACKED or (not PROMOTE and not GATED and C_TMA == 0 and SCALES == SCALES_NONE),
                      "4-bit weight: accumulating, pointer stores")
-    gl.static_assert(not SPLIT_N or (GROUPS == 2 and TWO and N1 == N0 and not PROMOTE and not GATED and not PACKED
-                                     and not SHARE_C), "split columns: two equal parts, accumulating")
     gl.static_assert(not C_T or (not PACKED and not PROMOTE and not GATED and C_TMA == 0 and SCALES == SCALES_NONE),
                      "swapped dense operands: bf16 / fp16, accumulating, pointer stores")
     if PACKED:  # the words by TMA; the values the decoder writes, laid out as x's tiles
@@ -678,9 +659,9 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     else:
         a_layout: gl.constexpr = a_desc.layout
     a0_bufs = gl.allocate_shared_memory(OP_DT, [STAGES, HALF, BLOCK_K], a_layout)
-    if GROUPS == 2 and not SPLIT_N:
+    if GROUPS == 2:
         a1_bufs = gl.allocate_shared_memory(OP_DT, [STAGES, HALF, BLOCK_K], a_layout)
-    else:  # (unused; SPLIT_N: both groups read a0's rows)
+    else:  # (unused)
         a1_bufs = a0_bufs
     if not PACKED:
         wq_bufs = a0_bufs  # (unused)
@@ -738,15 +719,15 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, SPLIT_N)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
             (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cB0, cB1, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, SPLIT_N)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, wq_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, SPLIT_N)),
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED)),
             (_decoder, (wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N,
                         k_tiles, splits, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift, GROUP_M, STAGES,
                         N0 + N1, W_FORMAT, HAS_ZERO, OP_DT == gl.float16, SW, GROUPS)),
@@ -757,15 +738,15 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, SPLIT_N)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
             (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cB0, cB1, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, SPLIT_N)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, SPLIT_N)),
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED)),
         ], [4, 1], [232, 40])
     elif PACKED:  # one consumer warp group
         gl.warp_specialize([
@@ -773,10 +754,10 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, SPLIT_N)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, wq_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, SPLIT_N)),
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED)),
             (_decoder, (wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N,
                         k_tiles, splits, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift, GROUP_M, STAGES,
                         N0 + N1, W_FORMAT, HAS_ZERO, OP_DT == gl.float16, SW, GROUPS)),
@@ -787,8 +768,8 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, SPLIT_N)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, SPLIT_N)),
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED)),
         ], [1], [40])

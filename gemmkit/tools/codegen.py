@@ -224,7 +224,7 @@ def compile_bare(M: int, N: int, K: int, cfg: GemmConfig, dtype=torch.float8_e4m
 
 def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = True, dtype=torch.float8_e4m3fn,
                xs_tma: bool = True, out_dtype=torch.bfloat16, num_sms: int = H100.num_sms, gated: bool = False,
-               tiles=None, batch: int = 1, swap: bool = False, split_n: bool = False) -> Binary:
+               tiles=None, batch: int = 1, swap: bool = False) -> Binary:
     """Compile the warp-specialized Gluon kernel (kernels/gemm_ws.py) for sm_90 with the arguments
     core/hopper_ws.WSPlan passes for this problem: scales "kblock" (x scales by TMA or by register
     loads), "rowcol" or "none" (bf16 / fp16), FP8 promoted or not, the plan's tile width, TMA stores
@@ -232,8 +232,7 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
     (silu(x @ gate^T) * (x @ up^T), N the intermediate size; per-channel scales for "rowcol").
     tiles: (rows, column parts) forced (WSPlan's tiles; rows 64: one consumer warp group).
     batch: that many (M, N, K) problems with weights of their own (gemmkit.batched_gemm_a16w16); swap: their
-    operands swapped (the weight's rows as the tiles' rows, `tiles`' parts over x's rows; ws_batched_swap).
-    split_n: 64-row tiles of two equal parts, a consumer warp group each (ROWS64_SPLIT_N)."""
+    operands swapped (the weight's rows as the tiles' rows, `tiles`' parts over x's rows; ws_batched_swap)."""
     from ..core import hopper_ws as hw
 
     kernel = hw.gluon_kernel().gemm_ws_kernel
@@ -250,15 +249,9 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
     bias = torch.empty(N, dtype=out_dtype)
     if gated:
         bias = None
-    saved = hw.ROWS64_SPLIT_N
-    hw.ROWS64_SPLIT_N = split_n
-    try:
-        plan = hw.WSPlan(x, w, None, M, N, K, scales, xs, ws, bias, out_dtype, (M, N), False, num_sms, promote,
-                         gated=("silu", (N, 1)) if gated else None, tiles=tiles,
-                         batch=(batch, N) if batch > 1 else None, swap=swap)
-    finally:
-        hw.ROWS64_SPLIT_N = saved
-    assert plan.split_n == split_n
+    plan = hw.WSPlan(x, w, None, M, N, K, scales, xs, ws, bias, out_dtype, (M, N), False, num_sms, promote,
+                     gated=("silu", (N, 1)) if gated else None, tiles=tiles,
+                     batch=(batch, N) if batch > 1 else None, swap=swap)
     if plan.splits > 1:  # the kernel writes K slices' fp32 partials into the workspace
         c = torch.empty(plan.ws_shape, dtype=torch.float32)
     return _compile_gluon(kernel, (*plan.arguments(x, w, c, bias, xs, ws, w if gated else None), *plan.tail))
@@ -633,11 +626,6 @@ WS_CHECKS = {  # (M, N, K, compile_ws keywords, tensor-core instruction)
     "gluon bf16 swapped (300 x 1280 x 8192), K slices into a workspace in y's orientation": (
         300, 1280, 8192, dict(scales="none", promote=False, dtype=torch.bfloat16, tiles=(128, (128, 32)), swap=True),
         "HGMMA"),
-    "gluon bf16, 64 x 256 tiles, a consumer warp group per 128-column part (SPLIT_N), TMA stores": (
-        300, 8192, 4096, dict(scales="none", promote=False, dtype=torch.bfloat16, tiles=(64, (128, 128)),
-                              split_n=True), "HGMMA"),
-    "gluon fp8 fast accumulation, 64 x 128 tiles, SPLIT_N, per-channel scales": (
-        200, 4096, 4096, dict(scales="rowcol", promote=False, tiles=(64, (64, 64)), split_n=True), "QGMMA"),
     "gluon bf16, 64 x 128 tiles in 4 K slices, one consumer warp group": (
         128, 1280, 8192, dict(scales="none", promote=False, dtype=torch.bfloat16, tiles=(64, (128, 0))), "HGMMA"),
     "gluon bf16, 4 K slices into a workspace (32 tiles)": (
