@@ -337,3 +337,31 @@ def test_grouped_gated_derived_config_from_64_rows_per_expert():
     assert (c.BLOCK_M, c.BLOCK_N, c.BLOCK_K, c.num_warps, c.PERSISTENT) == (128, 128, 64, 8, False)
     h = _ref(x, wgu, o, g)
     assert_close(y, torch.nn.functional.silu(h[:, :I]) * h[:, I:])
+
+
+@pytest.mark.parametrize("device_name", ["NVIDIA_H100_80GB_HBM3", "NVIDIA_H200"])
+def test_grouped_configs_are_valid_on_hopper(device_name):
+    """The configs the grouped ops pick on Hopper (host side only) for the MoE models' experts at 1 to 4096 rows
+    per expert: the fixed one-program-per-tile tiles replace a derived persistent config whole (Mixtral-8x7B's
+    gated GEMM at 512 tokens, 128 rows per expert, derived a K-sliced last wave that made the replaced config
+    invalid: ValueError before any launch)."""
+    import dataclasses
+
+    from gemmkit.core.device import known_device
+    from gemmkit.core.formats import Scale, dense
+    from gemmkit.ops.grouped import grouped_config
+
+    dev = known_device(device_name)
+    bf16, e4m3 = dense(torch.bfloat16), dense(torch.float8_e4m3fn, Scale.ROW)
+    block_a = dense(torch.float8_e4m3fn, Scale.KBLOCK, 128)
+    block_b = dense(torch.float8_e4m3fn, Scale.KBLOCK, 128, 128)
+    shapes = [(14336, 4096), (4096, 14336), (2048, 7168), (7168, 2048), (768, 2048), (2048, 768)]
+    for rows in (1, 8, 16, 63, 64, 128, 256, 512, 1024, 4096):
+        for N, K in shapes:
+            for kind, gated, a, b in [("a16w16", True, bf16, bf16), ("a16w16", False, bf16, bf16),
+                                      ("a8w8", True, e4m3, e4m3), ("a8w8", False, e4m3, e4m3),
+                                      ("a8w8_blockscale", False, block_a, block_b)]:
+                cfg = grouped_config(kind, gated, None, rows, N, K, dev, a, b, 2)
+                assert cfg == dataclasses.replace(cfg)  # (a valid config: __post_init__ checks it)
+                if gated and rows >= 64 or kind == "a8w8_blockscale" and rows >= 8:
+                    assert not cfg.PERSISTENT and not cfg.STREAM_K and cfg.SPLIT_K == 1

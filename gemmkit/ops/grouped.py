@@ -31,6 +31,38 @@ _IN_DTYPES = (torch.bfloat16, torch.float16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _WEIGHT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+# the fixed grouped tiles below: one program per tile over the whole K (a derived config's persistent schedule,
+# K-sliced last wave or split-K dropped with it: STREAM_K without PERSISTENT is not a config)
+_ONE_PROGRAM_PER_TILE = dict(PERSISTENT=False, STREAM_K=False, SPLIT_K=1, WARP_SPECIALIZE=False)
+
+
+def grouped_config(kind: str, gated: bool, config, rows: int, N: int, K: int, dev, a_fmt, b_fmt, out_bytes: int):
+    """The config of a grouped GEMM of `rows` rows per expert on average (the caller's, else the table's or a
+    derived one, then the measured fixed tiles below where they apply). gated: two B tiles per K step and two
+    accumulators (the shared memory of two; gated_tiles: 8 warps from 128 x 128)."""
+    if gated:
+        two_b = dataclasses.replace(b_fmt, bits=2 * b_fmt.bits)
+        cfg = family_config_for(config, rows, N, K, dev, a_fmt, two_b, out_bytes, None)
+        if config is None:
+            if rows >= 64:  # 128x128x64 tiles, 8 warps, 3 stages, one program per tile (tuning/
+                # gated_grouped_probe_h100.txt: 1.59x the derived 2-stage persistent tiles on Mixtral-8x7B at 4096
+                # tokens, 1.31x the derived 64x32 on DeepSeek-V3 at 2048 (Zipf), level on Qwen3-30B-A3B)
+                cfg = dataclasses.replace(cfg, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
+                                          **_ONE_PROGRAM_PER_TILE, EPILOGUE_SUBTILE=False)
+            cfg = fit_to_smem(gated_tiles(cfg), dev, a_fmt, two_b, out_bytes)
+        return cfg
+    cfg = family_config_for(config, rows, N, K, dev, a_fmt, b_fmt, out_bytes,
+                            None if kind == "a8w8_blockscale" else "grouped_" + kind)  # (untuned: derived)
+    if kind == "a8w8_blockscale" and config is None and rows >= 8:
+        # 64x128x128 tiles, 4 warps, 3 stages, one program per tile (tuning/grouped_block_probe_h100.txt:
+        # 1.1x to 2.4x the 128x64 tiles the dense rule derives, and the best of 16 tile configs on
+        # DeepSeek-V3 (512, 4096 tokens, Zipf) and Qwen3-30B-A3B (4096) experts)
+        cfg = fit_to_smem(dataclasses.replace(cfg, BLOCK_M=64, BLOCK_N=128, BLOCK_K=BLOCK, num_warps=4,
+                                              num_stages=3, **_ONE_PROGRAM_PER_TILE), dev, a_fmt, b_fmt, out_bytes)
+    return cfg
+
+
 _plans = PlanCache()
 
 
@@ -248,26 +280,7 @@ def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_
     else:
         a_fmt, b_fmt = dense(x.dtype, a_scale), dense(w.dtype, b_scale)
     rows = max(1, -(-R // E))  # per expert on average: what the configs are chosen by
-    if gated:  # two B tiles per K step, two accumulators: the shared memory of two, 8 warps from 128 x 128
-        two_b = dataclasses.replace(b_fmt, bits=2 * b_fmt.bits)
-        cfg = family_config_for(config, rows, N, K, dev, a_fmt, two_b, out_dtype.itemsize, None)
-        if config is None:
-            if rows >= 64:  # 128x128x64 tiles, 8 warps, 3 stages, one program per tile (tuning/
-                # gated_grouped_probe_h100.txt: 1.59x the derived 2-stage persistent tiles on Mixtral-8x7B at 4096
-                # tokens, 1.31x the derived 64x32 on DeepSeek-V3 at 2048 (Zipf), level on Qwen3-30B-A3B)
-                cfg = dataclasses.replace(cfg, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
-                                          PERSISTENT=False, EPILOGUE_SUBTILE=False)
-            cfg = fit_to_smem(gated_tiles(cfg), dev, a_fmt, two_b, out_dtype.itemsize)
-    else:
-        cfg = family_config_for(config, rows, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize,
-                                None if kind == "a8w8_blockscale" else "grouped_" + kind)  # (untuned: derived)
-        if kind == "a8w8_blockscale" and config is None and rows >= 8:
-            # 64x128x128 tiles, 4 warps, 3 stages, one program per tile (tuning/grouped_block_probe_h100.txt:
-            # 1.1x to 2.4x the 128x64 tiles the dense rule derives, and the best of 16 tile configs on
-            # DeepSeek-V3 (512, 4096 tokens, Zipf) and Qwen3-30B-A3B (4096) experts)
-            cfg = fit_to_smem(dataclasses.replace(cfg, BLOCK_M=64, BLOCK_N=128, BLOCK_K=BLOCK, num_warps=4,
-                                                  num_stages=3, PERSISTENT=False), dev, a_fmt, b_fmt,
-                              out_dtype.itemsize)
+    cfg = grouped_config(kind, gated, config, rows, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
     plan = GroupedPlan(modes.MAP_GROUPED, x, w, (R, N), (N, 1), R, E, a_fmt, b_fmt,
                        EpilogueSpec(activation, bias is not None, gated=gated), cfg, dev, out_dtype=out_dtype,
                        group_strides=dict(stride_asg=s_asg, stride_bsg=s_bsg, stride_biasg=stride_biasg),
