@@ -483,3 +483,19 @@ def test_gluon_route_names_the_ragged_tiles():
     assert gluon_route("a16w16", 200, 4096, 4096, H100).startswith("64 x ")
     assert gluon_route("a16w16", 4096, 4096, 4096, H100).startswith("128 x 256 tiles")
     assert gluon_route("a16w16", 16, 4096, 4096, H100) is None
+
+
+@pytest.mark.parametrize("device_name", ["NVIDIA_H100_80GB_HBM3", "NVIDIA_H200"])
+def test_every_table_picks_a_valid_config_on_hopper(device_name):
+    """`gemmkit configs show` for every tunable op over M from 1 to 8192 (multiples of the tiles and not) on layers
+    tuned and not (odd N and K among them) on both Hopper tables: a config comes back for each (a tuned entry, a
+    borrowed one refitted, or one derived), never an exception (the host side of every call those ops make)."""
+    from gemmkit.tools.configs import show_lines
+    from gemmkit.tools.registry import OPS
+
+    dev = known_device(device_name)
+    ops = [op for op in OPS.values() if op.table is not None and op.formats is not None]
+    shapes = [(M, N, K) for M in (1, 7, 16, 33, 64, 100, 128, 200, 300, 512, 777, 1024, 2100, 4096, 8192)
+              for N, K in ((4096, 4096), (14336, 4096), (1280, 8192), (2112, 7168), (1000, 1040), (8192, 3696))]
+    lines = show_lines(ops, shapes, dev, None, "bf16")
+    assert len([line for line in lines if line.lstrip().startswith("M=")]) == len(ops) * len(shapes)

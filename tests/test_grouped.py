@@ -365,3 +365,21 @@ def test_grouped_configs_are_valid_on_hopper(device_name):
                 assert cfg == dataclasses.replace(cfg)  # (a valid config: __post_init__ checks it)
                 if gated and rows >= 64 or kind == "a8w8_blockscale" and rows >= 8:
                     assert not cfg.PERSISTENT and not cfg.STREAM_K and cfg.SPLIT_K == 1
+
+
+@pytest.mark.parametrize("device_name", ["NVIDIA_H100_80GB_HBM3", "NVIDIA_H200"])
+def test_batched_configs_are_valid_on_hopper(device_name):
+    """The tl kernel's batched configs (the table's, else batched_derived) for bf16 and FP8 batches of 1 to 64 entries
+    of 1 to 4096 rows on both Hopper tables (host side): valid configs, no exception."""
+    from gemmkit.core.device import known_device
+    from gemmkit.core.formats import Scale, dense
+    from gemmkit.core.grouped import family_config_for
+
+    dev = known_device(device_name)
+    for a, b, table in [(dense(torch.bfloat16), dense(torch.bfloat16), "batched_a16w16"),
+                        (dense(torch.float8_e4m3fn, Scale.ROW), dense(torch.float8_e4m3fn, Scale.ROW), None)]:
+        for B in (1, 3, 8, 64):
+            for M in (1, 17, 64, 128, 300, 777, 1024, 4096):
+                for N, K in ((4096, 4096), (1000, 1040), (2048, 128), (128, 8192)):
+                    cfg = family_config_for(None, M, N, K, dev, a, b, 2, table, batch=B)
+                    assert cfg.BLOCK_M >= 16 and cfg.num_stages >= 1
