@@ -253,6 +253,37 @@ def case_grouped():
             f"E={E} T={T} N={N} K={K} skew={skew} gather={gather is not None} act={act} sizes={sizes.tolist()[:8]}")
 
 
+def case_moe_mlp():
+    """The whole expert MLP at random expert counts, top-k, token counts (per expert: 1 to thousands of rows,
+    balanced or skewed) and sizes, including the models' (the grouped configs switch at 8 and 64 rows per expert)."""
+    E = rng.choice([1, 2, 8, 16, 64, 128] if DEV == "cuda" else [1, 2, 4])
+    k = rng.choice([1, 2, 4, 8])
+    k = min(k, E)
+    T = rng.choice([1, 5, 64, 200, 512, 1000, 2048] if DEV == "cuda" else [1, 5, 24])
+    if rng.random() < 0.3 and DEV == "cuda":
+        H, inter = rng.choice([(4096, 14336), (2048, 768), (7168, 2048)])
+        E = min(E, 8) if H == 4096 else E
+    else:
+        H, inter = pick_dim(64, lo=64, hi=2048), pick_dim(64, lo=64, hi=2048)
+    dt = torch.bfloat16
+    x = torch.randn(T, H, device=DEV).to(dt)
+    wgu = (torch.randn(E, 2 * inter, H, device=DEV) / H**0.5).to(dt)
+    wd = (torch.randn(E, H, inter, device=DEV) / inter**0.5).to(dt)
+    skew = rng.random() < 0.3
+    probs = torch.rand(E, device=DEV) ** (8 if skew else 1)
+    ids = torch.stack([torch.multinomial(probs, k) for _ in range(T)]).to(torch.int32)
+    weights = torch.softmax(torch.randn(T, k, device=DEV), dim=1)
+    ref = torch.zeros(T, H, device=DEV)
+    for e in range(E):
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        if tok.numel():
+            gate, up = (x[tok].float() @ wgu[e].float().T).split(inter, dim=1)
+            h = (F.silu(gate) * up).to(dt).float()
+            ref.index_add_(0, tok, (h @ wd[e].float().T) * weights[tok, slot][:, None])
+    return (lambda: gemmkit.moe.moe_mlp(x, ids, weights, wgu, wd), ref, dt,
+            f"E={E} k={k} T={T} H={H} I={inter} skew={skew}")
+
+
 def case_ff_gated():
     M, H, inter = pick_m(), pick_dim(64, lo=64, hi=4096), pick_dim(64, lo=64, hi=8192)
     dt = torch.bfloat16
@@ -267,7 +298,8 @@ def case_ff_gated():
 
 CASES = {"gemm_a16w16": case_a16w16, "gemm_a8w8": case_a8w8, "gemm_a8w8_blockscale": case_blockscale,
          "gemm_a16w4": case_a16w4, "gemm_a16wfp4": case_a16wfp4, "gemm_afp4wfp4": case_afp4wfp4,
-         "batched_gemm_a16w16": case_batched, "grouped_gemm_a16w16": case_grouped, "ff_a16w16_gated": case_ff_gated}
+         "batched_gemm_a16w16": case_batched, "grouped_gemm_a16w16": case_grouped, "ff_a16w16_gated": case_ff_gated,
+         "moe_mlp": case_moe_mlp}
 
 
 def check(res, ref, odt):
