@@ -5,9 +5,9 @@ baseline; each route checked against it first, then one interleaved CUDA-graph t
 
     python3 scripts/dense_swap_probe.py [OUT] [--m M ...] [--nk N K ...] [--widths N0 N1 ...]
 
-Routes: own (the library's pick), before (its pick without RAGGED_RULE), ws128 / ws64 (the Gluon kernel, tiles of 128 / 64 rows at the width of
-least wave cost, K slices where the tiles are few), swap (swapped at the width of least wave cost), and
-s<N0>+<N1> (swapped at each --widths pair).
+Routes: own (the library's pick), before (its pick without RAGGED_RULE), ws128 / ws64 (the Gluon kernel, tiles
+of 128 / 64 rows at the width of least wave cost, K slices where the tiles are few), swap (swapped at the width
+of least wave cost), and s<N0>+<N1> (swapped at each --widths pair). --rule-only: own and before only.
 """
 
 import argparse
@@ -82,7 +82,8 @@ def main():
             sets = dense_sets(M, N, K, False, SETS)
             ref = dense_baseline(*sets[0]).float()
             best = min(hopper_ws.WIDTHS, key=lambda p: (swapped_cost(M, N, p), -(p[0] + p[1])))
-            routes = {"own": {}, "before": dict(old=True), "ws128": dict(rows=128), "ws64": dict(rows=64), "swap": dict(parts=best),
+            routes = {"own": {}, "before": dict(old=True), "ws128": dict(rows=128), "ws64": dict(rows=64),
+                      "swap": dict(parts=best),
                       **{f"s{p[0]}+{p[1]}": dict(parts=p) for p in fixed if p != best}}
             if args.rule_only:
                 routes = {"own": {}, "before": dict(old=True)}

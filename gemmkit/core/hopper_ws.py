@@ -442,7 +442,8 @@ def ws_batched_plan(dev: DeviceInfo, x, w, bias, activation: str, out_dtype, con
         return None
     swap = ws_batched_swap(B, M, N, tiles, dev.num_sms) if B > 1 else None
     plan = WSPlan(x2, w2, None, M, N, K, "none", None, None, bias, out_dtype, (B, M, N), False, dev.num_sms,
-                  promote=False, tiles=tiles if swap is None else (BLOCK, swap), batch=(B, b_rows), swap=swap is not None)
+                  promote=False, tiles=tiles if swap is None else (BLOCK, swap), batch=(B, b_rows),
+                  swap=swap is not None)
     return BatchedWSPlan(plan, x_rows, w_rows)
 
 
@@ -525,8 +526,9 @@ class WSPlan:
     plans; launched through Triton the first time, then directly (core/launcher.CachedLaunch).
     gated=(activation, (up scale offset, stride)): y = activation(x @ w.T) * (x @ w2.T), w the gate
     and w2 the up weight (run(..., w2=up)), in tiles of ws_gated_width columns of each.
-    swap (batched bf16 / fp16, `tiles` (128, parts)): the kernel computes y^T = w x^T per entry, the weight's
-    rows as the tiles' rows and x's as their columns, and stores the tiles transposed by pointers (C_T)."""
+    swap (bf16 / fp16, batched or not, `tiles` (128, parts)): the kernel computes y^T = w x^T (per entry), the
+    weight's rows as the tiles' rows and x's as their columns, and stores the tiles transposed by pointers (C_T;
+    K slices into the workspace in y's orientation)."""
 
     def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms,
                  promote=True, gated=None, tiles=None, batch=None, swap=False):

@@ -36,6 +36,8 @@ values into the A buffers, from which the consumers' products read them as they 
 register operand: the products stay in flight); the tile is stored transposed in 16-byte vectors
 along the weight's rows (stored value by value, the CUDA 12 ptxas serialized every product: C7514,
 BENCHMARKS.md, thirteenth session).
+C_T: the same transposed store for dense bf16 / fp16 operands the host swaps (the weight as A, x's rows as the
+tiles' fitted width) where 128-row tiles would pad M (300 rows in 384; BENCHMARKS.md, fifteenth session).
 
 Only for CUDA sm_90 with Gluon (core/hopper_ws.py decides); everything else runs the tl kernel.
 """
@@ -623,10 +625,11 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     64 * 2^group_shift K (SW = 1) or 32 (SW = 8); MXFP4 e2m1 with b_scale (M, K // 32) uint8 e8m0 (SW = 8).
     The caller passes c's strides swapped (stride_cm along the weight's rows) and a per-row bias; with
     splits > 1 slice s goes to c's rows (x's) s * split_rows... K a multiple of BLOCK_K.
-    C_T (batched bf16 / fp16 whose rows per entry the tiles' rows would pad: core/hopper_ws.ws_batched_swap): the
+    C_T (bf16 / fp16 whose rows the tiles' rows would pad: core/hopper_ws.ws_ragged_tiles, ws_batched_swap): the
     caller swaps the dense operands, a_desc over the weight (M: its rows) and b0_desc / b1_desc over x (N: x's
-    rows per entry, a fitted tile width of them), c's strides swapped as for W_FORMAT, a per-row bias, entry e's
-    output at row e * c_batch_rows of c (pointer stores, accumulating, no scales)."""
+    rows (per entry), a fitted tile width of them), c's strides swapped as for W_FORMAT, a per-row bias, entry e's
+    output at row e * c_batch_rows of c, K slice s at row s * split_rows of the workspace (pointer stores,
+    accumulating, no scales)."""
     PACKED: gl.constexpr = W_FORMAT != W_DENSE
     if PACKED:
         HALF: gl.constexpr = DEC_ROWS
