@@ -63,6 +63,37 @@ def plan_with(x, w, parts=None, rows=None, old=False):
         config_mod.clear_caches()
 
 
+def routes_of(M, N, args) -> dict:
+    """The routes timed for one problem: name -> plan_with keywords."""
+    if args.rule_only:
+        return {"own": {}, "before": dict(old=True)}
+    fixed = [tuple(args.widths[i:i + 2]) for i in range(0, len(args.widths), 2)]
+    best = min(hopper_ws.WIDTHS, key=lambda p: (swapped_cost(M, N, p), -(p[0] + p[1])))
+    return {"own": {}, "before": dict(old=True), "ws128": dict(rows=128), "ws64": dict(rows=64),
+            "swap": dict(parts=best), **{f"s{p[0]}+{p[1]}": dict(parts=p) for p in fixed if p != best}}
+
+
+def probe(M, N, K, routes: dict, ratios: dict, out) -> str:
+    """Check each route's result against F.linear on fresh inputs, time them in one run; the printable row."""
+    sets = dense_sets(M, N, K, False, SETS)
+    ref = dense_baseline(*sets[0]).float()
+    calls = {"F.linear": [lambda s=s: dense_baseline(*s) for s in sets]}
+    kinds = {}
+    for name, route in routes.items():
+        plan = plan_with(sets[0][0], sets[0][1], **route)
+        run = getattr(plan, "run", plan)
+        kinds[name] = (f"{type(plan).__name__} rows {getattr(plan, 'rows', '-')} parts "
+                       f"{getattr(plan, 'parts', '-')} splits {getattr(plan, 'splits', '-')}"
+                       + (" swap" if getattr(plan, "swap", False) else ""))
+        err = rel_error(run(sets[0][0], sets[0][1], None, None, None, None), ref)
+        if err > 2e-2:
+            print(f"  {name}: wrong result (rel err {err:.2e})", file=out, flush=True)
+            continue
+        calls[name] = [lambda s=s, r=run: r(s[0], s[1], None, None, None, None) for s in sets]
+    _, line = timed_row(calls, ratios)
+    return f"M={M:5d} N={N:5d} K={K:5d}  {line}  | " + ", ".join(f"{k}: {v}" for k, v in kinds.items())
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out", nargs="?")
@@ -75,36 +106,11 @@ def main():
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16; CUDA-graph us per call; "
           "ratio = F.linear / route; swap: x's rows as the tiles' columns at the width of least wave cost", file=out,
           flush=True)
-    fixed = [tuple(args.widths[i:i + 2]) for i in range(0, len(args.widths), 2)]
     ratios = {}
     for N, K in zip(args.nk[::2], args.nk[1::2]):
         for M in args.m:
-            sets = dense_sets(M, N, K, False, SETS)
-            ref = dense_baseline(*sets[0]).float()
-            best = min(hopper_ws.WIDTHS, key=lambda p: (swapped_cost(M, N, p), -(p[0] + p[1])))
-            routes = {"own": {}, "before": dict(old=True), "ws128": dict(rows=128), "ws64": dict(rows=64),
-                      "swap": dict(parts=best),
-                      **{f"s{p[0]}+{p[1]}": dict(parts=p) for p in fixed if p != best}}
-            if args.rule_only:
-                routes = {"own": {}, "before": dict(old=True)}
-            calls = {"F.linear": [lambda s=s: dense_baseline(*s) for s in sets]}
-            kinds = {}
-            for name, route in routes.items():
-                plan = plan_with(sets[0][0], sets[0][1], **route)
-                run = getattr(plan, "run", plan)
-                kinds[name] = (f"{type(plan).__name__} rows {getattr(plan, 'rows', '-')} parts "
-                               f"{getattr(plan, 'parts', '-')} splits {getattr(plan, 'splits', '-')}"
-                               + (" swap" if getattr(plan, "swap", False) else ""))
-                err = rel_error(run(sets[0][0], sets[0][1], None, None, None, None), ref)
-                if err > 2e-2:
-                    print(f"  {name}: wrong result (rel err {err:.2e})", file=out, flush=True)
-                    continue
-                calls[name] = [lambda s=s, r=run: r(s[0], s[1], None, None, None, None) for s in sets]
-            _, line = timed_row(calls, ratios)
-            print(f"M={M:5d} N={N:5d} K={K:5d}  {line}  | " + ", ".join(f"{k}: {v}" for k, v in kinds.items()),
-                  file=out, flush=True)
-            sets = calls = None
-            torch.cuda.empty_cache()
+            print(probe(M, N, K, routes_of(M, N, args), ratios, out), file=out, flush=True)
+            torch.cuda.empty_cache()  # (the problem's inputs, freed with probe's frame)
     print_geomeans(ratios, "F.linear", out)
 
 
