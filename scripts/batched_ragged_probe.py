@@ -6,7 +6,10 @@ each route's result is checked against bmm first. --swap: the 128-row tiles (ope
 the swapped operands (x's rows as the tiles' columns, kernels/gemm_ws.py C_T) at ws_batched_swap's
 width for any gain ("swap") and at every width of WIDTHS, with the wave costs the rule compares.
 
-    python3 scripts/batched_ragged_probe.py [OUT] [--bmnk B M N K ...] [--swap]
+--shared: one weight (N, K) for every entry (batch stride 0): the one GEMM over the B * M rows (ops/batched.py
+SHARED_WEIGHT_AS_ONE, the default) against the batched kernel, F.linear on the 3-D x the baseline.
+
+    python3 scripts/batched_ragged_probe.py [OUT] [--bmnk B M N K ...] [--swap | --shared]
 """
 
 import argparse
@@ -45,17 +48,25 @@ def wave_costs(B, M, N):
 SETS = 3
 
 
+SHARED_ROUTES = {"one GEMM": {}, "batched": {"batched.SHARED_WEIGHT_AS_ONE": False}}
+
+
+def _target(name):
+    """(module, attribute) of a patch key: hopper_ws's, or the batched op's ("batched." prefix)."""
+    return (batched, name[len("batched."):]) if name.startswith("batched.") else (hopper_ws, name)
+
+
 def plan_with(x, w, patch):
-    saved = {k: getattr(hopper_ws, k) for k in patch}
+    saved = {k: getattr(*_target(k)) for k in patch}
     for k, v in patch.items():
-        setattr(hopper_ws, k, v)
+        setattr(*_target(k), v)
     try:
         config_mod.clear_caches()
         gemmkit.batched_gemm_a16w16(x, w)
         return next(reversed(batched._plans.values()))
     finally:
         for k, v in saved.items():
-            setattr(hopper_ws, k, v)
+            setattr(*_target(k), v)
         config_mod.clear_caches()
 
 
@@ -64,18 +75,23 @@ def main():
     ap.add_argument("out", nargs="?")
     ap.add_argument("--bmnk", type=int, nargs="+", default=PROBLEMS)
     ap.add_argument("--swap", action="store_true")
+    ap.add_argument("--shared", action="store_true")
     args = ap.parse_args()
-    routes = SWAP_ROUTES if args.swap else ROUTES
+    routes = SWAP_ROUTES if args.swap else SHARED_ROUTES if args.shared else ROUTES
     out = open(args.out, "w") if args.out else sys.stdout
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16; CUDA-graph us per call; "
-          "ratio = torch.bmm / route", file=out, flush=True)
+          f"ratio = {'F.linear' if args.shared else 'torch.bmm'} / route", file=out, flush=True)
     ratios = {}
     b = args.bmnk
     for B, M, N, K in zip(b[::4], b[1::4], b[2::4], b[3::4]):
         sets = [(torch.randn(B, M, K, device="cuda", dtype=torch.bfloat16),
-                 (torch.randn(B, N, K, device="cuda") / K**0.5).bfloat16()) for _ in range(SETS)]
+                 (torch.randn(1 if args.shared else B, N, K, device="cuda") / K**0.5).bfloat16().expand(B, N, K))
+                for _ in range(SETS)]
         ref = torch.bmm(sets[0][0], sets[0][1].transpose(1, 2)).float()
-        calls = {"bmm": [lambda s=s: torch.bmm(s[0], s[1].transpose(1, 2)) for s in sets]}
+        if args.shared:
+            calls = {"F.linear": [lambda s=s: torch.nn.functional.linear(s[0], s[1][0]) for s in sets]}
+        else:
+            calls = {"bmm": [lambda s=s: torch.bmm(s[0], s[1].transpose(1, 2)) for s in sets]}
         kinds = {}
         for name, patch in routes.items():
             plan = plan_with(*sets[0], patch)
@@ -93,7 +109,7 @@ def main():
               + costs, file=out, flush=True)
         sets = calls = None
         torch.cuda.empty_cache()
-    print_geomeans(ratios, "torch.bmm", out)
+    print_geomeans(ratios, "F.linear" if args.shared else "torch.bmm", out)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,32 @@ def test_stride0_weight_and_layouts(tma):
     assert_close(gemmkit.batched_gemm_a16w16(xt, w, activation="relu"), torch.relu(_bmm(xt, w)))
 
 
+@pytest.mark.parametrize("bias_kind", [None, "shared", "per_batch"])
+def test_shared_weight_as_one_gemm(monkeypatch, bias_kind):
+    """One weight for every entry (2-D, or expanded with batch stride 0) and x's entries evenly stacked (padded rows
+    too): one gemm_a16w16 over the B * M rows (the library's config); a bias per entry, a caller's config or
+    unevenly stacked entries keep the batched kernel. Results against float64, into fresh outputs."""
+    from gemmkit.ops import batched
+
+    x, w = randn(B, M, K, dtype=torch.bfloat16), randn(N, K, dtype=torch.bfloat16)
+    bias = {None: None, "shared": randn(N, dtype=torch.float32), "per_batch": randn(B, N, dtype=torch.float32)}[bias_kind]
+    batched._plans.clear()
+    for wb in (w, w.expand(B, N, K)):
+        y = gemmkit.batched_gemm_a16w16(x, wb, bias, activation="silu")
+        assert y.shape == (B, M, N) and y.is_contiguous()
+        assert_close(y, torch.nn.functional.silu(_bmm(x, w, bias)))
+    one = [p for p in batched._plans.values() if isinstance(p, batched._SharedWeightPlan)]
+    assert len(one) == (0 if bias_kind == "per_batch" else 2)
+    xp = randn(B, M, K + 8, dtype=torch.bfloat16)[:, :, :K]  # padded rows: still evenly stacked
+    assert_close(gemmkit.batched_gemm_a16w16(xp, w, bias), _bmm(xp, w, bias))
+    xs = randn(B, M + 3, K, dtype=torch.bfloat16)[:, 1:M + 1]  # entries not M rows apart: the batched kernel
+    assert_close(gemmkit.batched_gemm_a16w16(xs, w, bias), _bmm(xs, w, bias))
+    monkeypatch.setattr(batched, "SHARED_WEIGHT_AS_ONE", False)
+    batched._plans.clear()
+    assert_close(gemmkit.batched_gemm_a16w16(x, w, bias), _bmm(x, w, bias))
+    assert not any(isinstance(p, batched._SharedWeightPlan) for p in batched._plans.values())
+
+
 @pytest.mark.parametrize("scales", ["row", "tensor", "per_batch"])
 def test_a8w8(scales):
     x, w = randn(B, M, K, dtype=torch.float8_e4m3fn), randn(B, N, K, dtype=torch.float8_e4m3fn)

@@ -12,6 +12,7 @@ from gemmkit import quant
 from gemmkit.core import config as config_mod
 from gemmkit.core import hopper_ws
 from gemmkit.core.device import device_info
+from gemmkit.ops import batched as batched_op
 from gemmkit.quant import dequantize_fp8_blockwise, quantize_fp8_blockwise
 from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference, replay_with_new_inputs, spy_plans
 from test_a8w8_blockscale import col_major, operands
@@ -752,6 +753,7 @@ def test_batched_a16w16(built, monkeypatch, B, M, N, K, weights, bias_kind, out_
     tiles. The output is poisoned first: every entry's rows must be written, none twice wrongly."""
     monkeypatch.setattr(hopper_ws, "ws_direct_ok", lambda *args: True)
     monkeypatch.setattr(hopper_ws, "SWAP_BATCHED", False)  # (the swapped operands: test_batched_swapped)
+    monkeypatch.setattr(batched_op, "SHARED_WEIGHT_AS_ONE", False)  # (a shared weight: the batched kernel here)
     if tiles is not None:
         monkeypatch.setattr(hopper_ws, "ws_tiles", lambda *args: tiles)
     x = randn(B, M, K, dtype=BF16)
@@ -812,6 +814,7 @@ def test_batched_swapped(built, monkeypatch, B, M, N, K, parts, weights, bias_ki
     The output is poisoned first."""
     monkeypatch.setattr(hopper_ws, "ws_direct_ok", lambda *args: True)
     monkeypatch.setattr(hopper_ws, "ws_batched_swap", lambda *args: parts)
+    monkeypatch.setattr(batched_op, "SHARED_WEIGHT_AS_ONE", False)
     x = randn(B, M, K, dtype=BF16)
     w = randn(B, N, K, dtype=BF16, scale=K**-0.5) if weights == "per_entry" else randn(N, K, dtype=BF16, scale=K**-0.5)
     bias = None if bias_kind is None else randn(B, N, dtype=FP32)

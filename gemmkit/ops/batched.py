@@ -16,6 +16,8 @@ from ..kernels import modes
 from .grouped import FP8, _IN_DTYPES, _Degenerate
 
 _plans = PlanCache()
+# one weight for every entry (batch stride 0) and x's entries evenly stacked: one GEMM over the (B * M)-row stack
+SHARED_WEIGHT_AS_ONE = True
 
 
 
@@ -23,8 +25,9 @@ def batched_gemm_a16w16(x, w, bias=None, *, activation=None, out_dtype=None, con
     """y[b] = activation(x[b] @ w[b].T + bias[b]), like torch.bmm(x, w.transpose(1, 2)).
 
     x: (B, M, K) bf16/fp16; w: (B, N, K) of x's dtype, or (N, K) / an expand()ed (B, N, K) with
-    batch stride 0 (one weight for every batch entry). Each x[b], w[b] needs a unit-stride
-    dimension. bias: (N,) or (B, N) contiguous. Output (B, M, N) contiguous, out_dtype (default x's).
+    batch stride 0 (one weight for every batch entry: with x's entries evenly stacked, one GEMM of B * M
+    rows). Each x[b], w[b] needs a unit-stride dimension. bias: (N,) or (B, N) contiguous. Output
+    (B, M, N) contiguous, out_dtype (default x's).
     """
     if _is_compiling():  # torch.compile records torch.ops.gemmkit.batched_gemm_a16w16 (gemmkit.library)
         return _library().traced_batched_gemm_a16w16(x, w, bias, activation, out_dtype, config)
@@ -78,6 +81,9 @@ def _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind
         return _BatchedDegenerate(B, M, N, out_dtype, device, activation)
     v.check_layout("x[0]", x[0])
     v.check_layout("w[0]", w[0])
+    if (kind == "a16w16" and SHARED_WEIGHT_AS_ONE and config is None and B > 1 and w.stride(0) == 0
+            and (bias is None or bias.ndim == 1) and x.stride(2) == 1 and x.stride(0) == M * x.stride(1)):
+        return _SharedWeightPlan(B, M, N, K, x.stride(1), activation, out_dtype)
     dev = device_info(device)
     if kind == "a16w16":  # sm_90: the warp-specialized kernel over the entries' row stacks, where it qualifies
         ws = ws_batched_plan(dev, x, w, bias, activation, out_dtype, config)
@@ -91,6 +97,23 @@ def _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind
                        group_strides=dict(stride_ag=x.stride(0), stride_cg=M * N, stride_asg=s_asg, stride_bsg=s_bsg,
                                           stride_biasg=s_biasg),
                        gather=False, index_extent=max(index_extent(x, w), B * M * N), auto_config=config is None)
+
+
+class _SharedWeightPlan:
+    """x (B, M, K) with its entries evenly stacked and one weight (N, K) for all of them (a 2-D w, or batch stride
+    0): gemm_a16w16 over the (B * M)-row stack, viewed as (B, M, N): no tile padding per entry, the dense op's
+    rules and tables (a caller's config keeps the batched kernel: it is that kernel's config)."""
+
+    def __init__(self, B, M, N, K, row_stride, activation, out_dtype):
+        self.stack, self.row_stride, self.shape = (B * M, K), row_stride, (B, M, N)
+        self.activation, self.out_dtype = None if activation == "none" else activation, out_dtype
+
+    def run(self, x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale):
+        from .a16w16 import gemm_a16w16
+
+        x2 = torch.as_strided(x, self.stack, (self.row_stride, 1))
+        out = gemm_a16w16(x2, w if w.ndim == 2 else w[0], bias, activation=self.activation, out_dtype=self.out_dtype)
+        return out.view(self.shape)
 
 
 class _BatchedDegenerate:
