@@ -66,6 +66,31 @@ def test_shared_weight_as_one_gemm(monkeypatch, bias_kind):
     assert not any(isinstance(p, batched._SharedWeightPlan) for p in batched._plans.values())
 
 
+@pytest.mark.parametrize("scales", ["row", "tensor", "per_batch_w"])
+def test_a8w8_shared_weight(scales):
+    """batched_gemm_a8w8 with one FP8 weight for every entry: one gemm_a8w8 over the stacked rows where x's scales
+    are per tensor or per token and w's shared (per tensor or per channel); one scale per entry for the shared
+    weight keeps the batched kernel. Results against float64."""
+    from gemmkit.ops import batched
+
+    x, w = randn(B, M, K, dtype=torch.float8_e4m3fn), randn(N, K, dtype=torch.float8_e4m3fn)
+    if scales == "row":
+        xs, ws = torch.rand(B, M, 1, device=DEVICE), torch.rand(1, N, device=DEVICE)
+        ref = _bmm(x.float(), w.float()) * xs.double() * ws.double()
+    elif scales == "tensor":
+        xs, ws = torch.rand((), device=DEVICE), torch.rand(1, device=DEVICE)
+        ref = _bmm(x.float(), w.float()) * xs.double() * ws.double()
+    else:
+        xs, ws = torch.rand(B, M, 1, device=DEVICE), torch.rand(B, device=DEVICE)
+        ref = _bmm(x.float(), w.float()) * xs.double() * ws.double().reshape(B, 1, 1)
+    batched._plans.clear()
+    bias = randn(N, dtype=torch.float32)
+    y = gemmkit.batched_gemm_a8w8(x, w, xs, ws, bias, out_dtype=torch.float32)
+    assert_close(y, ref + bias.double(), tol=2e-3)
+    one = any(isinstance(p, batched._SharedWeightPlan) for p in batched._plans.values())
+    assert one == (scales != "per_batch_w")
+
+
 @pytest.mark.parametrize("scales", ["row", "tensor", "per_batch"])
 def test_a8w8(scales):
     x, w = randn(B, M, K, dtype=torch.float8_e4m3fn), randn(B, N, K, dtype=torch.float8_e4m3fn)

@@ -81,9 +81,10 @@ def _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind
         return _BatchedDegenerate(B, M, N, out_dtype, device, activation)
     v.check_layout("x[0]", x[0])
     v.check_layout("w[0]", w[0])
-    if (kind == "a16w16" and SHARED_WEIGHT_AS_ONE and config is None and B > 1 and w.stride(0) == 0
-            and (bias is None or bias.ndim == 1) and x.stride(2) == 1 and x.stride(0) == M * x.stride(1)):
-        return _SharedWeightPlan(B, M, N, K, x.stride(1), activation, out_dtype)
+    if (SHARED_WEIGHT_AS_ONE and config is None and B > 1 and w.stride(0) == 0 and (bias is None or bias.ndim == 1)
+            and x.stride(2) == 1 and x.stride(0) == M * x.stride(1)
+            and (kind == "a16w16" or (s_bsg == 0 and (x_scale.numel() == 1 or x_scale.is_contiguous())))):
+        return _SharedWeightPlan(kind, B, M, N, K, x.stride(1), activation, out_dtype)
     dev = device_info(device)
     if kind == "a16w16":  # sm_90: the warp-specialized kernel over the entries' row stacks, where it qualifies
         ws = ws_batched_plan(dev, x, w, bias, activation, out_dtype, config)
@@ -101,18 +102,27 @@ def _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind
 
 class _SharedWeightPlan:
     """x (B, M, K) with its entries evenly stacked and one weight (N, K) for all of them (a 2-D w, or batch stride
-    0): gemm_a16w16 over the (B * M)-row stack, viewed as (B, M, N): no tile padding per entry, the dense op's
-    rules and tables (a caller's config keeps the batched kernel: it is that kernel's config)."""
+    0): gemm_a16w16 (gemm_a8w8: x's scales per tensor or per token in order, w's per tensor or per channel shared
+    by the entries) over the (B * M)-row stack, viewed as (B, M, N): no tile padding per entry, the dense ops' rules
+    and tables (a caller's config keeps the batched kernel: it is that kernel's config)."""
 
-    def __init__(self, B, M, N, K, row_stride, activation, out_dtype):
-        self.stack, self.row_stride, self.shape = (B * M, K), row_stride, (B, M, N)
+    def __init__(self, kind, B, M, N, K, row_stride, activation, out_dtype):
+        self.kind, self.stack, self.row_stride, self.shape = kind, (B * M, K), row_stride, (B, M, N)
         self.activation, self.out_dtype = None if activation == "none" else activation, out_dtype
 
     def run(self, x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale):
-        from .a16w16 import gemm_a16w16
-
         x2 = torch.as_strided(x, self.stack, (self.row_stride, 1))
-        out = gemm_a16w16(x2, w if w.ndim == 2 else w[0], bias, activation=self.activation, out_dtype=self.out_dtype)
+        w2 = w if w.ndim == 2 else w[0]
+        if self.kind == "a16w16":
+            from .a16w16 import gemm_a16w16
+
+            out = gemm_a16w16(x2, w2, bias, activation=self.activation, out_dtype=self.out_dtype)
+        else:
+            from .a8w8 import gemm_a8w8
+
+            xs = a_scale if a_scale.numel() == 1 else a_scale.reshape(self.stack[0], 1)
+            ws = b_scale if b_scale.numel() == 1 else b_scale.reshape(1, self.shape[2])
+            out = gemm_a8w8(x2, w2, xs, ws, bias, activation=self.activation, out_dtype=self.out_dtype)
         return out.view(self.shape)
 
 
