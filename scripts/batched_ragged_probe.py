@@ -38,13 +38,9 @@ SWAP_ROUTES = {"gluon": {"SWAP_BATCHED": False}, "swap": {"SWAP_GAIN": 1e9},
 
 def wave_costs(B, M, N):
     """(the 128-row tiles' wave cost, the swapped tiles' at the rule's width, that width): ws_batched_swap's terms."""
-    tiles = hopper_ws.ws_tiles(B * -(-M // hopper_ws.BLOCK) * hopper_ws.BLOCK, N, 132, False)
-
-    def cost(m, n, r, p):
-        return -(-B * hopper_ws._tiles(m, n, r, p[0] + p[1]) // 132) * (p[0] + p[1] + hopper_ws.PART_COST) * r // 128
-
-    best = min(hopper_ws.WIDTHS, key=lambda p: (cost(N, M, 128, p), -(p[0] + p[1])))
-    return cost(M, N, *tiles), cost(N, M, 128, best), best
+    rows, parts = hopper_ws.ws_tiles(B * -(-M // hopper_ws.BLOCK) * hopper_ws.BLOCK, N, 132, False)
+    best = min(hopper_ws.WIDTHS, key=lambda p: (hopper_ws._wave_cost(N, M, p, 132, batch=B), -(p[0] + p[1])))
+    return hopper_ws._wave_cost(M, N, parts, 132, rows, B), hopper_ws._wave_cost(N, M, best, 132, batch=B), best
 SETS = 3
 
 

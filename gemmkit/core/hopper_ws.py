@@ -118,11 +118,11 @@ def _tiles(M: int, N: int, rows: int, width: int) -> int:
     return -(-M // rows) * -(-N // width)
 
 
-def _wave_cost(M: int, N: int, parts: tuple[int, int], num_sms: int, rows: int = BLOCK) -> float:
-    """The time of the waves of rows x (N0 + N1) tiles over the SMs, a 128-row tile's time taken as
-    its width plus PART_COST, a 64-row tile's as half of that."""
+def _wave_cost(M: int, N: int, parts: tuple[int, int], num_sms: int, rows: int = BLOCK, batch: int = 1) -> float:
+    """The time of the waves of rows x (N0 + N1) tiles (of `batch` M x N problems) over the SMs, a 128-row
+    tile's time taken as its width plus PART_COST, a 64-row tile's as half of that."""
     width = parts[0] + parts[1]
-    return -(-_tiles(M, N, rows, width) // num_sms) * (width + PART_COST) * rows // BLOCK
+    return -(-batch * _tiles(M, N, rows, width) // num_sms) * (width + PART_COST) * rows // BLOCK
 
 
 def _widths(fp8: bool, M: int) -> tuple:
@@ -173,15 +173,16 @@ def ws_ragged_tiles(M: int, N: int, num_sms: int, swap_ok: bool = True) -> tuple
     (_wave_cost; the 64-row tiles' divided by RAGGED_ROWS64_PENALTY: one consumer warp group keeps the tensor
     cores less busy; the swapped ones' times RAGGED_SWAP_PENALTY: their epilogue stores by pointers; ties: 128
     rows, then 64, then swapped). On 40 problems of 200 to 1000 rows (not multiples
-    of 128) x 8 layers (scripts/dense_swap_probe.py, tuning/ragged/dense_swap2_h100.txt) it came within 1% of the
-    best of the three in geomean (0.897x cuBLAS against 0.906 for the best, 0.856 for the rule before it, whose
-    tl kernel and 64-row tiles ran as low as 0.56x: 300 x 2560 x 8192 -> 0.82x); the penalty fitted there
-    (0.8 to 0.9 alike, 0.75 lost 4%). At 100 to 170 rows (24 problems, dense_swap_ranges_h100.txt) 0.930 against
-    0.869 (the tl kernel's tables; best of all 0.954); from 1024 rows (1300, 2500) the rule before it (the
-    Gluon kernel's 128- or 64-row tiles) was as good as any of the three: not taken there. The swapped tiles
-    add 0.3% over the 64 problems (1.0 to 1.1 alike), their wins large (300 x 8192 x 8192 0.79x -> 0.85x, 777 x 6144
-    x 4096 0.81x -> 0.86x), a loss where their cost came within 3% (900 x 7168 x 8192: 0.72x against 0.82x before;
-    ragged_rule_heldout_d0d71b8_h100.txt): hence 1.05."""
+    of 128) x 8 layers (scripts/dense_swap_probe.py, tuning/ragged/dense_swap2_h100.txt) its picks' measured ratios
+    make 0.895x cuBLAS against 0.906 for the best timed route per problem and 0.856 for the rule before it, whose
+    tl kernel and 64-row tiles ran as low as 0.56x (300 x 2560 x 8192 -> 0.82x); the 64-row penalty fitted there
+    (0.8 to 0.9 within 0.2%, 0.75 2% lower). At 100 to 170 rows (24 problems, dense_swap_ranges_h100.txt) 0.935
+    against 0.869 (best 0.954); from 1024 rows (1300, 2500) the rule before it (the Gluon kernel's 128- or 64-row
+    tiles) was as good as any of the three: not taken there. The swapped tiles add 0.3% over the 64 problems
+    (0.909 against 0.906 without them; penalties 1.0 to 1.1 alike), their wins large (300 x 8192 x 8192 0.79x ->
+    0.85x, 777 x 6144 x 4096 0.81x -> 0.86x), a loss where their cost came within 3% (900 x 7168 x 8192: 0.72x
+    against 0.82x before; ragged_rule_heldout_d0d71b8_h100.txt): hence 1.05. (These geomeans:
+    scripts/ragged_summary.py, tuning/ragged/ragged_summary.txt.)"""
     p128 = ws_parts(M, N, num_sms, False)
     p64 = min(ROWS64_WIDTHS[False], key=lambda p: (_wave_cost(M, N, p, num_sms, HALF), -(p[0] + p[1])))
     options = [(_wave_cost(M, N, p128, num_sms), 0, (BLOCK, p128, False)),
@@ -389,12 +390,9 @@ def ws_batched_swap(B: int, M: int, N: int, tiles: tuple, num_sms: int) -> tuple
     rows, parts = tiles
     if not SWAP_BATCHED or M % rows == 0 or N % 16:
         return None
-
-    def cost(m, n, r, p):
-        return -(-B * _tiles(m, n, r, p[0] + p[1]) // num_sms) * (p[0] + p[1] + PART_COST) * r // BLOCK
-
-    best = min(WIDTHS, key=lambda p: (cost(N, M, BLOCK, p), -(p[0] + p[1])))
-    return best if cost(N, M, BLOCK, best) < SWAP_GAIN * cost(M, N, rows, parts) else None
+    best = min(WIDTHS, key=lambda p: (_wave_cost(N, M, p, num_sms, batch=B), -(p[0] + p[1])))
+    swapped, picked = _wave_cost(N, M, best, num_sms, batch=B), _wave_cost(M, N, parts, num_sms, rows, B)
+    return best if swapped < SWAP_GAIN * picked else None
 
 
 class BatchedWSPlan:

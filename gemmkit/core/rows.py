@@ -107,6 +107,15 @@ def x_copy_pays(x2: torch.Tensor, w: torch.Tensor, M: int, N: int, dev) -> bool:
     return ALIGN_X_GAIN * gemm_us > copy_us
 
 
+def plan_on_aligned_x(x2: torch.Tensor, w: torch.Tensor, M: int, N: int, dev, flatten_x: bool, build):
+    """An op's plan for x2 (M, K) and w (N, K): build(x, flatten_x) on x2 itself, or, where x_copy_pays, built for
+    a padded copy of x (never flattened) and wrapped in AlignedX, which makes that copy on each call."""
+    if not x_copy_pays(x2, w, M, N, dev):
+        return build(x2, flatten_x)
+    xa = empty_aligned(M, x2.shape[1], x2.dtype, x2.device)
+    return AlignedX(build(xa, False), x2, M, x2.shape[1], flatten_x)
+
+
 class AlignedX:
     """Runs `plan` (built for an x of padded rows) on a padded copy of x (M, K) (or (*, K): flatten_x),
     made by copy_rows_kernel (torch's copy into the strided view ran at 0.4 to 0.7 TB/s)."""

@@ -27,7 +27,27 @@ def _name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-class GemmLayer(nn.Module):
+class PaddedRowsModule(nn.Module):
+    """A module whose dense weight buffers (named in `padded_weights`) keep rows that start on 32-byte boundaries
+    (gemmkit.align_rows: the kernels read rows straddling the L2's sectors up to 1.8x slower), also after `.to()`
+    (which keeps dense layouts only); state_dict() holds dense copies of them."""
+
+    padded_weights: tuple = ()
+
+    def _apply(self, fn, *args, **kwargs):
+        super()._apply(fn, *args, **kwargs)
+        for name in self.padded_weights:
+            w = self._buffers.get(name)
+            if w is not None and not rows_aligned(w):
+                self._buffers[name] = align_rows(w)
+        return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        dense_state(destination, [prefix + name for name in self.padded_weights])
+
+
+class GemmLayer(PaddedRowsModule):
     """What the gemmkit layers share: shape, dtype, bias, input checks, from_linear, repr.
 
     Subclasses set `scheme` (a short description) and `weight_dtype`, and implement
@@ -38,7 +58,7 @@ class GemmLayer(nn.Module):
 
     scheme = ""
     weight_dtype = None  # None: the layer's dtype
-    dense_weight = True  # weight (N, K), one value per element (not packed): its rows are padded
+    padded_weights = ("weight",)  # weight (N, K), one value per element (not packed): its rows are padded
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, dtype=torch.bfloat16,
                  device=None):
@@ -52,17 +72,6 @@ class GemmLayer(nn.Module):
         self.register_buffer("weight", empty_aligned(out_features, in_features, self.weight_dtype or dtype,
                                                      device).zero_())
         self.register_buffer("bias", torch.zeros(out_features, dtype=dtype, device=device) if bias else None)
-
-    def _apply(self, fn, *args, **kwargs):
-        super()._apply(fn, *args, **kwargs)
-        w = self._buffers.get("weight")
-        if self.dense_weight and w is not None and not rows_aligned(w):  # (Module.to keeps dense layouts only)
-            self._buffers["weight"] = align_rows(w)
-        return self
-
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        dense_state(destination, (prefix + "weight",))
 
     @classmethod
     def unsupported(cls, linear: nn.Linear, **options) -> str | None:
@@ -253,7 +262,7 @@ class Int4Linear(GemmLayer):
     perm int64 (K,): GPTQ's act-order, applied to the activations (y = x[..., perm] @ w.T).
     group_size: 32, 64, 128 or None / -1 (one group per output channel)."""
 
-    dense_weight = False
+    padded_weights = ()  # (packed 4-bit codes)
 
     def __init__(self, in_features, out_features, bias=True, *, dtype=torch.bfloat16, device=None, group_size=128,
                  symmetric: bool = False, act_order: bool = False, scale_dtype=None):
@@ -343,7 +352,7 @@ class MXFP4Linear(GemmLayer):
     (gemm_a16wfp4). Buffers: weight uint8 (N, K // 2) e2m1 codes, weight_scale uint8 (N, K // 32)."""
 
     scheme = "mxfp4 (weight e2m1, e8m0 scale per 32)"
-    dense_weight = False
+    padded_weights = ()  # (packed 4-bit codes)
 
     def __init__(self, in_features, out_features, bias=True, *, dtype=torch.bfloat16, device=None):
         super().__init__(in_features, out_features, bias, dtype=dtype, device=device)

@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 from .. import quant
-from ..core.rows import align_rows, dense_state, empty_aligned, rows_aligned
+from ..core.rows import empty_aligned
 from ..ops.fused import ff_a8w8_gated, ff_a16w16_gated
-from .layers import ALIGN, _name
+from .layers import ALIGN, PaddedRowsModule, _name
 
 SCHEMES = ("bf16", "fp8")
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -49,11 +49,13 @@ def mlp_linears(mlp):
     return fused, gate, up, down, act
 
 
-class GatedMLP(nn.Module):
+class GatedMLP(PaddedRowsModule):
     """down(act(gate(x)) * up(x)): x (*, hidden) in `dtype` -> (*, out_features) in `dtype`.
 
     scheme: "bf16" (16-bit weights, ff_a16w16_gated) or "fp8" (e4m3 weights per channel,
     ff_a8w8_gated). activation: "silu", "gelu_tanh" or "relu"."""
+
+    padded_weights = ("gate_up_weight", "down_weight")
 
     def __init__(self, hidden: int, intermediate: int, *, out_features: int | None = None, activation: str = "silu",
                  scheme: str = "bf16", dtype=torch.bfloat16, device=None):
@@ -77,17 +79,6 @@ class GatedMLP(nn.Module):
         if scheme == "fp8":
             self.register_buffer("gate_up_scale", torch.ones(2 * intermediate, dtype=torch.float32, device=device))
             self.register_buffer("down_scale", torch.ones(out_features, dtype=torch.float32, device=device))
-
-    def _apply(self, fn, *args, **kwargs):
-        super()._apply(fn, *args, **kwargs)
-        for name in ("gate_up_weight", "down_weight"):  # (Module.to keeps dense layouts only)
-            if not rows_aligned(self._buffers[name]):
-                self._buffers[name] = align_rows(self._buffers[name])
-        return self
-
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        dense_state(destination, (prefix + "gate_up_weight", prefix + "down_weight"))
 
     @torch.no_grad()
     def load_gate_up(self, gate_up=None, *, gate=None, up=None, layout: str = "concat") -> None:

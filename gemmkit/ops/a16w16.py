@@ -12,7 +12,7 @@ from ..core.epilogue import EpilogueSpec
 from ..core.formats import dense
 from ..core.hopper_ws import ws_plan
 from ..core.plan import PlanCache, plan_key
-from ..core.rows import AlignedX, empty_aligned, warn_unaligned_weight, x_copy_pays
+from ..core.rows import plan_on_aligned_x, warn_unaligned_weight
 from ..core.tracing import is_compiling as _is_compiling, library as _library
 
 OP = "a16w16"
@@ -56,12 +56,8 @@ def _make_plan(x, w, bias, y, activation, out_dtype, config, mul=None, add=None)
     v.check_layout("x", x2)
     v.check_layout("w", w)
     warn_unaligned_weight("gemm_a16w16", w)
-    if not x_copy_pays(x2, w, M, N, device_info(device)):
-        return _plan(x2, w, bias, y2, activation, out_dtype, config, mul, add, M, N, K, lead, x.ndim != 2, device)
-    # x's rows straddle the L2's sectors: the GEMM reads a padded copy (gemmkit.core.rows)
-    xa = empty_aligned(M, K, x.dtype, device)
-    plan = _plan(xa, w, bias, y2, activation, out_dtype, config, mul, add, M, N, K, lead, False, device)
-    return AlignedX(plan, x2, M, K, x.ndim != 2)
+    return plan_on_aligned_x(x2, w, M, N, device_info(device), x.ndim != 2, lambda xa, flat: _plan(
+        xa, w, bias, y2, activation, out_dtype, config, mul, add, M, N, K, lead, flat, device))
 
 
 def _plan(x2, w, bias, y2, activation, out_dtype, config, mul, add, M, N, K, lead, flatten_x, device):

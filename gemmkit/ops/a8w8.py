@@ -14,7 +14,7 @@ from ..core.hopper_ws import ws_plan
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense, quantized_in_kernel
 from ..core.plan import PlanCache, capturing, plan_key
-from ..core.rows import ALIGN_X_MIN_M, ROW_ALIGN, AlignedX, empty_aligned, warn_unaligned_weight, x_copy_pays
+from ..core.rows import ALIGN_X_MIN_M, ROW_ALIGN, empty_aligned, plan_on_aligned_x, warn_unaligned_weight
 from ..core.tracing import is_compiling as _is_compiling, library as _library
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -131,13 +131,13 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, f
                      out_dtype=out_dtype, out_shape=(*lead, N), promote=not fast_accum)
     warn_unaligned_weight("gemm_a8w8", w)
     if not dynamic:
-        align_x = x_copy_pays(x2, w, M, N, dev)  # x's rows straddle the L2's sectors: the GEMM reads a padded copy
-        xa = empty_aligned(M, K, x.dtype, device) if align_x else x2
-        flat = x.ndim != 2 and not align_x
-        ws = ws_plan(dev, xa, w, y2, M, N, K, x_scale=x_scale, flatten_x=flat, **ws_common) if fp8 else None
-        plan = ws or DensePlan(xa, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev,
-                               inputs=dict(bias=bias, a_scale=x_scale, b_scale=w_scale), **dict(common, flatten_x=flat))
-        return AlignedX(plan, x2, M, K, x.ndim != 2) if align_x else plan
+        def build(xa, flat):  # (xa: x, or a copy in rows on the L2's sectors: core/rows.py)
+            ws = ws_plan(dev, xa, w, y2, M, N, K, x_scale=x_scale, flatten_x=flat, **ws_common) if fp8 else None
+            return ws or DensePlan(xa, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev,
+                                   inputs=dict(bias=bias, a_scale=x_scale, b_scale=w_scale),
+                                   **dict(common, flatten_x=flat))
+
+        return plan_on_aligned_x(x2, w, M, N, dev, x.ndim != 2, build)
     from ..quant import FP8_TARGETS, _quantize
 
     # the quantizer writes x's rows padded where they would straddle the L2's sectors (core/rows.py)

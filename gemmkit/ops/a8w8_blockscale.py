@@ -13,7 +13,7 @@ from ..core.device import device_info
 from ..core.hopper_ws import ws_plan
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense, quantized_in_kernel
-from ..core.rows import AlignedX, empty_aligned, warn_unaligned_weight, x_copy_pays
+from ..core.rows import plan_on_aligned_x, warn_unaligned_weight
 from ..core.plan import PlanCache, capturing, plan_key
 from ..core.tracing import is_compiling as _is_compiling, library as _library
 
@@ -109,19 +109,18 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, d
     common = dict(out_dtype=out_dtype, out_shape=(*lead, N), auto_config=config is None)
     warn_unaligned_weight("gemm_a8w8_blockscale", w)
     if not dynamic:
-        align_x = x_copy_pays(x2, w, M, N, dev)  # x's rows straddle the L2's sectors: the GEMM reads a padded copy
-        xa = empty_aligned(M, K, x.dtype, device) if align_x else x2
-        flat = x.ndim != 2 and not align_x
-        gemm = ws_plan(dev, xa, w, y2, M, N, K, scales="kblock", x_scale=xs2, w_scale=ws2, bias=bias,
-                       activation=activation, config=config, out_dtype=out_dtype, out_shape=(*lead, N),
-                       flatten_x=flat)
-        if gemm is None:  # else sm_90: the warp-specialized promoting kernel (core/hopper_ws.py)
-            a_fmt = dense(x.dtype, Scale.KBLOCK, GROUP)
-            cfg = resolve_config(OP, config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
-            gemm = DensePlan(xa, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev, flatten_x=flat,
-                             inputs=dict(bias=bias, a_scale=xs2, b_scale=ws2), **common)
-        plan = _Plan(gemm, lead if x_scale.ndim != 2 else None)
-        return AlignedX(plan, x2, M, K, x.ndim != 2) if align_x else plan
+        def build(xa, flat):  # (xa: x, or a copy in rows on the L2's sectors: core/rows.py)
+            gemm = ws_plan(dev, xa, w, y2, M, N, K, scales="kblock", x_scale=xs2, w_scale=ws2, bias=bias,
+                           activation=activation, config=config, out_dtype=out_dtype, out_shape=(*lead, N),
+                           flatten_x=flat)
+            if gemm is None:  # else sm_90: the warp-specialized promoting kernel (core/hopper_ws.py)
+                a_fmt = dense(x.dtype, Scale.KBLOCK, GROUP)
+                cfg = resolve_config(OP, config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
+                gemm = DensePlan(xa, w, example_y, a_fmt, b_fmt, epilogue, cfg, dev, flatten_x=flat,
+                                 inputs=dict(bias=bias, a_scale=xs2, b_scale=ws2), **common)
+            return _Plan(gemm, lead if x_scale.ndim != 2 else None)
+
+        return plan_on_aligned_x(x2, w, M, N, dev, x.ndim != 2, build)
     fused = gemm = None
     if dynamic_path == "fused" or (dynamic_path == "auto" and M <= FUSED_QUANT_MAX_M):
         a_fmt = quantized_in_kernel(x.dtype, w.dtype, "group", GROUP)

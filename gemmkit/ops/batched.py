@@ -13,6 +13,7 @@ from ..core.hopper_ws import ws_batched_plan
 from ..core.plan import PlanCache, plan_key
 from ..core.tracing import is_compiling as _is_compiling, library as _library
 from ..kernels import modes
+from . import a8w8, a16w16
 from .grouped import FP8, _IN_DTYPES, _Degenerate
 
 _plans = PlanCache()
@@ -84,7 +85,7 @@ def _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind
     if (SHARED_WEIGHT_AS_ONE and config is None and B > 1 and w.stride(0) == 0 and (bias is None or bias.ndim == 1)
             and x.stride(2) == 1 and x.stride(0) == M * x.stride(1)
             and (kind == "a16w16" or (s_bsg == 0 and (x_scale.numel() == 1 or x_scale.is_contiguous())))):
-        return _SharedWeightPlan(kind, B, M, N, K, x.stride(1), activation, out_dtype)
+        return _SharedWeightPlan(kind, x, w, bias, x_scale, w_scale, activation, out_dtype)
     dev = device_info(device)
     if kind == "a16w16":  # sm_90: the warp-specialized kernel over the entries' row stacks, where it qualifies
         ws = ws_batched_plan(dev, x, w, bias, activation, out_dtype, config)
@@ -102,27 +103,39 @@ def _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind
 
 class _SharedWeightPlan:
     """x (B, M, K) with its entries evenly stacked and one weight (N, K) for all of them (a 2-D w, or batch stride
-    0): gemm_a16w16 (gemm_a8w8: x's scales per tensor or per token in order, w's per tensor or per channel shared
-    by the entries) over the (B * M)-row stack, viewed as (B, M, N): no tile padding per entry, the dense ops' rules
-    and tables (a caller's config keeps the batched kernel: it is that kernel's config)."""
+    0): gemm_a16w16's plan (gemm_a8w8's: x's scales per tensor or per token in order, w's per tensor or per
+    channel shared by the entries) for the (B * M)-row stack, built once, its output viewed as (B, M, N): no tile
+    padding per entry, the dense ops' rules and tables (a caller's config keeps the batched kernel: it is that
+    kernel's config)."""
 
-    def __init__(self, kind, B, M, N, K, row_stride, activation, out_dtype):
-        self.kind, self.stack, self.row_stride, self.shape = kind, (B * M, K), row_stride, (B, M, N)
-        self.activation, self.out_dtype = None if activation == "none" else activation, out_dtype
+    def __init__(self, kind, x, w, bias, x_scale, w_scale, activation, out_dtype):
+        B, M, K = x.shape
+        N = w.shape[-2]
+        self.stack, self.row_stride, self.shape = (B * M, K), x.stride(1), (B, M, N)
+        x2, w2 = self._rows(x), self._weight(w)
+        act = None if activation == "none" else activation
+        if kind == "a16w16":
+            self.inner = a16w16._make_plan(x2, w2, bias, None, act, out_dtype, None)
+        else:
+            self.inner = a8w8._make_plan(x2, w2, self._x_scale(x_scale), self._w_scale(w_scale), bias, None, act,
+                                         out_dtype, None, True)
+
+    def _rows(self, x):
+        return torch.as_strided(x, self.stack, (self.row_stride, 1))
+
+    @staticmethod
+    def _weight(w):
+        return w if w.ndim == 2 else w[0]
+
+    def _x_scale(self, s):
+        return s if s is None or s.numel() == 1 else s.reshape(self.stack[0], 1)
+
+    def _w_scale(self, s):
+        return s if s is None or s.numel() == 1 else s.reshape(1, self.shape[2])
 
     def run(self, x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale):
-        x2 = torch.as_strided(x, self.stack, (self.row_stride, 1))
-        w2 = w if w.ndim == 2 else w[0]
-        if self.kind == "a16w16":
-            from .a16w16 import gemm_a16w16
-
-            out = gemm_a16w16(x2, w2, bias, activation=self.activation, out_dtype=self.out_dtype)
-        else:
-            from .a8w8 import gemm_a8w8
-
-            xs = a_scale if a_scale.numel() == 1 else a_scale.reshape(self.stack[0], 1)
-            ws = b_scale if b_scale.numel() == 1 else b_scale.reshape(1, self.shape[2])
-            out = gemm_a8w8(x2, w2, xs, ws, bias, activation=self.activation, out_dtype=self.out_dtype)
+        out = self.inner.run(self._rows(x), self._weight(w), bias, None, self._x_scale(a_scale),
+                             self._w_scale(b_scale))
         return out.view(self.shape)
 
 
