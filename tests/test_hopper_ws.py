@@ -11,8 +11,10 @@ import gemmkit
 from gemmkit import quant
 from gemmkit.core import config as config_mod
 from gemmkit.core import hopper_ws
-from gemmkit.core.device import device_info
+from gemmkit.core.device import device_info, known_device
+from gemmkit import moe
 from gemmkit.ops import batched as batched_op
+from gemmkit.ops import grouped as grouped_op
 from gemmkit.quant import dequantize_fp8_blockwise, quantize_fp8_blockwise
 from conftest import DEVICE, ON_GPU, assert_close, poisoned, randn, reference, replay_with_new_inputs, spy_plans
 from test_a8w8_blockscale import col_major, operands
@@ -849,3 +851,129 @@ def test_batched_fp16_and_fallbacks(built, monkeypatch):
     monkeypatch.setattr(hopper_ws, "RAGGED_BATCHED", False)
     assert_close(gemmkit.batched_gemm_a16w16(xr[:, :999], w), ref_r[:, :999])
     assert len(built) == 2
+
+
+# grouped GEMMs (mixture-of-experts): the expert map --------------------------------------------
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_grouped_plan_binds_the_kernel_signature(gated):
+    """A grouped WSPlan (built on the CPU): x's sorted rows and every expert's weight rows in one descriptor each
+    (the gate / up halves of an (E, 2I, K) weight: each expert 2I rows apart), the expert map over the next power
+    of two of E, one K slice, TMA stores inside each expert's rows (C_TMA_INSIDE), a persistent grid no larger
+    than the tiles could be however the rows fall."""
+    E, R, N, K = 6, 1000, 768, 1024
+    x = torch.empty(R, K, dtype=BF16)
+    w3 = torch.empty(E, 2 * N if gated else N, K, dtype=BF16)
+    w_rows = ((E - 1) * w3.shape[1] + N, K)
+    bias = None if gated else torch.empty(E, N, dtype=BF16)
+    plan = hopper_ws.WSPlan(x, torch.as_strided(w3, w_rows, (K, 1)), None, R, N, K, "none", None, None, bias, BF16,
+                            (R, N), False, 132, promote=False, gated=("silu", (0, 1)) if gated else None,
+                            tiles=None if gated else (128, (128, 0)), experts=(E, w3.shape[1], 0))
+    names = hopper_ws.gluon_kernel().gemm_ws_kernel.arg_names[len(hopper_ws.PER_CALL):]
+    tail = dict(zip(names, plan.tail))
+    assert (tail["num_experts"], tail["EXPERTS"], tail["a_batch_rows"], tail["b_batch_rows"]) == (E, 8, 0, w3.shape[1])
+    assert tail["c_batch_rows"] == 0 and tail["batch"] == 1 and plan.splits == 1 and tail["C_TMA"] == 2
+    assert tail["bias_batch_stride"] == (0 if gated else N) and tail["GATED"] == gated
+    assert plan.a_desc.args[0] == [R, K] and plan.b0_desc.args[0] == list(w_rows)
+    assert plan.launch.grid[0] == min(132, (-(-R // 128) + E) * -(-N // plan.block_n))
+
+
+def test_grouped_rule(monkeypatch):
+    """The expert map serves bf16 / fp16 grouped GEMMs of GROUPED_MIN_ROWS rows per expert on average on Hopper,
+    rows stored in order, unweighted, no activation but a gated one, the library's config; else None (the tl
+    kernel). Checked against a Hopper device on the CPU (ws_enabled patched)."""
+    monkeypatch.setattr(hopper_ws, "ws_enabled", lambda dev, device: True)
+    dev = known_device("NVIDIA_H100_80GB_HBM3")
+    E, N, K = 8, 1536, 2048
+    x, w = torch.empty(E * 256, K, dtype=BF16), torch.empty(E, N, K, dtype=BF16)
+    kw = dict(gather=False, scatter=False, weighted=False, activation="none", out_dtype=BF16, config=None)
+    assert isinstance(hopper_ws.ws_grouped_plan(dev, x, w, E * 256, None, **kw), hopper_ws.GroupedWSPlan)
+    assert hopper_ws.ws_grouped_plan(dev, x, w, E * 256, None, **dict(kw, gather=True)) is not None
+    for bad in (dict(scatter=True), dict(weighted=True), dict(activation="silu"), dict(out_dtype=FP32),
+                dict(config=dict(BLOCK_M=64))):
+        assert hopper_ws.ws_grouped_plan(dev, x, w, E * 256, None, **dict(kw, **bad)) is None, bad
+    assert hopper_ws.ws_grouped_plan(dev, x, w, E * 100, None, **kw) is None  # (few rows per expert)
+    x_odd = torch.empty(E * 256, K + 4, dtype=BF16)[:, :K]  # (rows 4104 bytes apart: not a TMA stride)
+    assert hopper_ws.ws_grouped_plan(dev, x_odd, w, E * 256, None, **kw) is None
+    assert hopper_ws.ws_grouped_plan(dev, x.half(), w, E * 256, None, **kw) is None  # (mixed dtypes)
+    gate = torch.empty(E, 2 * N, K, dtype=BF16)[:, :N]
+    assert hopper_ws.ws_grouped_plan(dev, x, gate, E * 256, None, **dict(kw, activation="silu"), gated=True) is not None
+
+
+def _sizes_routing(kind, E, R):
+    """(E,) row counts summing to R: ragged (some 0, some under a tile, one over several tiles) or even."""
+    if kind == "even":
+        s = torch.full((E,), R // E)
+        s[-1] += R - int(s.sum())
+        return s.to(torch.int32)
+    g = torch.Generator().manual_seed(E * 7 + R)
+    w = torch.rand(E, generator=g) ** 3
+    w[0] = 0  # (an empty expert first)
+    w[E // 2] = 0
+    s = (w / w.sum() * R).floor().to(torch.int32)
+    s[1] += R - int(s.sum())
+    return s
+
+
+@needs_hopper
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("gather", [False, True])
+@pytest.mark.parametrize("bias_kind", [None, "shared", "per_expert"])
+@pytest.mark.parametrize("E,R,N,K,routing", [(8, 2048, 1536, 2048, "even"), (6, 1000, 1000, 1040, "ragged"),
+                                             (16, 3000, 768, 512, "ragged"), (3, 777, 2048, 4096, "ragged"),
+                                             (128, 20000, 256, 1024, "ragged")])
+def test_grouped_expert_map(built, monkeypatch, dtype, gather, bias_kind, E, R, N, K, routing):
+    """gemmkit.grouped_gemm_a16w16 on the expert map (GROUPED_MIN_ROWS 0: every size here): empty experts, experts
+    of fewer rows than a tile and of many tiles, ragged N and K (tiles past N read the next expert's weight rows),
+    gathered rows, bias per expert or shared, fp16. Every row is some expert's: the poisoned output must be all
+    written."""
+    from test_grouped import _ref
+
+    monkeypatch.setattr(hopper_ws, "GROUPED_MIN_ROWS", 0)
+    sizes = _sizes_routing(routing, E, R).to(DEVICE)
+    o = grouped_op.offsets_from_sizes(sizes)
+    T = R if not gather else R // 2 + 1
+    x = randn(T, K, dtype=dtype)
+    g = torch.randint(0, T, (R,), device=DEVICE, dtype=torch.int32) if gather else None
+    w = randn(E, N, K, dtype=dtype, scale=K**-0.5)
+    bias = None if bias_kind is None else randn(*((E, N) if bias_kind == "per_expert" else (N,)), dtype=dtype)
+    y = gemmkit.grouped_gemm_a16w16(x, w, o, gather_idx=g, bias=bias)
+    assert len(built) == 1 and built[0].experts is not None
+    assert_close(y, _ref(x, w, o, g, bias).to(dtype))
+
+
+@needs_hopper
+@pytest.mark.parametrize("gather", [False, True])
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_grouped_gated_expert_map(built, monkeypatch, gather, activation):
+    """gemmkit.ops.grouped.grouped_gated_a16w16 on the expert map: the gate and up halves of one (E, 2I, K)
+    weight, ragged experts; and moe_mlp with it (the down projection's scattered, weighted rows on the tl
+    kernel)."""
+    from test_grouped import _ref
+
+    monkeypatch.setattr(hopper_ws, "GROUPED_MIN_ROWS", 0)
+    E, I, H, R = 6, 1000, 2048, 1500
+    o = grouped_op.offsets_from_sizes(_sizes_routing("ragged", E, R).to(DEVICE))
+    T = R if not gather else 700
+    x = randn(T, H, dtype=BF16)
+    g = torch.randint(0, T, (R,), device=DEVICE, dtype=torch.int32) if gather else None
+    wgu = randn(E, 2 * I, H, dtype=BF16, scale=H**-0.5)
+    y = grouped_op.grouped_gated_a16w16(x, wgu, o, gather_idx=g, activation=activation)
+    assert len(built) == 1 and built[0].experts is not None and built[0].gated
+    h = _ref(x, wgu, o, g)
+    act = torch.nn.functional.silu if activation == "silu" else (
+        lambda t: torch.nn.functional.gelu(t, approximate="tanh"))
+    assert_close(y, (act(h[:, :I]) * h[:, I:]).to(BF16))
+    topk = torch.randint(0, E, (512, 2), device=DEVICE)
+    wts = torch.rand(512, 2, device=DEVICE)
+    wd = randn(E, H, I, dtype=BF16, scale=I**-0.5)
+    xm = randn(512, H, dtype=BF16)
+    out = moe.moe_mlp(xm, topk, wts, wgu, wd)
+    ref = torch.zeros(512, H, dtype=torch.float64, device=DEVICE)
+    for t in range(0, 512, 37):
+        for j in range(2):
+            e = int(topk[t, j])
+            hh = xm[t].double() @ wgu[e].double().T
+            a = (torch.nn.functional.silu(hh[:I]) * hh[I:]).to(BF16).double()
+            ref[t] += wts[t, j].double() * (a @ wd[e].double().T)
+    assert_close(out[::37], ref[::37].to(BF16))

@@ -738,7 +738,7 @@ class W4TilePlan(_W4Plan):
             b_batch_rows=0, c_batch_rows=0, bias_batch_stride=0, GROUP_M=hw.GROUP_M, STAGES=stages, SCALES=2,
             XS_TMA=False, PROMOTE=False, TWO=n1 > 0, HAS_BIAS=bias is not None and self.splits == 1, C_TMA=False,
             GATED=False, ACTIVATION="none", SHARE_C=False, GROUPS=rows // hw.HALF, W_FORMAT=2 if mxfp4 else 1,
-            HAS_ZERO=w_zero is not None, SW=sw, C_T=False))
+            HAS_ZERO=w_zero is not None, SW=sw, C_T=False, **hw.NO_EXPERTS))
         self.stages = stages
         units = hw._tiles(N, M, rows, n0 + n1) * self.splits
         self.launch = CachedLaunch(self.kernel, (min(units, dev.num_sms),), 4, 1, self.device_index)
@@ -749,7 +749,7 @@ class W4TilePlan(_W4Plan):
         xd = self.b0_desc(x)
         xd1 = self.b1_desc(x) if self.b1_desc is not self.b0_desc else xd
         return (self.a_desc(w_q.view(torch.int32)), xd, xd1, self.xs_desc, c, self.c_desc, self.c_desc, bias, None,
-                w_scale, w_zero)
+                w_scale, w_zero, None)
 
     def _tail(self, w_scale, w_zero):
         return self.tail

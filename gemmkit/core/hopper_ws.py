@@ -50,9 +50,11 @@ REDUCE_BLOCK = (32, 128)
 FITTED_GAIN = 0.85  # bf16 / fp16: ws_direct_ok's threshold
 GROUP_M = 8
 PER_CALL = ("a_desc", "b0_desc", "b1_desc", "xs_desc", "c", "c0_desc", "c1_desc", "bias", "a_scale",
-            "b_scale", "b_zero")  # the kernel's leading parameters
+            "b_scale", "b_zero", "expert_offsets")  # the kernel's leading parameters
 # the kernel's 4-bit weight arguments (kernels/gemm_ws.py W_FORMAT; core/hopper_w4.W4TilePlan) for the dense plans
 DENSE_W = dict(stride_bzn=0, stride_bzk=0, group_shift=0, W_FORMAT=0, HAS_ZERO=False, SW=1)
+# the kernel's expert-map arguments where there is none (kernels/gemm_ws.py EXPERTS; GroupedWSPlan)
+NO_EXPERTS = dict(num_experts=1, bs_batch_stride=0, EXPERTS=0)
 C_TMA = True  # 16-bit outputs stored by TMA from shared memory (off: pointer stores; scripts/ws_probe.py --no-c-tma)
 SHARE_C = True  # 128 x (128 + 128) tiles: one output buffer per warp group for both parts, a stage more
 RAGGED_C_TMA = True  # batched, M not a multiple of the tiles' rows: TMA stores of the rows inside an entry
@@ -445,6 +447,62 @@ def ws_batched_plan(dev: DeviceInfo, x, w, bias, activation: str, out_dtype, con
     return BatchedWSPlan(plan, x_rows, w_rows)
 
 
+GROUPED_MIN_ROWS = 128  # grouped bf16 / fp16: rows per expert on average from which this kernel serves
+GROUPED_GATHER = True  # ... also with gathered rows (permuted into x's order first: no TMA gather on Hopper)
+
+
+class GroupedWSPlan:
+    """Grouped (mixture-of-experts) bf16 / fp16 GEMM through one WSPlan with the expert map: expert e's sorted
+    rows [offsets[e], offsets[e + 1]) of x times w[e] (w (E, N, K)); gated: activation(x w_gate^T) * (x w_up^T)
+    per expert (w the gate, b2 the up weight, each (E, I, K) views of one (E, 2I, K) tensor). Called as the
+    grouped op's plans are (GroupedPlan.run's arguments); gathered rows (a_rows) are permuted into a sorted
+    copy first."""
+
+    def __init__(self, plan: "WSPlan", R: int, N: int, w_rows: tuple, gather: bool):
+        self.plan, self.rows, self.shape, self.w_rows, self.gather = plan, R, (R, N), w_rows, gather
+        self.cfg = None  # (the tl kernel's config: none here)
+
+    def run(self, x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale, b2=None):
+        plan = self.plan
+        if a_rows is not None:
+            x = x.index_select(0, a_rows)
+        w2 = torch.as_strided(w, self.w_rows, (w.stride(1), 1))
+        up = None if b2 is None else torch.as_strided(b2, self.w_rows, (b2.stride(1), 1))
+        out = torch.empty(self.shape, dtype=plan.out_dtype, device=plan.device)
+        if _get_device() != plan.device_index:
+            with torch.cuda.device(plan.device_index):
+                plan.launch(plan.arguments(x, w2, out, bias, None, None, up, offsets), plan.tail)
+        else:
+            plan.launch(plan.arguments(x, w2, out, bias, None, None, up, offsets), plan.tail)
+        return out
+
+
+def ws_grouped_plan(dev: DeviceInfo, x, w, R: int, bias, *, gather: bool, scatter: bool, weighted: bool,
+                    activation: str, out_dtype, config, gated: bool = False) -> "GroupedWSPlan | None":
+    """A grouped plan on this kernel, or None (the tl kernel's GroupedPlan then): x (T, K) and w (E, N, K)
+    bf16 / fp16, K-contiguous and TMA-aligned, each expert's weight rows evenly spaced, R sorted rows of at
+    least GROUPED_MIN_ROWS per expert on average, rows read in order (or gathered: GROUPED_GATHER) and stored
+    in order, unweighted, no activation (gated: w is the gate half of an (E, 2I, K) weight whose up half, laid
+    out alike, comes with each call; `activation` of the gate), a 16-bit output, the library's config."""
+    E, N, K = w.shape
+    if (config is not None or scatter or weighted or (activation != "none" and not gated)
+            or (gather and not GROUPED_GATHER) or x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype
+            or out_dtype not in (torch.bfloat16, torch.float16) or not ws_enabled(dev, x.device)
+            or R < GROUPED_MIN_ROWS * E or K < WS_MIN_K or R * N >= 2**31 or x.stride(1) != 1 or w.stride(2) != 1
+            or (E > 1 and w.stride(0) % w.stride(1)) or (N > 1 and w.stride(1) < K)):
+        return None
+    b_rows = w.stride(0) // w.stride(1) if E > 1 else N
+    w_rows = ((E - 1) * b_rows + N, K)
+    w2 = torch.as_strided(w, w_rows, (w.stride(1), 1))
+    if not (_tma_operand(x) and _tma_operand(w2)) or (gather and x.stride(0) != K):
+        return None  # (gathered: x stands for its sorted copy, (R, K) contiguous, in the plan)
+    # (each expert's last tile-row half empty on average)
+    tiles = None if gated else ws_tiles(R + E * HALF, N, dev.num_sms, False)
+    plan = WSPlan(x, w2, None, R, N, K, "none", None, None, bias, out_dtype, (R, N), False, dev.num_sms,
+                  promote=False, gated=(activation, (0, 1)) if gated else None, tiles=tiles, experts=(E, b_rows, 0))
+    return GroupedWSPlan(plan, R, N, w_rows, gather)
+
+
 _GL_DTYPES = {}
 
 
@@ -529,7 +587,7 @@ class WSPlan:
     K slices into the workspace in y's orientation)."""
 
     def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms,
-                 promote=True, gated=None, tiles=None, batch=None, swap=False):
+                 promote=True, gated=None, tiles=None, batch=None, swap=False, experts=None):
         from triton.experimental.gluon import language as gl
 
         from .launcher import CachedLaunch
@@ -538,6 +596,11 @@ class WSPlan:
         # batched (batch=(B, weight rows per entry: N, or 0 for one weight)): x2 / w / the output are the
         # (B * M, K) / (B * N or N, K) / (B * M, N) row stacks of the entries
         self.batch, b_rows = batch or (1, 0)
+        # experts=(E, the weight's rows per expert, its scales' stride per expert): x2 / the output are the experts'
+        # sorted rows (M of them), w the experts' weights one after the other (kernels/gemm_ws.py EXPERTS)
+        self.experts = experts
+        if experts is not None:
+            b_rows = experts[1]
         MB = self.batch * M
         self.out_dtype, self.out_shape, self.flatten_x = out_dtype, tuple(out_shape), flatten_x
         self.out_strides = contiguous_strides(self.out_shape)
@@ -548,7 +611,7 @@ class WSPlan:
         block_k = ROW_BYTES // x2.element_size()
         op_dtype = _gl_dtype(x2.dtype)
         self.swap = swap
-        w_rows = self.batch * b_rows or N
+        w_rows = (experts[0] - 1) * b_rows + N if experts is not None else self.batch * b_rows or N
 
         def desc(rows, stride, box):
             return _Descriptors((rows, K), (stride, 1), (box, block_k),
@@ -601,7 +664,7 @@ class WSPlan:
             up_offset = 0
         self.y_strides = (N, 1) if y2 is None else y2.stride()
         km, kn = (N, M) if swap else (M, N)  # the kernel's rows and columns
-        self.splits = 1 if self.gated or self.batch > 1 else ws_splits(km, kn, K, num_sms, self.block_n, block_k,
+        self.splits = 1 if self.gated or self.batch > 1 or experts is not None else ws_splits(km, kn, K, num_sms, self.block_n, block_k,
                                                                        self.rows)
         self.ragged = False
         if self.splits > 1:  # K slices summed apart: into an fp32 workspace, slice s at rows s * split_rows
@@ -617,7 +680,7 @@ class WSPlan:
             self.split_rows = 0
             c_strides, c_dtype, self.c_tma = self.y_strides, out_dtype, _tma_output(y2, N, out_dtype)
             # ragged M: a tile's rows past its entry's end stored by pointers (kernels/gemm_ws.py C_TMA_INSIDE)
-            self.ragged = self.c_tma and self.batch > 1 and M % self.rows != 0
+            self.ragged = self.c_tma and ((self.batch > 1 and M % self.rows != 0) or experts is not None)
             if (self.ragged and not RAGGED_C_TMA) or swap:
                 self.c_tma = self.ragged = False
             if swap:  # the kernel's rows are y's columns
@@ -647,18 +710,23 @@ class WSPlan:
             XS_TMA=self.xs_tma, PROMOTE=promote, TWO=n1 > 0, HAS_BIAS=bias is not None and self.splits == 1,
             C_TMA=(2 if self.ragged else 1) if self.c_tma else 0, GATED=self.gated,
             ACTIVATION=gated[0] if self.gated else "none", SHARE_C=self.share_c,
-            GROUPS=self.rows // HALF, batch=self.batch, a_batch_rows=b_rows if swap else M,
-            b_batch_rows=M if swap else b_rows, c_batch_rows=M,
-            bias_batch_stride=bias.stride(0) if bias is not None and bias.ndim == 2 else 0, C_T=swap, **DENSE_W))
+            GROUPS=self.rows // HALF, batch=self.batch,
+            a_batch_rows=0 if experts is not None else b_rows if swap else M, b_batch_rows=M if swap else b_rows,
+            c_batch_rows=0 if experts is not None else M,
+            bias_batch_stride=bias.stride(0) if bias is not None and bias.ndim == 2 else 0, C_T=swap, **DENSE_W,
+            **(NO_EXPERTS if experts is None else dict(num_experts=experts[0], bs_batch_stride=experts[2],
+                                                      EXPERTS=max(2, 1 << (experts[0] - 1).bit_length())))))
         units = _tiles(km, kn, self.rows, self.block_n) * self.splits * self.batch
+        if experts is not None:  # (an upper bound: every expert may end in a partial tile-row)
+            units = (-(-M // self.rows) + experts[0]) * -(-N // self.block_n)
         self.launch = CachedLaunch(kernel, (min(units, num_sms),), 4, 1,
                                    self.device_index)  # persistent: at most one program per SM
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)
         self.y_extent = 0 if y2 is None else extent_bytes(y2)
 
-    def arguments(self, x, w, c, bias, x_scale, w_scale, w2=None) -> tuple:
+    def arguments(self, x, w, c, bias, x_scale, w_scale, w2=None, offsets=None) -> tuple:
         """The kernel's PER_CALL arguments for these tensors (x (M, K), c (M, N); gated: w2 the up
-        weight)."""
+        weight; the expert map: its offsets)."""
         xs_desc = self.xs_desc(torch.as_strided(x_scale, (self.xs_extent,), (1,))) if self.xs_tma else self._xs_const
         b = x if self.swap else w
         b0 = self.b0_desc(b)
@@ -671,7 +739,7 @@ class WSPlan:
             c1 = self.c1_desc(c) if self.c1_desc is not self.c0_desc else c0
         else:
             c0, c1 = self.c0_desc, self.c1_desc
-        return self.a_desc(w if self.swap else x), b0, b1, xs_desc, c, c0, c1, bias, x_scale, w_scale, None
+        return self.a_desc(w if self.swap else x), b0, b1, xs_desc, c, c0, c1, bias, x_scale, w_scale, None, offsets
 
     def run(self, x, w, bias, y, x_scale, w_scale, w2=None):
         if _get_device() != self.device_index:  # launches go to the current device

@@ -104,16 +104,21 @@ else:
 
 
 @gluon.jit
-def _grouped_tile(pid, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
-    """(off_m, off_n) of program pid in grouped order: GROUP_M tile-rows walked column by column
+def _grouped_pid(pid, num_pid_m, num_pid_n, GROUP_M: gl.constexpr):
+    """(tile-row, tile-column) of tile pid in grouped order: GROUP_M tile-rows walked column by column
     (kernels/schedule.py grouped_tile; a Gluon kernel cannot call the tl one)."""
-    num_pid_m = gl.cdiv(M, BLOCK_M)
-    num_pid_n = gl.cdiv(N, BLOCK_N)
     per_group = GROUP_M * num_pid_n
     first_m = (pid // per_group) * GROUP_M
     group_m = gl.minimum(num_pid_m - first_m, GROUP_M)
     in_group = pid % per_group
-    return (first_m + in_group % group_m) * BLOCK_M, (in_group // group_m) * BLOCK_N
+    return first_m + in_group % group_m, in_group // group_m
+
+
+@gluon.jit
+def _grouped_tile(pid, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """(off_m, off_n) of program pid in grouped order (_grouped_pid)."""
+    pid_m, pid_n = _grouped_pid(pid, gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N), GROUP_M)
+    return pid_m * BLOCK_M, pid_n * BLOCK_N
 
 
 @gluon.jit
@@ -122,6 +127,32 @@ def _units(M, N, batch, splits, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     `splits` K slices."""
     tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
     return tiles, tiles * batch * splits
+
+
+@gluon.jit
+def _expert_units(expert_offsets, num_experts, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                  EXPERTS: gl.constexpr, NW: gl.constexpr):
+    """(cumulative tile-rows per expert (EXPERTS,), work units) of the expert map, read from the device's
+    offsets (expert e owns rows [offsets[e], offsets[e + 1]): cdiv(rows, BLOCK_M) tile-rows, none for an
+    empty or negative range) by a partition of NW warps; no host synchronization."""
+    lay: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    e = gl.arange(0, EXPERTS, layout=lay)
+    lo = gl.load(expert_offsets + e, mask=e < num_experts, other=0)
+    hi = gl.load(expert_offsets + e + 1, mask=e < num_experts, other=0)
+    cum = gl.cumsum((gl.maximum(hi - lo, 0) + BLOCK_M - 1) // BLOCK_M, 0)
+    return cum, gl.max(cum, 0) * gl.cdiv(N, BLOCK_N)
+
+
+@gluon.jit
+def _expert_unit(unit, cum, expert_offsets, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+    """(expert, first row, off_n, end row) of work unit `unit` of the expert map (_expert_units): the
+    experts' tile-rows one after the other, walked in grouped order; rows are x's (sorted) rows."""
+    pid_m, pid_n = _grouped_pid(unit, gl.max(cum, 0), gl.cdiv(N, BLOCK_N), GROUP_M)
+    before = cum <= pid_m
+    expert = gl.sum(before.to(gl.int32), 0)
+    first_tile = gl.max(gl.where(before, cum, 0), 0)  # cum[expert - 1] (cum does not decrease)
+    lo = gl.load(expert_offsets + expert)
+    return expert, lo + (pid_m - first_tile) * BLOCK_M, pid_n * BLOCK_N, gl.load(expert_offsets + expert + 1)
 
 
 @gluon.jit
@@ -145,7 +176,7 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
               k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M: gl.constexpr,
               STAGES: gl.constexpr,
               XS_TMA: gl.constexpr, TWO: gl.constexpr, GATED: gl.constexpr, GROUPS: gl.constexpr,
-              PACKED: gl.constexpr):
+              PACKED: gl.constexpr, expert_offsets, num_experts, EXPERTS: gl.constexpr):
     """One warp: for each of the program's tiles, TMA loads of each K block's A rows (GROUPS boxes
     of HALF rows, one per consumer warp group; PACKED: one box of the 4-bit weight's words for all
     of them, into a0_bufs), B column part(s) and (XS_TMA) the tile's activation scales into the next
@@ -175,10 +206,18 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
     else:
         nbytes: gl.constexpr = a_bytes + b_bytes
     it = 0
-    tiles, units = _units(M, N, batch, splits, GROUPS * HALF, BLOCK_N)
+    if EXPERTS > 0:
+        cum, units = _expert_units(expert_offsets, num_experts, N, GROUPS * HALF, BLOCK_N, EXPERTS, 1)
+    else:
+        tiles, units = _units(M, N, batch, splits, GROUPS * HALF, BLOCK_N)
     for unit in range(gl.program_id(0), units, gl.num_programs(0)):
-        entry, off_m, off_n, sp, k0, k1 = _unit(unit, tiles, M, N, batch, splits, k_tiles, GROUPS * HALF, BLOCK_N,
-                                                GROUP_M)
+        if EXPERTS > 0:  # (x's rows: a_batch_rows 0)
+            entry, off_m, off_n, _end = _expert_unit(unit, cum, expert_offsets, N, GROUPS * HALF, BLOCK_N, GROUP_M)
+            k0 = 0
+            k1 = k_tiles
+        else:
+            entry, off_m, off_n, sp, k0, k1 = _unit(unit, tiles, M, N, batch, splits, k_tiles, GROUPS * HALF,
+                                                    BLOCK_N, GROUP_M)
         a_m = entry * a_batch_rows + off_m
         b_n = entry * b_batch_rows + off_n
         for ki in range(k0, k1):
@@ -272,7 +311,8 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
               N0: gl.constexpr, N1: gl.constexpr, K_INSTR: gl.constexpr, ROLE: gl.constexpr, SCALES: gl.constexpr,
               XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr,
               GATED: gl.constexpr, ACTIVATION: gl.constexpr, SHARE_C: gl.constexpr, GROUPS: gl.constexpr,
-              PACKED: gl.constexpr, C_T: gl.constexpr):
+              PACKED: gl.constexpr, C_T: gl.constexpr, expert_offsets, num_experts, bs_batch_stride,
+              EXPERTS: gl.constexpr):
     """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles
     (GROUPS * HALF rows: one group per tile of HALF rows, or two), in
     column parts of N0 and (N1 > 0) N1 columns, each its own product and accumulator.
@@ -307,17 +347,32 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
     else:
         BLOCK_N: gl.constexpr = N0 + N1
     it = 0
-    tiles, units = _units(M, N, batch, splits, GROUPS * HALF, BLOCK_N)
+    if EXPERTS > 0:
+        cum, units = _expert_units(expert_offsets, num_experts, N, GROUPS * HALF, BLOCK_N, EXPERTS, 4)
+    else:
+        tiles, units = _units(M, N, batch, splits, GROUPS * HALF, BLOCK_N)
     for unit in range(gl.program_id(0), units, gl.num_programs(0)):
-        entry, off_m, off_n, sp, k0, k1 = _unit(unit, tiles, M, N, batch, splits, k_tiles, GROUPS * HALF, BLOCK_N,
-                                                GROUP_M)
+        if EXPERTS > 0:  # rows [off_m, row_end) of x and c are the expert's
+            entry, off_m, off_n, row_end = _expert_unit(unit, cum, expert_offsets, N, GROUPS * HALF, BLOCK_N,
+                                                        GROUP_M)
+            sp = 0
+            k0 = 0
+            k1 = k_tiles
+        else:
+            entry, off_m, off_n, sp, k0, k1 = _unit(unit, tiles, M, N, batch, splits, k_tiles, GROUPS * HALF,
+                                                    BLOCK_N, GROUP_M)
+            row_end = M
+        if SCALES == SCALES_NONE:
+            b_scale_e = b_scale
+        else:  # (the expert's weight scales)
+            b_scale_e = b_scale + entry * bs_batch_stride
         rm = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows_l)
-        row_ok = rm < M
+        row_ok = rm < row_end
         acc0 = gl.zeros((HALF, N0), dtype=gl.float32, layout=mma0)
         acc1 = gl.zeros((HALF, W1), dtype=gl.float32, layout=mma1)
         if PROMOTE:
             if SCALES == SCALES_KBLOCK:
-                sb_row = b_scale + (off_n // N0) * stride_bsn
+                sb_row = b_scale_e + (off_n // N0) * stride_bsn
                 has1 = off_n + N0 < N  # (TWO: the tile's second weight scale group exists)
                 sa_cur = gl.load(a_scale + rm * stride_asm + k0 * stride_ask, mask=row_ok, other=0.0)
                 sb0 = gl.load(sb_row + k0 * stride_bsk)
@@ -403,18 +458,19 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
             sa = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)
         else:
             sa = rm.to(gl.float32)  # (unused)
-        inside = off_m + (ROLE + 1) * HALF <= M  # (C_TMA_INSIDE: this group's rows lie inside the entry)
+        inside = off_m + (ROLE + 1) * HALF <= row_end  # (C_TMA_INSIDE: this group's rows lie inside the entry)
         if GATED:
-            out = _gate_tile(acc0, acc1, sa, b_scale, off_n, N, stride_bsn, up_scale_offset, N0, K_INSTR, SCALES,
+            out = _gate_tile(acc0, acc1, sa, b_scale_e, off_n, N, stride_bsn, up_scale_offset, N0, K_INSTR, SCALES,
                              ACTIVATION)
             _finish(out, c_e, c0_desc, c0_smem, bias_e, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
                     stride_bsn, N0, K_INSTR, SCALES_NONE, False, C_TMA, PEND, False, inside)
         else:
-            _finish(acc0, c_e, c0_desc, c0_smem, bias_e, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm,
+            _finish(acc0, c_e, c0_desc, c0_smem, bias_e, b_scale_e, sa, row0, rm, row_ok, off_n, N, stride_cm,
                     stride_cn, stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND, PACKED or C_T, inside)
         if TWO and not GATED:
             rm1 = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows1_l)
-            _finish(acc1, c_e, c1_desc, c1_smem, bias_e, b_scale, gl.convert_layout(sa, rows1_l), row0, rm1, rm1 < M,
+            _finish(acc1, c_e, c1_desc, c1_smem, bias_e, b_scale_e, gl.convert_layout(sa, rows1_l), row0, rm1,
+                    rm1 < row_end,
                     off_n + N0, N, stride_cm, stride_cn, stride_bsn, W1, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND,
                     PACKED or C_T, inside)
     if C_TMA:
@@ -587,15 +643,16 @@ def _decoder(wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded,
 
 
 @gluon.jit
-def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias, a_scale, b_scale, b_zero, M, N, K,
-                   splits, split_rows, xs_group_stride, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
-                   stride_bzn, stride_bzk, group_shift,
-                   up_scale_offset, batch, a_batch_rows, b_batch_rows, c_batch_rows, bias_batch_stride,
-                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr,
+def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias, a_scale, b_scale, b_zero,
+                   expert_offsets, M, N, K, splits, split_rows, xs_group_stride, stride_cm, stride_cn, stride_asm,
+                   stride_ask, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift,
+                   up_scale_offset, batch, a_batch_rows, b_batch_rows, c_batch_rows, bias_batch_stride, num_experts,
+                   bs_batch_stride, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr,
                    XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, TWO: gl.constexpr, HAS_BIAS: gl.constexpr,
                    C_TMA: gl.constexpr, GATED: gl.constexpr = False, ACTIVATION: gl.constexpr = "none",
                    SHARE_C: gl.constexpr = False, GROUPS: gl.constexpr = 2, W_FORMAT: gl.constexpr = 0,
-                   HAS_ZERO: gl.constexpr = False, SW: gl.constexpr = 1, C_T: gl.constexpr = False):
+                   HAS_ZERO: gl.constexpr = False, SW: gl.constexpr = 1, C_T: gl.constexpr = False,
+                   EXPERTS: gl.constexpr = 0):
     """c (M, N) = x (a_desc: (M, K), boxes of HALF x BLOCK_K) @ w (b0_desc / b1_desc: (N, K), boxes
     of N0 / N1 x BLOCK_K) in (2 * HALF) x (N0 + N1) tiles (N1 = 0 unless TWO), persistent: program
     p takes work units p, p + programs, ... (4 warps launched: the first consumer; a second
@@ -629,7 +686,13 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     caller swaps the dense operands, a_desc over the weight (M: its rows) and b0_desc / b1_desc over x (N: x's
     rows (per entry), a fitted tile width of them), c's strides swapped as for W_FORMAT, a per-row bias, entry e's
     output at row e * c_batch_rows of c, K slice s at row s * split_rows of the workspace (pointer stores,
-    accumulating, no scales)."""
+    accumulating, no scales).
+    EXPERTS > 0 (grouped GEMM, mixture-of-experts; a power of two >= num_experts): expert e owns x's and c's rows
+    [expert_offsets[e], expert_offsets[e + 1]) (int32, on the device: the work units are counted there) and
+    multiplies them by its weight, rows e * b_batch_rows.. of b0_desc (b1_desc: GATED's up weight at the same
+    rows of its own view); tiles (in grouped order over the experts' tile-rows one after the other) read past
+    their expert's rows into the next one's and store only its own (C_TMA_INSIDE or pointer stores); bias per
+    expert at bias_batch_stride, weight scales (SCALES_ROWCOL / SCALES_KBLOCK) at bs_batch_stride per expert."""
     PACKED: gl.constexpr = W_FORMAT != W_DENSE
     if PACKED:
         HALF: gl.constexpr = DEC_ROWS
@@ -654,6 +717,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     gl.static_assert(GROUPS == 2 or (GROUPS == 1 and not PROMOTE and not GATED), "one warp group: accumulating tiles")
     gl.static_assert(not PACKED or (not PROMOTE and not GATED and C_TMA == 0 and SCALES == SCALES_NONE),
                      "4-bit weight: accumulating, pointer stores")
+    gl.static_assert(EXPERTS == 0 or (not PACKED and not C_T), "the expert map: dense operands, not swapped")
     gl.static_assert(not C_T or (not PACKED and not PROMOTE and not GATED and C_TMA == 0 and SCALES == SCALES_NONE),
                      "swapped dense operands: bf16 / fp16, accumulating, pointer stores")
     if PACKED:  # the words by TMA; the values the decoder writes, laid out as x's tiles
@@ -722,15 +786,17 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
+                         EXPERTS)),
             (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cB0, cB1, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
+                         EXPERTS)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, wq_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED)),
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS)),
             (_decoder, (wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N,
                         k_tiles, splits, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift, GROUP_M, STAGES,
                         N0 + N1, W_FORMAT, HAS_ZERO, OP_DT == gl.float16, SW, GROUPS)),
@@ -741,15 +807,17 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
+                         EXPERTS)),
             (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cB0, cB1, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
+                         EXPERTS)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED)),
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS)),
         ], [4, 1], [232, 40])
     elif PACKED:  # one consumer warp group
         gl.warp_specialize([
@@ -757,10 +825,11 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
+                         EXPERTS)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, wq_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED)),
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS)),
             (_decoder, (wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N,
                         k_tiles, splits, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift, GROUP_M, STAGES,
                         N0 + N1, W_FORMAT, HAS_ZERO, OP_DT == gl.float16, SW, GROUPS)),
@@ -771,8 +840,9 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
-                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T)),
+                         ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
+                         EXPERTS)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED)),
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS)),
         ], [1], [40])

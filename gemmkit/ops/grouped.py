@@ -20,6 +20,7 @@ from ..core.config import fit_to_smem, gated_tiles
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense
+from ..core.hopper_ws import ws_grouped_plan
 from ..core.grouped import (GroupedPlan, check_k_major, family_config_for, group_bias_stride, group_epilogue,
                             index_extent)
 from ..core.plan import PlanCache, plan_key
@@ -279,6 +280,12 @@ def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_
         a_fmt, b_fmt = dense(x.dtype, a_scale, BLOCK), dense(w.dtype, b_scale, BLOCK, BLOCK)
     else:
         a_fmt, b_fmt = dense(x.dtype, a_scale), dense(w.dtype, b_scale)
+    if kind == "a16w16":  # the warp-specialized kernel with the expert map (Hopper, many rows per expert)
+        plan = ws_grouped_plan(dev, x, w, R, bias, gather=gather_idx is not None, scatter=scatter_idx is not None,
+                               weighted=routing_weights is not None, activation=activation, out_dtype=out_dtype,
+                               config=config, gated=gated)
+        if plan is not None:
+            return plan
     rows = max(1, -(-R // E))  # per expert on average: what the configs are chosen by
     cfg = grouped_config(kind, gated, config, rows, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize)
     plan = GroupedPlan(modes.MAP_GROUPED, x, w, (R, N), (N, 1), R, E, a_fmt, b_fmt,

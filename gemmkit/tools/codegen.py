@@ -224,7 +224,7 @@ def compile_bare(M: int, N: int, K: int, cfg: GemmConfig, dtype=torch.float8_e4m
 
 def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = True, dtype=torch.float8_e4m3fn,
                xs_tma: bool = True, out_dtype=torch.bfloat16, num_sms: int = H100.num_sms, gated: bool = False,
-               tiles=None, batch: int = 1, swap: bool = False) -> Binary:
+               tiles=None, batch: int = 1, swap: bool = False, experts: int = 0) -> Binary:
     """Compile the warp-specialized Gluon kernel (kernels/gemm_ws.py) for sm_90 with the arguments
     core/hopper_ws.WSPlan passes for this problem: scales "kblock" (x scales by TMA or by register
     loads), "rowcol" or "none" (bf16 / fp16), FP8 promoted or not, the plan's tile width, TMA stores
@@ -232,7 +232,10 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
     (silu(x @ gate^T) * (x @ up^T), N the intermediate size; per-channel scales for "rowcol").
     tiles: (rows, column parts) forced (WSPlan's tiles; rows 64: one consumer warp group).
     batch: that many (M, N, K) problems with weights of their own (gemmkit.batched_gemm_a16w16); swap: their
-    operands swapped (the weight's rows as the tiles' rows, `tiles`' parts over x's rows; ws_batched_swap)."""
+    operands swapped (the weight's rows as the tiles' rows, `tiles`' parts over x's rows; ws_batched_swap).
+    experts: M sorted rows over that many experts' (N, K) weights (the expert map: gemmkit.grouped_gemm_a16w16 /
+    grouped_gated_a16w16 through hopper_ws.ws_grouped_plan; gated: N the intermediate size, gate and up rows of
+    each expert in one (E, 2N, K) weight)."""
     from ..core import hopper_ws as hw
 
     kernel = hw.gluon_kernel().gemm_ws_kernel
@@ -249,6 +252,18 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
     bias = torch.empty(N, dtype=out_dtype)
     if gated:
         bias = None
+    if experts:  # the plan ws_grouped_plan makes (without its device checks)
+        w3 = torch.empty(experts, 2 * N if gated else N, K, dtype=dtype)
+        w_rows = ((experts - 1) * w3.shape[1] + N, K)
+        w2 = torch.as_strided(w3, w_rows, (K, 1))
+        up = torch.as_strided(w3[:, N:], w_rows, (K, 1)) if gated else None
+        bias = None if gated else torch.empty(experts, N, dtype=out_dtype)
+        plan = hw.WSPlan(x, w2, None, M, N, K, "none", None, None, bias, out_dtype, (M, N), False, num_sms,
+                         promote=False, gated=("silu", (0, 1)) if gated else None,
+                         tiles=None if gated else hw.ws_tiles(M + experts * hw.HALF, N, num_sms, False),
+                         experts=(experts, w3.shape[1], 0))
+        return _compile_gluon(kernel, (*plan.arguments(x, w2, c, bias, None, None, up,
+                                                       torch.zeros(experts + 1, dtype=torch.int32)), *plan.tail))
     plan = hw.WSPlan(x, w, None, M, N, K, scales, xs, ws, bias, out_dtype, (M, N), False, num_sms, promote,
                      gated=("silu", (N, 1)) if gated else None, tiles=tiles,
                      batch=(batch, N) if batch > 1 else None, swap=swap)
@@ -636,6 +651,10 @@ WS_CHECKS = {  # (M, N, K, compile_ws keywords, tensor-core instruction)
         256, 14336, 4096, dict(scales="none", promote=False, dtype=torch.bfloat16, gated=True), "HGMMA"),
     "gluon fp8 gated, per-channel scales, 128 x (128 + 128) tiles, TMA stores": (
         256, 18944, 3584, dict(scales="rowcol", promote=False, gated=True), "QGMMA"),
+    "gluon bf16 grouped (128 experts of 1536 x 2048), expert map, TMA stores inside each expert's rows": (
+        32768, 1536, 2048, dict(scales="none", promote=False, dtype=torch.bfloat16, experts=128), "HGMMA"),
+    "gluon bf16 grouped gated (256 experts, I = 2048, H = 7168), expert map, TMA stores": (
+        32768, 2048, 7168, dict(scales="none", promote=False, dtype=torch.bfloat16, experts=256, gated=True), "HGMMA"),
 }
 
 
