@@ -139,8 +139,14 @@ def _expert_units(expert_offsets, num_experts, N, BLOCK_M: gl.constexpr, BLOCK_N
     e = gl.arange(0, EXPERTS, layout=lay)
     lo = gl.load(expert_offsets + e, mask=e < num_experts, other=0)
     hi = gl.load(expert_offsets + e + 1, mask=e < num_experts, other=0)
-    cum = gl.cumsum((gl.maximum(hi - lo, 0) + BLOCK_M - 1) // BLOCK_M, 0)
+    tiles_m = (gl.maximum(hi - lo, 0) + BLOCK_M - 1) // BLOCK_M
+    cum = gl.associative_scan(tiles_m, 0, _add)  # (Triton 3.6's Gluon has no cumsum)
     return cum, gl.max(cum, 0) * gl.cdiv(N, BLOCK_N)
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
 
 
 @gluon.jit
