@@ -855,8 +855,9 @@ def test_batched_fp16_and_fallbacks(built, monkeypatch):
 
 # grouped GEMMs (mixture-of-experts): the expert map --------------------------------------------
 
+@pytest.mark.parametrize("gather", [False, True])
 @pytest.mark.parametrize("gated", [False, True])
-def test_grouped_plan_binds_the_kernel_signature(gated):
+def test_grouped_plan_binds_the_kernel_signature(gated, gather):
     """A grouped WSPlan (built on the CPU): x's sorted rows and every expert's weight rows in one descriptor each
     (the gate / up halves of an (E, 2I, K) weight: each expert 2I rows apart), the expert map over the next power
     of two of E, one K slice, TMA stores inside each expert's rows (C_TMA_INSIDE), a persistent grid no larger
@@ -868,13 +869,20 @@ def test_grouped_plan_binds_the_kernel_signature(gated):
     bias = None if gated else torch.empty(E, N, dtype=BF16)
     plan = hopper_ws.WSPlan(x, torch.as_strided(w3, w_rows, (K, 1)), None, R, N, K, "none", None, None, bias, BF16,
                             (R, N), False, 132, promote=False, gated=("silu", (0, 1)) if gated else None,
-                            tiles=None if gated else (128, (128, 0)), experts=(E, w3.shape[1], 0))
+                            tiles=None if gated else (128, (128, 0)), experts=(E, w3.shape[1], 0), gather=gather)
     names = hopper_ws.gluon_kernel().gemm_ws_kernel.arg_names[len(hopper_ws.PER_CALL):]
     tail = dict(zip(names, plan.tail))
     assert (tail["num_experts"], tail["EXPERTS"], tail["a_batch_rows"], tail["b_batch_rows"]) == (E, 8, 0, w3.shape[1])
     assert tail["c_batch_rows"] == 0 and tail["batch"] == 1 and plan.splits == 1 and tail["C_TMA"] == 2
     assert tail["bias_batch_stride"] == (0 if gated else N) and tail["GATED"] == gated
-    assert plan.a_desc.args[0] == [R, K] and plan.b0_desc.args[0] == list(w_rows)
+    assert tail["A_GATHER"] == gather and tail["stride_am"] == K and plan.b0_desc.args[0] == list(w_rows)
+    rows = torch.zeros(R, dtype=torch.int32)
+    up = torch.as_strided(w3[:, N:], w_rows, (K, 1)) if gated else None
+    args = plan.arguments(x, torch.as_strided(w3, w_rows, (K, 1)), torch.empty(R, N, dtype=BF16), bias, None, None,
+                          up, torch.zeros(E + 1, dtype=torch.int32), rows if gather else None)
+    per_call = dict(zip(hopper_ws.PER_CALL, args))
+    assert per_call["a_src"] is (x if gather else None) and per_call["a_rows"] is (rows if gather else None)
+    assert gather or plan.a_desc.args[0] == [R, K]
     assert plan.launch.grid[0] == min(132, (-(-R // 128) + E) * -(-N // plan.block_n))
 
 

@@ -90,7 +90,8 @@ def test_kernel_arguments(M, N, K, group, mxfp4, sliced):
         assert (tail["stride_cm"], tail["stride_cn"]) == (1, plan.n_pad)
     assert 2 <= tail["STAGES"] <= hopper_ws.MAX_STAGES
     args = plan.arguments(x, w_q, y, b, ws, wz)
-    assert len(args) == len(hopper_ws.PER_CALL) and args[-2] is ws and args[-1] is wz
+    per_call = dict(zip(hopper_ws.PER_CALL, args))
+    assert len(args) == len(hopper_ws.PER_CALL) and per_call["b_scale"] is ws and per_call["b_zero"] is wz
 
 
 # results on the H100 (GPU) -------------------------------------------------------------------------

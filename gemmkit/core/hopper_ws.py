@@ -50,11 +50,11 @@ REDUCE_BLOCK = (32, 128)
 FITTED_GAIN = 0.85  # bf16 / fp16: ws_direct_ok's threshold
 GROUP_M = 8
 PER_CALL = ("a_desc", "b0_desc", "b1_desc", "xs_desc", "c", "c0_desc", "c1_desc", "bias", "a_scale",
-            "b_scale", "b_zero", "expert_offsets")  # the kernel's leading parameters
+            "b_scale", "b_zero", "expert_offsets", "a_src", "a_rows")  # the kernel's leading parameters
 # the kernel's 4-bit weight arguments (kernels/gemm_ws.py W_FORMAT; core/hopper_w4.W4TilePlan) for the dense plans
 DENSE_W = dict(stride_bzn=0, stride_bzk=0, group_shift=0, W_FORMAT=0, HAS_ZERO=False, SW=1)
 # the kernel's expert-map arguments where there is none (kernels/gemm_ws.py EXPERTS; GroupedWSPlan)
-NO_EXPERTS = dict(num_experts=1, bs_batch_stride=0, EXPERTS=0)
+NO_EXPERTS = dict(num_experts=1, bs_batch_stride=0, EXPERTS=0, stride_am=0, A_GATHER=False)
 C_TMA = True  # 16-bit outputs stored by TMA from shared memory (off: pointer stores; scripts/ws_probe.py --no-c-tma)
 SHARE_C = True  # 128 x (128 + 128) tiles: one output buffer per warp group for both parts, a stage more
 RAGGED_C_TMA = True  # batched, M not a multiple of the tiles' rows: TMA stores of the rows inside an entry
@@ -448,15 +448,15 @@ def ws_batched_plan(dev: DeviceInfo, x, w, bias, activation: str, out_dtype, con
 
 
 GROUPED_MIN_ROWS = 128  # grouped bf16 / fp16: rows per expert on average from which this kernel serves
-GROUPED_GATHER = True  # ... also with gathered rows (permuted into x's order first: no TMA gather on Hopper)
+GROUPED_GATHER = True  # ... also with gathered rows (copied by the producer's cp.async: no TMA gather on Hopper)
 
 
 class GroupedWSPlan:
     """Grouped (mixture-of-experts) bf16 / fp16 GEMM through one WSPlan with the expert map: expert e's sorted
     rows [offsets[e], offsets[e + 1]) of x times w[e] (w (E, N, K)); gated: activation(x w_gate^T) * (x w_up^T)
     per expert (w the gate, b2 the up weight, each (E, I, K) views of one (E, 2I, K) tensor). Called as the
-    grouped op's plans are (GroupedPlan.run's arguments); gathered rows (a_rows) are permuted into a sorted
-    copy first."""
+    grouped op's plans are (GroupedPlan.run's arguments); gathered rows (a_rows): the kernel's producer copies
+    them (A_GATHER)."""
 
     def __init__(self, plan: "WSPlan", R: int, N: int, w_rows: tuple, gather: bool):
         self.plan, self.rows, self.shape, self.w_rows, self.gather = plan, R, (R, N), w_rows, gather
@@ -464,16 +464,15 @@ class GroupedWSPlan:
 
     def run(self, x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale, b2=None):
         plan = self.plan
-        if a_rows is not None:
-            x = x.index_select(0, a_rows)
         w2 = torch.as_strided(w, self.w_rows, (w.stride(1), 1))
         up = None if b2 is None else torch.as_strided(b2, self.w_rows, (b2.stride(1), 1))
         out = torch.empty(self.shape, dtype=plan.out_dtype, device=plan.device)
+        args = plan.arguments(x, w2, out, bias, None, None, up, offsets, a_rows)
         if _get_device() != plan.device_index:
             with torch.cuda.device(plan.device_index):
-                plan.launch(plan.arguments(x, w2, out, bias, None, None, up, offsets), plan.tail)
+                plan.launch(args, plan.tail)
         else:
-            plan.launch(plan.arguments(x, w2, out, bias, None, None, up, offsets), plan.tail)
+            plan.launch(args, plan.tail)
         return out
 
 
@@ -494,12 +493,13 @@ def ws_grouped_plan(dev: DeviceInfo, x, w, R: int, bias, *, gather: bool, scatte
     b_rows = w.stride(0) // w.stride(1) if E > 1 else N
     w_rows = ((E - 1) * b_rows + N, K)
     w2 = torch.as_strided(w, w_rows, (w.stride(1), 1))
-    if not (_tma_operand(x) and _tma_operand(w2)) or (gather and x.stride(0) != K):
-        return None  # (gathered: x stands for its sorted copy, (R, K) contiguous, in the plan)
+    if not (_tma_operand(x) and _tma_operand(w2)):  # (gathered: 16-byte copies of x's rows)
+        return None
     # (each expert's last tile-row half empty on average)
     tiles = None if gated else ws_tiles(R + E * HALF, N, dev.num_sms, False)
     plan = WSPlan(x, w2, None, R, N, K, "none", None, None, bias, out_dtype, (R, N), False, dev.num_sms,
-                  promote=False, gated=(activation, (0, 1)) if gated else None, tiles=tiles, experts=(E, b_rows, 0))
+                  promote=False, gated=(activation, (0, 1)) if gated else None, tiles=tiles, experts=(E, b_rows, 0),
+                  gather=gather)
     return GroupedWSPlan(plan, R, N, w_rows, gather)
 
 
@@ -587,7 +587,7 @@ class WSPlan:
     K slices into the workspace in y's orientation)."""
 
     def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms,
-                 promote=True, gated=None, tiles=None, batch=None, swap=False, experts=None):
+                 promote=True, gated=None, tiles=None, batch=None, swap=False, experts=None, gather=False):
         from triton.experimental.gluon import language as gl
 
         from .launcher import CachedLaunch
@@ -618,6 +618,11 @@ class WSPlan:
                                 gl.NVMMASharedLayout.get_default_for([box, block_k], op_dtype))
 
         self.a_desc = desc(w_rows, w.stride(0), HALF) if swap else desc(MB, x2.stride(0), HALF)
+        self.gather = gather  # (the expert map: A's rows gathered from x2 by the kernel; a_desc for its layout only)
+        if gather:
+            layout = gl.NVMMASharedLayout.get_default_for([HALF, block_k], op_dtype)
+            unused = unused_descriptor((HALF, block_k), x2.dtype, layout, x2.device)
+            self.a_desc = lambda t: unused
         self.gated = gated is not None
         if self.gated:
             width = ws_gated_width(M, N, num_sms)
@@ -715,7 +720,8 @@ class WSPlan:
             c_batch_rows=0 if experts is not None else M,
             bias_batch_stride=bias.stride(0) if bias is not None and bias.ndim == 2 else 0, C_T=swap, **DENSE_W,
             **(NO_EXPERTS if experts is None else dict(num_experts=experts[0], bs_batch_stride=experts[2],
-                                                      EXPERTS=max(2, 1 << (experts[0] - 1).bit_length())))))
+                                                      EXPERTS=max(2, 1 << (experts[0] - 1).bit_length()),
+                                                      stride_am=x2.stride(0), A_GATHER=gather))))
         units = _tiles(km, kn, self.rows, self.block_n) * self.splits * self.batch
         if experts is not None:  # (an upper bound: every expert may end in a partial tile-row)
             units = (-(-M // self.rows) + experts[0]) * -(-N // self.block_n)
@@ -724,9 +730,9 @@ class WSPlan:
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)
         self.y_extent = 0 if y2 is None else extent_bytes(y2)
 
-    def arguments(self, x, w, c, bias, x_scale, w_scale, w2=None, offsets=None) -> tuple:
+    def arguments(self, x, w, c, bias, x_scale, w_scale, w2=None, offsets=None, a_rows=None) -> tuple:
         """The kernel's PER_CALL arguments for these tensors (x (M, K), c (M, N); gated: w2 the up
-        weight; the expert map: its offsets)."""
+        weight; the expert map: its offsets and (gather) the x rows of A's rows)."""
         xs_desc = self.xs_desc(torch.as_strided(x_scale, (self.xs_extent,), (1,))) if self.xs_tma else self._xs_const
         b = x if self.swap else w
         b0 = self.b0_desc(b)
@@ -739,7 +745,8 @@ class WSPlan:
             c1 = self.c1_desc(c) if self.c1_desc is not self.c0_desc else c0
         else:
             c0, c1 = self.c0_desc, self.c1_desc
-        return self.a_desc(w if self.swap else x), b0, b1, xs_desc, c, c0, c1, bias, x_scale, w_scale, None, offsets
+        return (self.a_desc(w if self.swap else x), b0, b1, xs_desc, c, c0, c1, bias, x_scale, w_scale, None, offsets,
+                x if self.gather else None, a_rows)
 
     def run(self, x, w, bias, y, x_scale, w_scale, w2=None):
         if _get_device() != self.device_index:  # launches go to the current device

@@ -44,6 +44,7 @@ Only for CUDA sm_90 with Gluon (core/hopper_ws.py decides); everything else runs
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                warpgroup_mma_wait)
 
@@ -70,6 +71,7 @@ DEC_WORK = gl.constexpr(2)  # (probes, scripts/w4_tile_ab.py: 0 no decoding, 1 n
 DEC_WARPS = gl.constexpr(4)  # the decoder's warps: 4 of 80 registers ran 1.05x to 1.16x 8 of 48 (the consumers at
 DEC_REGS = gl.constexpr(80)  # 192 / 184; tuning/w4_tile/w4_tile_ab_decoder_a256111_h100.txt) ...
 DEC_CONSUMER_REGS = gl.constexpr(192)  # ... and the second consumer's registers beside them
+GATHER_WARPS = gl.constexpr(4)  # the producer's warps where it gathers A's rows (A_GATHER: cp.async, 16 bytes a copy)
 
 
 def _pairs_ptx(magic: int, fp16: bool) -> str:
@@ -182,13 +184,17 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
               k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M: gl.constexpr,
               STAGES: gl.constexpr,
               XS_TMA: gl.constexpr, TWO: gl.constexpr, GATED: gl.constexpr, GROUPS: gl.constexpr,
-              PACKED: gl.constexpr, expert_offsets, num_experts, EXPERTS: gl.constexpr):
-    """One warp: for each of the program's tiles, TMA loads of each K block's A rows (GROUPS boxes
+              PACKED: gl.constexpr, expert_offsets, num_experts, EXPERTS: gl.constexpr, a_src, a_rows, stride_am, K,
+              A_GATHER: gl.constexpr):
+    """One warp (A_GATHER: GATHER_WARPS): for each of the program's tiles, TMA loads of each K block's A rows (GROUPS boxes
     of HALF rows, one per consumer warp group; PACKED: one box of the 4-bit weight's words for all
     of them, into a0_bufs), B column part(s) and (XS_TMA) the tile's activation scales into the next
     stage, once the consumers (and the decoder) have released it; it runs ahead into the next tile
     while the consumers finish the last one. Batched (batch entries): entry b's A rows start at row
-    b * a_batch_rows of a_desc, its B rows at b * b_batch_rows of b0_desc / b1_desc."""
+    b * a_batch_rows of a_desc, its B rows at b * b_batch_rows of b0_desc / b1_desc.
+    A_GATHER: A's rows r of the tile are a_src's rows a_rows[r] (r < M; stride_am apart, K values each),
+    copied by cp.async (no TMA gather on Hopper), each thread's copies tracked by the stage's `ready` barrier
+    (one arrival per producer thread beside the TMA loads' expect)."""
     if PACKED:  # one box of the packed weight's words for the tile's rows
         HALF: gl.constexpr = a_desc.block_type.shape[0] // GROUPS
         a_bytes: gl.constexpr = a_desc.block_type.nbytes
@@ -209,11 +215,20 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
         b_bytes: gl.constexpr = b0_desc.block_type.nbytes
     if XS_TMA:
         nbytes: gl.constexpr = a_bytes + b_bytes + xs_desc.block_type.nbytes
+    elif A_GATHER:  # (only B by TMA)
+        nbytes: gl.constexpr = b_bytes
     else:
         nbytes: gl.constexpr = a_bytes + b_bytes
+    if A_GATHER:
+        GL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GATHER_WARPS, 1], [1, 0])
+        rr = gl.arange(0, HALF, layout=gl.SliceLayout(1, GL))
+        kk = gl.arange(0, A_K, layout=gl.SliceLayout(0, GL))
+        NW: gl.constexpr = GATHER_WARPS
+    else:
+        NW: gl.constexpr = 1
     it = 0
     if EXPERTS > 0:
-        cum, units = _expert_units(expert_offsets, num_experts, N, GROUPS * HALF, BLOCK_N, EXPERTS, 1)
+        cum, units = _expert_units(expert_offsets, num_experts, N, GROUPS * HALF, BLOCK_N, EXPERTS, NW)
     else:
         tiles, units = _units(M, N, batch, splits, GROUPS * HALF, BLOCK_N)
     for unit in range(gl.program_id(0), units, gl.num_programs(0)):
@@ -226,15 +241,31 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
                                                     BLOCK_N, GROUP_M)
         a_m = entry * a_batch_rows + off_m
         b_n = entry * b_batch_rows + off_n
+        if A_GATHER:  # the tile's source rows (rows past M: none, zeros)
+            r0 = a_m + rr
+            ok0 = r0 < M
+            src0 = gl.load(a_rows + r0, mask=ok0, other=0).to(gl.int64) * stride_am
+            ok1 = r0 + HALF < M
+            src1 = gl.load(a_rows + r0 + HALF, mask=ok1, other=0).to(gl.int64) * stride_am
         for ki in range(k0, k1):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # (the first round passes at once)
+            if A_GATHER:
+                k = ki * A_K + kk
+                k_ok = (k < K)[None, :]
+                async_copy.async_copy_global_to_shared(a0_bufs.index(s), a_src + src0[:, None] + k[None, :],
+                                                       mask=ok0[:, None] & k_ok)
+                if GROUPS == 2:
+                    async_copy.async_copy_global_to_shared(a1_bufs.index(s), a_src + src1[:, None] + k[None, :],
+                                                           mask=ok1[:, None] & k_ok)
+                async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
             mbarrier.expect(ready.index(s), nbytes)
             if XS_TMA:  # x_scale column-major: group ki's scales of rows off_m.. are contiguous
                 _tma_load(xs_desc, [ki * xs_group_stride + off_m], ready.index(s), xs_bufs.index(s))
-            _tma_load(a_desc, [a_m, ki * A_K], ready.index(s), a0_bufs.index(s))
-            if GROUPS == 2 and not PACKED:
-                _tma_load(a_desc, [a_m + HALF, ki * A_K], ready.index(s), a1_bufs.index(s))
+            if not A_GATHER:
+                _tma_load(a_desc, [a_m, ki * A_K], ready.index(s), a0_bufs.index(s))
+                if GROUPS == 2 and not PACKED:
+                    _tma_load(a_desc, [a_m + HALF, ki * A_K], ready.index(s), a1_bufs.index(s))
             _tma_load(b0_desc, [b_n, ki * B_K], ready.index(s), b0_bufs.index(s))
             if GATED:
                 _tma_load(b1_desc, [b_n, ki * B_K], ready.index(s), b1_bufs.index(s))
@@ -318,7 +349,7 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
               XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr,
               GATED: gl.constexpr, ACTIVATION: gl.constexpr, SHARE_C: gl.constexpr, GROUPS: gl.constexpr,
               PACKED: gl.constexpr, C_T: gl.constexpr, expert_offsets, num_experts, bs_batch_stride,
-              EXPERTS: gl.constexpr):
+              EXPERTS: gl.constexpr, A_GATHER: gl.constexpr):
     """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles
     (GROUPS * HALF rows: one group per tile of HALF rows, or two), in
     column parts of N0 and (N1 > 0) N1 columns, each its own product and accumulator.
@@ -386,6 +417,8 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
             for ki in range(k0, k1):
                 s = it % STAGES
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                if A_GATHER:  # (A written by the producer's cp.async, read by the tensor cores: the async proxy)
+                    fence_async_shared()
                 # this block's scales from its stage, read before the product is issued: read after its
                 # wait, the last K block's came out wrong for the second warp group with persistent tiles
                 # (the stage refilled first; scripts/ws_check.py)
@@ -436,6 +469,8 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 if PACKED:
                     mbarrier.wait(decoded.index(s), (it // STAGES) & 1)
+                if A_GATHER:
+                    fence_async_shared()
                 acc0 = warpgroup_mma(a_bufs.index(s), b0_bufs.index(s).permute((1, 0)), acc0, is_async=True)
                 if TWO:
                     acc1 = warpgroup_mma(a_bufs.index(s), b1_bufs.index(s).permute((1, 0)), acc1, is_async=True)
@@ -650,15 +685,15 @@ def _decoder(wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded,
 
 @gluon.jit
 def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias, a_scale, b_scale, b_zero,
-                   expert_offsets, M, N, K, splits, split_rows, xs_group_stride, stride_cm, stride_cn, stride_asm,
+                   expert_offsets, a_src, a_rows, M, N, K, splits, split_rows, xs_group_stride, stride_cm, stride_cn, stride_asm,
                    stride_ask, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift,
                    up_scale_offset, batch, a_batch_rows, b_batch_rows, c_batch_rows, bias_batch_stride, num_experts,
-                   bs_batch_stride, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr,
+                   bs_batch_stride, stride_am, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr,
                    XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, TWO: gl.constexpr, HAS_BIAS: gl.constexpr,
                    C_TMA: gl.constexpr, GATED: gl.constexpr = False, ACTIVATION: gl.constexpr = "none",
                    SHARE_C: gl.constexpr = False, GROUPS: gl.constexpr = 2, W_FORMAT: gl.constexpr = 0,
                    HAS_ZERO: gl.constexpr = False, SW: gl.constexpr = 1, C_T: gl.constexpr = False,
-                   EXPERTS: gl.constexpr = 0):
+                   EXPERTS: gl.constexpr = 0, A_GATHER: gl.constexpr = False):
     """c (M, N) = x (a_desc: (M, K), boxes of HALF x BLOCK_K) @ w (b0_desc / b1_desc: (N, K), boxes
     of N0 / N1 x BLOCK_K) in (2 * HALF) x (N0 + N1) tiles (N1 = 0 unless TWO), persistent: program
     p takes work units p, p + programs, ... (4 warps launched: the first consumer; a second
@@ -698,7 +733,9 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     multiplies them by its weight, rows e * b_batch_rows.. of b0_desc (b1_desc: GATED's up weight at the same
     rows of its own view); tiles (in grouped order over the experts' tile-rows one after the other) read past
     their expert's rows into the next one's and store only its own (C_TMA_INSIDE or pointer stores); bias per
-    expert at bias_batch_stride, weight scales (SCALES_ROWCOL / SCALES_KBLOCK) at bs_batch_stride per expert."""
+    expert at bias_batch_stride, weight scales (SCALES_ROWCOL / SCALES_KBLOCK) at bs_batch_stride per expert.
+    A_GATHER (with the expert map; a_desc unused but for its box's layout): A's row r is a_src's row a_rows[r]
+    (int32 / int64, r < M; rows stride_am elements apart), copied by the producer's cp.async (GATHER_WARPS warps)."""
     PACKED: gl.constexpr = W_FORMAT != W_DENSE
     if PACKED:
         HALF: gl.constexpr = DEC_ROWS
@@ -724,6 +761,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     gl.static_assert(not PACKED or (not PROMOTE and not GATED and C_TMA == 0 and SCALES == SCALES_NONE),
                      "4-bit weight: accumulating, pointer stores")
     gl.static_assert(EXPERTS == 0 or (not PACKED and not C_T), "the expert map: dense operands, not swapped")
+    gl.static_assert(not A_GATHER or (EXPERTS > 0 and GROUPS == 2 and not XS_TMA), "gathered rows: the expert map")
     gl.static_assert(not C_T or (not PACKED and not PROMOTE and not GATED and C_TMA == 0 and SCALES == SCALES_NONE),
                      "swapped dense operands: bf16 / fp16, accumulating, pointer stores")
     if PACKED:  # the words by TMA; the values the decoder writes, laid out as x's tiles
@@ -779,7 +817,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     else:  # (unused)
         decoded = ready
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(ready.index(i), count=1 + GATHER_WARPS * 32 if A_GATHER else 1)  # (A_GATHER: every copier)
         mbarrier.init(empty.index(i), count=GROUPS + 1 if PACKED else GROUPS)  # (the decoder's words)
         if PACKED:
             mbarrier.init(decoded.index(i), count=1)
@@ -793,16 +831,17 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS)),
+                         EXPERTS, A_GATHER)),
             (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cB0, cB1, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS)),
+                         EXPERTS, A_GATHER)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, wq_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS)),
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS, a_src, a_rows,
+                         stride_am, K, A_GATHER)),
             (_decoder, (wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N,
                         k_tiles, splits, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift, GROUP_M, STAGES,
                         N0 + N1, W_FORMAT, HAS_ZERO, OP_DT == gl.float16, SW, GROUPS)),
@@ -814,17 +853,19 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS)),
+                         EXPERTS, A_GATHER)),
             (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cB0, cB1, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS)),
+                         EXPERTS, A_GATHER)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS)),
-        ], [4, 1], [232, 40])
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS, a_src, a_rows,
+                         stride_am, K, A_GATHER)),
+        ], [4, GATHER_WARPS if A_GATHER else 1],
+            [216, 56] if A_GATHER else [232, 40])  # (A_GATHER: 40 spilled; the same sum of registers)
     elif PACKED:  # one consumer warp group
         gl.warp_specialize([
             (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cA0, cA1, bias,
@@ -832,10 +873,11 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS)),
+                         EXPERTS, A_GATHER)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, wq_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS)),
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS, a_src, a_rows,
+                         stride_am, K, A_GATHER)),
             (_decoder, (wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N,
                         k_tiles, splits, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift, GROUP_M, STAGES,
                         N0 + N1, W_FORMAT, HAS_ZERO, OP_DT == gl.float16, SW, GROUPS)),
@@ -847,8 +889,9 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS)),
+                         EXPERTS, A_GATHER)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS)),
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS, a_src, a_rows,
+                         stride_am, K, A_GATHER)),
         ], [1], [40])
