@@ -25,7 +25,7 @@ from gemmkit.tools.registry import get_op, load_models  # noqa: E402
 p = argparse.ArgumentParser()
 p.add_argument("out")
 p.add_argument("--tokens", type=int, nargs="+", default=[512, 1024, 2048, 4096])
-p.add_argument("--models", nargs="+", default=["qwen3-30b-a3b-moe", "deepseek-v3-moe"])
+p.add_argument("--models", nargs="+", default=["qwen3-30b-a3b-moe", "deepseek-v3-moe", "mixtral-8x7b-moe"])
 p.add_argument("--routings", nargs="+", default=["balanced", "zipf"])
 p.add_argument("--no-gated", action="store_true")
 args = p.parse_args()
@@ -53,7 +53,7 @@ for model in args.models:
         op = get_op(f"grouped_a16w16@{model}:{routing}")
         for name, (N, K) in layers.items():
             for T in args.tokens:
-                inp = x = w = xs = None  # (the last problem's operands freed first: DeepSeek-V3's are 15 GB)
+                inp = x = w = xs = rw = s_idx = None  # (the last problem's operands freed first: DeepSeek-V3's are 15 GB)
                 torch.cuda.empty_cache()
                 inp = op.make_inputs(T, N, K, "bf16", "cuda")
                 x, w, o, g, xs = inp["x"], inp["w"], inp["o"], inp["g"], inp["x_sorted"]
@@ -74,6 +74,18 @@ for model in args.models:
                         f"{base:.1f} us | gathered: tl {tl:.1f} ({base / tl:.3f}x) ws {ws:.1f} ({base / ws:.3f}x) | "
                         f"sorted: tl {tl_s:.1f} ({base / tl_s:.3f}x) ws {ws_s:.1f} ({base / ws_s:.3f}x) | "
                         f"tiles {tiles} rel err ws vs tl {err:.1e}")
+                if name == "down":  # (moe_mlp's down projection: sorted rows scattered to (token, slot) rows, weighted)
+                    rw = torch.rand(R, device="cuda")
+                    s_idx = inp["s"]
+                    with_rule(False, None)
+                    d_tl = grouped.grouped_gemm_a16w16(xs, w, o, scatter_idx=s_idx, routing_weights=rw)
+                    dt = timed(lambda: grouped.grouped_gemm_a16w16(xs, w, o, scatter_idx=s_idx, routing_weights=rw))
+                    with_rule(True, None)
+                    d_ws = grouped.grouped_gemm_a16w16(xs, w, o, scatter_idx=s_idx, routing_weights=rw)
+                    dw = timed(lambda: grouped.grouped_gemm_a16w16(xs, w, o, scatter_idx=s_idx, routing_weights=rw))
+                    line += (f" || scattered, weighted: tl {dt:.1f} ws {dw:.1f} ({dt / dw:.3f}x tl) rel err "
+                             f"{rel(d_ws, d_tl):.1e}")
+                    ratios.setdefault("scattered ws / tl", []).append(dt / dw)
                 ratios.setdefault("gathered tl", []).append(base / tl)
                 ratios.setdefault("gathered ws", []).append(base / ws)
                 ratios.setdefault("sorted ws", []).append(base / ws_s)
@@ -88,6 +100,7 @@ for model in args.models:
                     g_ws = grouped.grouped_gated_a16w16(x, wgu, o, gather_idx=g)
                     gw = timed(lambda: grouped.grouped_gated_a16w16(x, wgu, o, gather_idx=g))
                     line += f" || gated: tl {gt:.1f} ws {gw:.1f} ({gt / gw:.3f}x tl) rel err {rel(g_ws, g_tl):.1e}"
+                    ratios.setdefault("gated ws / tl", []).append(gt / gw)
                 print(line, file=out, flush=True)
 for k, v in ratios.items():
     gm = torch.tensor(v).log().mean().exp().item()

@@ -897,15 +897,18 @@ def test_grouped_rule(monkeypatch):
     kw = dict(gather=False, scatter=False, weighted=False, activation="none", out_dtype=BF16, config=None)
     assert isinstance(hopper_ws.ws_grouped_plan(dev, x, w, E * 256, None, **kw), hopper_ws.GroupedWSPlan)
     assert hopper_ws.ws_grouped_plan(dev, x, w, E * 256, None, **dict(kw, gather=True)) is not None
-    for bad in (dict(scatter=True), dict(weighted=True), dict(activation="silu"), dict(out_dtype=FP32),
-                dict(config=dict(BLOCK_M=64))):
+    scattered = hopper_ws.ws_grouped_plan(dev, x, w, E * 256, None, **dict(kw, scatter=True, weighted=True))
+    assert scattered.plan.scatter == (True, True) and not scattered.plan.c_tma  # (pointer stores)
+    for bad in (dict(activation="silu"), dict(out_dtype=FP32), dict(config=dict(BLOCK_M=64))):
         assert hopper_ws.ws_grouped_plan(dev, x, w, E * 256, None, **dict(kw, **bad)) is None, bad
     assert hopper_ws.ws_grouped_plan(dev, x, w, E * 100, None, **kw) is None  # (few rows per expert)
     x_odd = torch.empty(E * 256, K + 4, dtype=BF16)[:, :K]  # (rows 4104 bytes apart: not a TMA stride)
     assert hopper_ws.ws_grouped_plan(dev, x_odd, w, E * 256, None, **kw) is None
     assert hopper_ws.ws_grouped_plan(dev, x.half(), w, E * 256, None, **kw) is None  # (mixed dtypes)
     gate = torch.empty(E, 2 * N, K, dtype=BF16)[:, :N]
-    assert hopper_ws.ws_grouped_plan(dev, x, gate, E * 256, None, **dict(kw, activation="silu"), gated=True) is not None
+    gated = dict(kw, activation="silu")
+    assert hopper_ws.ws_grouped_plan(dev, x, gate, E * 256, None, **gated, gated=True) is not None
+    assert hopper_ws.ws_grouped_plan(dev, x, gate, E * 256, None, **dict(gated, scatter=True), gated=True) is None
 
 
 def _sizes_routing(kind, E, R):
@@ -951,12 +954,38 @@ def test_grouped_expert_map(built, monkeypatch, dtype, gather, bias_kind, E, R, 
 
 
 @needs_hopper
+@pytest.mark.parametrize("dtype", [BF16, FP16])
+@pytest.mark.parametrize("bias_kind", [None, "per_expert"])
+@pytest.mark.parametrize("k,E,T,N,K,rows64", [(2, 8, 1024, 1536, 2048, False), (8, 16, 300, 1000, 1040, False),
+                                              (4, 6, 500, 768, 512, True)])
+def test_grouped_scatter_weighted(built, monkeypatch, dtype, bias_kind, k, E, T, N, K, rows64):
+    """moe_mlp's down projection on the expert map: gathered token rows, each product row stored at its (token,
+    slot) row and multiplied by its routing weight after the bias (pointer stores); 64-row tiles too."""
+    from test_grouped import _ref
+
+    monkeypatch.setattr(hopper_ws, "GROUPED_MIN_ROWS", 0)
+    if rows64:
+        monkeypatch.setattr(hopper_ws, "ws_tiles", lambda *args: (64, (128, 0)))
+    x, w = randn(T, K, dtype=dtype), randn(E, N, K, dtype=dtype, scale=K**-0.5)
+    ids = torch.randint(0, E, (T, k), device=DEVICE)
+    ids[: T // 2, 0] = 1  # (a crowded expert)
+    weights = torch.rand(T, k, device=DEVICE)
+    bias = None if bias_kind is None else randn(E, N, dtype=dtype)
+    g, sidx, o = moe.sort_by_expert(ids, E)
+    y = gemmkit.grouped_gemm_a16w16(x, w, o, gather_idx=g, scatter_idx=sidx, routing_weights=weights, bias=bias)
+    assert len(built) == 1 and built[0].scatter == (True, True) and built[0].rows == (64 if rows64 else 128)
+    ref = torch.empty(T * k, N, dtype=torch.float64, device=DEVICE)
+    ref[sidx.long()] = _ref(x, w, o, g, bias) * weights.reshape(-1)[sidx.long()].double()[:, None]
+    assert_close(y, ref.to(dtype))
+
+
+@needs_hopper
 @pytest.mark.parametrize("gather", [False, True])
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 def test_grouped_gated_expert_map(built, monkeypatch, gather, activation):
     """gemmkit.ops.grouped.grouped_gated_a16w16 on the expert map: the gate and up halves of one (E, 2I, K)
-    weight, ragged experts; and moe_mlp with it (the down projection's scattered, weighted rows on the tl
-    kernel)."""
+    weight, ragged experts; and moe_mlp with it (the down projection's scattered, weighted rows on the expert
+    map too)."""
     from test_grouped import _ref
 
     monkeypatch.setattr(hopper_ws, "GROUPED_MIN_ROWS", 0)

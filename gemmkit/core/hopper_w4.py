@@ -749,7 +749,7 @@ class W4TilePlan(_W4Plan):
         xd = self.b0_desc(x)
         xd1 = self.b1_desc(x) if self.b1_desc is not self.b0_desc else xd
         return (self.a_desc(w_q.view(torch.int32)), xd, xd1, self.xs_desc, c, self.c_desc, self.c_desc, bias, None,
-                w_scale, w_zero, None, None, None)
+                w_scale, w_zero, None, None, None, None, None)
 
     def _tail(self, w_scale, w_zero):
         return self.tail

@@ -50,11 +50,13 @@ REDUCE_BLOCK = (32, 128)
 FITTED_GAIN = 0.85  # bf16 / fp16: ws_direct_ok's threshold
 GROUP_M = 8
 PER_CALL = ("a_desc", "b0_desc", "b1_desc", "xs_desc", "c", "c0_desc", "c1_desc", "bias", "a_scale",
-            "b_scale", "b_zero", "expert_offsets", "a_src", "a_rows")  # the kernel's leading parameters
+            "b_scale", "b_zero", "expert_offsets", "a_src", "a_rows", "c_rows", "row_weights")  # the kernel's leading
+# parameters
 # the kernel's 4-bit weight arguments (kernels/gemm_ws.py W_FORMAT; core/hopper_w4.W4TilePlan) for the dense plans
 DENSE_W = dict(stride_bzn=0, stride_bzk=0, group_shift=0, W_FORMAT=0, HAS_ZERO=False, SW=1)
 # the kernel's expert-map arguments where there is none (kernels/gemm_ws.py EXPERTS; GroupedWSPlan)
-NO_EXPERTS = dict(num_experts=1, bs_batch_stride=0, EXPERTS=0, stride_am=0, A_GATHER=False)
+NO_EXPERTS = dict(num_experts=1, bs_batch_stride=0, EXPERTS=0, stride_am=0, A_GATHER=False, C_SCATTER=False,
+                  ROW_WEIGHTS=False)
 C_TMA = True  # 16-bit outputs stored by TMA from shared memory (off: pointer stores; scripts/ws_probe.py --no-c-tma)
 SHARE_C = True  # 128 x (128 + 128) tiles: one output buffer per warp group for both parts, a stage more
 RAGGED_C_TMA = True  # batched, M not a multiple of the tiles' rows: TMA stores of the rows inside an entry
@@ -467,7 +469,7 @@ class GroupedWSPlan:
         w2 = torch.as_strided(w, self.w_rows, (w.stride(1), 1))
         up = None if b2 is None else torch.as_strided(b2, self.w_rows, (b2.stride(1), 1))
         out = torch.empty(self.shape, dtype=plan.out_dtype, device=plan.device)
-        args = plan.arguments(x, w2, out, bias, None, None, up, offsets, a_rows)
+        args = plan.arguments(x, w2, out, bias, None, None, up, offsets, a_rows, c_rows, row_weights)
         if _get_device() != plan.device_index:
             with torch.cuda.device(plan.device_index):
                 plan.launch(args, plan.tail)
@@ -480,11 +482,12 @@ def ws_grouped_plan(dev: DeviceInfo, x, w, R: int, bias, *, gather: bool, scatte
                     activation: str, out_dtype, config, gated: bool = False) -> "GroupedWSPlan | None":
     """A grouped plan on this kernel, or None (the tl kernel's GroupedPlan then): x (T, K) and w (E, N, K)
     bf16 / fp16, K-contiguous and TMA-aligned, each expert's weight rows evenly spaced, R sorted rows of at
-    least GROUPED_MIN_ROWS per expert on average, rows read in order (or gathered: GROUPED_GATHER) and stored
-    in order, unweighted, no activation (gated: w is the gate half of an (E, 2I, K) weight whose up half, laid
-    out alike, comes with each call; `activation` of the gate), a 16-bit output, the library's config."""
+    least GROUPED_MIN_ROWS per expert on average, rows read in order or gathered (GROUPED_GATHER), stored in
+    order or scattered and weighted (not gated), no activation (gated: w is the gate half of an (E, 2I, K) weight
+    whose up half, laid out alike, comes with each call; `activation` of the gate), a 16-bit output, the
+    library's config."""
     E, N, K = w.shape
-    if (config is not None or scatter or weighted or (activation != "none" and not gated)
+    if (config is not None or (gated and (scatter or weighted)) or (activation != "none" and not gated)
             or (gather and not GROUPED_GATHER) or x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype
             or out_dtype not in (torch.bfloat16, torch.float16) or not ws_enabled(dev, x.device)
             or R < GROUPED_MIN_ROWS * E or K < WS_MIN_K or R * N >= 2**31 or x.stride(1) != 1 or w.stride(2) != 1
@@ -499,7 +502,7 @@ def ws_grouped_plan(dev: DeviceInfo, x, w, R: int, bias, *, gather: bool, scatte
     tiles = None if gated else ws_tiles(R + E * HALF, N, dev.num_sms, False)
     plan = WSPlan(x, w2, None, R, N, K, "none", None, None, bias, out_dtype, (R, N), False, dev.num_sms,
                   promote=False, gated=(activation, (0, 1)) if gated else None, tiles=tiles, experts=(E, b_rows, 0),
-                  gather=gather)
+                  gather=gather, scatter=(scatter, weighted))
     return GroupedWSPlan(plan, R, N, w_rows, gather)
 
 
@@ -587,7 +590,8 @@ class WSPlan:
     K slices into the workspace in y's orientation)."""
 
     def __init__(self, x2, w, y2, M, N, K, scales, x_scale, w_scale, bias, out_dtype, out_shape, flatten_x, num_sms,
-                 promote=True, gated=None, tiles=None, batch=None, swap=False, experts=None, gather=False):
+                 promote=True, gated=None, tiles=None, batch=None, swap=False, experts=None, gather=False,
+                 scatter=(False, False)):
         from triton.experimental.gluon import language as gl
 
         from .launcher import CachedLaunch
@@ -619,6 +623,7 @@ class WSPlan:
 
         self.a_desc = desc(w_rows, w.stride(0), HALF) if swap else desc(MB, x2.stride(0), HALF)
         self.gather = gather  # (the expert map: A's rows gathered from x2 by the kernel; a_desc for its layout only)
+        self.scatter = scatter  # (the expert map: rows stored at c_rows, times row_weights: pointer stores)
         if gather:
             layout = gl.NVMMASharedLayout.get_default_for([HALF, block_k], op_dtype)
             unused = unused_descriptor((HALF, block_k), x2.dtype, layout, x2.device)
@@ -686,7 +691,7 @@ class WSPlan:
             c_strides, c_dtype, self.c_tma = self.y_strides, out_dtype, _tma_output(y2, N, out_dtype)
             # ragged M: a tile's rows past its entry's end stored by pointers (kernels/gemm_ws.py C_TMA_INSIDE)
             self.ragged = self.c_tma and ((self.batch > 1 and M % self.rows != 0) or experts is not None)
-            if (self.ragged and not RAGGED_C_TMA) or swap:
+            if (self.ragged and not RAGGED_C_TMA) or swap or any(scatter):
                 self.c_tma = self.ragged = False
             if swap:  # the kernel's rows are y's columns
                 c_strides = c_strides[::-1]
@@ -721,7 +726,8 @@ class WSPlan:
             bias_batch_stride=bias.stride(0) if bias is not None and bias.ndim == 2 else 0, C_T=swap, **DENSE_W,
             **(NO_EXPERTS if experts is None else dict(num_experts=experts[0], bs_batch_stride=experts[2],
                                                       EXPERTS=max(2, 1 << (experts[0] - 1).bit_length()),
-                                                      stride_am=x2.stride(0), A_GATHER=gather))))
+                                                      stride_am=x2.stride(0), A_GATHER=gather,
+                                                      C_SCATTER=scatter[0], ROW_WEIGHTS=scatter[1]))))
         units = _tiles(km, kn, self.rows, self.block_n) * self.splits * self.batch
         if experts is not None:  # (an upper bound: every expert may end in a partial tile-row)
             units = (-(-M // self.rows) + experts[0]) * -(-N // self.block_n)
@@ -730,9 +736,11 @@ class WSPlan:
         self.x_extent, self.w_extent = extent_bytes(x2), extent_bytes(w)
         self.y_extent = 0 if y2 is None else extent_bytes(y2)
 
-    def arguments(self, x, w, c, bias, x_scale, w_scale, w2=None, offsets=None, a_rows=None) -> tuple:
+    def arguments(self, x, w, c, bias, x_scale, w_scale, w2=None, offsets=None, a_rows=None, c_rows=None,
+                  row_weights=None) -> tuple:
         """The kernel's PER_CALL arguments for these tensors (x (M, K), c (M, N); gated: w2 the up
-        weight; the expert map: its offsets and (gather) the x rows of A's rows)."""
+        weight; the expert map: its offsets, (gather) the x rows of A's rows, (scatter) c's rows of the
+        product's, the rows' weights)."""
         xs_desc = self.xs_desc(torch.as_strided(x_scale, (self.xs_extent,), (1,))) if self.xs_tma else self._xs_const
         b = x if self.swap else w
         b0 = self.b0_desc(b)
@@ -746,7 +754,7 @@ class WSPlan:
         else:
             c0, c1 = self.c0_desc, self.c1_desc
         return (self.a_desc(w if self.swap else x), b0, b1, xs_desc, c, c0, c1, bias, x_scale, w_scale, None, offsets,
-                x if self.gather else None, a_rows)
+                x if self.gather else None, a_rows, c_rows, row_weights)
 
     def run(self, x, w, bias, y, x_scale, w_scale, w2=None):
         if _get_device() != self.device_index:  # launches go to the current device

@@ -277,13 +277,14 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
 @gluon.jit
 def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, stride_cm, stride_cn, stride_bsn,
             SUB: gl.constexpr, K_INSTR: gl.constexpr, SCALES: gl.constexpr, HAS_BIAS: gl.constexpr,
-            C_TMA: gl.constexpr, PENDING: gl.constexpr, BIAS_ROWS: gl.constexpr = False, inside=True):
+            C_TMA: gl.constexpr, PENDING: gl.constexpr, BIAS_ROWS: gl.constexpr = False, inside=True, rw=None):
     """Epilogue of one SUB-wide column part of a warp group's rows: (SCALES_ROWCOL) the row scales
     `sa` and the columns' scales, the bias, the cast to c's dtype, then a masked pointer store,
     or (C_TMA) the part into its buffer `c_smem` and a TMA store from there that runs on while the
     warp group starts its next tile (PENDING: the stores issued since the previous one out of
     this buffer, which may still run); C_TMA_INSIDE: by TMA where the rows lie inside their batch
-    entry (`inside`), else by pointers. BIAS_ROWS: the bias is per row (the weight's rows as A)."""
+    entry (`inside`), else by pointers. BIAS_ROWS: the bias is per row (the weight's rows as A). rw: each row's
+    weight (fp32, rm's layout), multiplying it after the bias (the expert map's routing weights)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, SUB, K_INSTR])
     rn = n0 + gl.arange(0, SUB, layout=gl.SliceLayout(0, mma))
@@ -294,6 +295,8 @@ def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, 
         acc += gl.load(bias + rm, mask=row_ok, other=0.0).to(gl.float32)[:, None]
     elif HAS_BIAS:
         acc += gl.load(bias + rn, mask=col_ok, other=0.0).to(gl.float32)[None, :]
+    if rw is not None:
+        acc = acc * rw[:, None]
     if C_TMA == C_TMA_INSIDE:
         if inside:
             _tma_part(acc, c_desc, c_smem, row0, n0, PENDING)
@@ -349,7 +352,8 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
               XS_TMA: gl.constexpr, PROMOTE: gl.constexpr, HAS_BIAS: gl.constexpr, C_TMA: gl.constexpr,
               GATED: gl.constexpr, ACTIVATION: gl.constexpr, SHARE_C: gl.constexpr, GROUPS: gl.constexpr,
               PACKED: gl.constexpr, C_T: gl.constexpr, expert_offsets, num_experts, bs_batch_stride,
-              EXPERTS: gl.constexpr, A_GATHER: gl.constexpr):
+              EXPERTS: gl.constexpr, A_GATHER: gl.constexpr, c_rows, row_weights, C_SCATTER: gl.constexpr,
+              ROW_WEIGHTS: gl.constexpr):
     """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles
     (GROUPS * HALF rows: one group per tile of HALF rows, or two), in
     column parts of N0 and (N1 > 0) N1 columns, each its own product and accumulator.
@@ -506,14 +510,31 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
             _finish(out, c_e, c0_desc, c0_smem, bias_e, b_scale, sa, row0, rm, row_ok, off_n, N, stride_cm, stride_cn,
                     stride_bsn, N0, K_INSTR, SCALES_NONE, False, C_TMA, PEND, False, inside)
         else:
-            _finish(acc0, c_e, c0_desc, c0_smem, bias_e, b_scale_e, sa, row0, rm, row_ok, off_n, N, stride_cm,
-                    stride_cn, stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND, PACKED or C_T, inside)
+            # (the expert map: C_SCATTER, row r stored at c's row c_rows[r]; ROW_WEIGHTS, times row_weights[that row])
+            if C_SCATTER:
+                rm_c = gl.load(c_rows + rm, mask=row_ok, other=0)
+            else:
+                rm_c = rm
+            if ROW_WEIGHTS:
+                rw = gl.load(row_weights + rm_c, mask=row_ok, other=0.0).to(gl.float32)
+            else:
+                rw = None
+            _finish(acc0, c_e, c0_desc, c0_smem, bias_e, b_scale_e, sa, row0, rm_c, row_ok, off_n, N, stride_cm,
+                    stride_cn, stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND, PACKED or C_T, inside, rw)
         if TWO and not GATED:
             rm1 = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows1_l)
-            _finish(acc1, c_e, c1_desc, c1_smem, bias_e, b_scale_e, gl.convert_layout(sa, rows1_l), row0, rm1,
+            if C_SCATTER:
+                rm1_c = gl.convert_layout(rm_c, rows1_l)
+            else:
+                rm1_c = rm1
+            if ROW_WEIGHTS:
+                rw1 = gl.convert_layout(rw, rows1_l)
+            else:
+                rw1 = None
+            _finish(acc1, c_e, c1_desc, c1_smem, bias_e, b_scale_e, gl.convert_layout(sa, rows1_l), row0, rm1_c,
                     rm1 < row_end,
                     off_n + N0, N, stride_cm, stride_cn, stride_bsn, W1, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND,
-                    PACKED or C_T, inside)
+                    PACKED or C_T, inside, rw1)
     if C_TMA:
         tma.store_wait(0)  # the last stores read the c buffers: finished before the program ends
 
@@ -685,7 +706,7 @@ def _decoder(wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded,
 
 @gluon.jit
 def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias, a_scale, b_scale, b_zero,
-                   expert_offsets, a_src, a_rows, M, N, K, splits, split_rows, xs_group_stride, stride_cm, stride_cn, stride_asm,
+                   expert_offsets, a_src, a_rows, c_rows, row_weights, M, N, K, splits, split_rows, xs_group_stride, stride_cm, stride_cn, stride_asm,
                    stride_ask, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift,
                    up_scale_offset, batch, a_batch_rows, b_batch_rows, c_batch_rows, bias_batch_stride, num_experts,
                    bs_batch_stride, stride_am, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SCALES: gl.constexpr,
@@ -693,7 +714,8 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                    C_TMA: gl.constexpr, GATED: gl.constexpr = False, ACTIVATION: gl.constexpr = "none",
                    SHARE_C: gl.constexpr = False, GROUPS: gl.constexpr = 2, W_FORMAT: gl.constexpr = 0,
                    HAS_ZERO: gl.constexpr = False, SW: gl.constexpr = 1, C_T: gl.constexpr = False,
-                   EXPERTS: gl.constexpr = 0, A_GATHER: gl.constexpr = False):
+                   EXPERTS: gl.constexpr = 0, A_GATHER: gl.constexpr = False, C_SCATTER: gl.constexpr = False,
+                   ROW_WEIGHTS: gl.constexpr = False):
     """c (M, N) = x (a_desc: (M, K), boxes of HALF x BLOCK_K) @ w (b0_desc / b1_desc: (N, K), boxes
     of N0 / N1 x BLOCK_K) in (2 * HALF) x (N0 + N1) tiles (N1 = 0 unless TWO), persistent: program
     p takes work units p, p + programs, ... (4 warps launched: the first consumer; a second
@@ -735,7 +757,9 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     their expert's rows into the next one's and store only its own (C_TMA_INSIDE or pointer stores); bias per
     expert at bias_batch_stride, weight scales (SCALES_ROWCOL / SCALES_KBLOCK) at bs_batch_stride per expert.
     A_GATHER (with the expert map; a_desc unused but for its box's layout): A's row r is a_src's row a_rows[r]
-    (int32 / int64, r < M; rows stride_am elements apart), copied by the producer's cp.async (GATHER_WARPS warps)."""
+    (int32 / int64, r < M; rows stride_am elements apart), copied by the producer's cp.async (GATHER_WARPS warps).
+    C_SCATTER (the expert map, not gated, pointer stores): row r of the product goes to c's row c_rows[r];
+    ROW_WEIGHTS: times row_weights[its row of c] (after the bias; moe_mlp's down projection)."""
     PACKED: gl.constexpr = W_FORMAT != W_DENSE
     if PACKED:
         HALF: gl.constexpr = DEC_ROWS
@@ -761,7 +785,9 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     gl.static_assert(not PACKED or (not PROMOTE and not GATED and C_TMA == 0 and SCALES == SCALES_NONE),
                      "4-bit weight: accumulating, pointer stores")
     gl.static_assert(EXPERTS == 0 or (not PACKED and not C_T), "the expert map: dense operands, not swapped")
-    gl.static_assert(not A_GATHER or (EXPERTS > 0 and GROUPS == 2 and not XS_TMA), "gathered rows: the expert map")
+    gl.static_assert(not A_GATHER or (EXPERTS > 0 and not XS_TMA), "gathered rows: the expert map")
+    gl.static_assert(not (C_SCATTER or ROW_WEIGHTS) or (EXPERTS > 0 and not GATED and C_TMA == 0),
+                     "scattered / weighted rows: the expert map, pointer stores")
     gl.static_assert(not C_T or (not PACKED and not PROMOTE and not GATED and C_TMA == 0 and SCALES == SCALES_NONE),
                      "swapped dense operands: bf16 / fp16, accumulating, pointer stores")
     if PACKED:  # the words by TMA; the values the decoder writes, laid out as x's tiles
@@ -831,13 +857,13 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS, A_GATHER)),
+                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS)),
             (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cB0, cB1, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS, A_GATHER)),
+                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, wq_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
                          STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS, a_src, a_rows,
@@ -853,13 +879,13 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS, A_GATHER)),
+                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS)),
             (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cB0, cB1, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS, A_GATHER)),
+                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
                          STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS, a_src, a_rows,
@@ -873,7 +899,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS, A_GATHER)),
+                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, wq_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
                          STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS, a_src, a_rows,
@@ -889,9 +915,9 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS, A_GATHER)),
+                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
                          STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS, a_src, a_rows,
                          stride_am, K, A_GATHER)),
-        ], [1], [40])
+        ], [GATHER_WARPS if A_GATHER else 1], [56 if A_GATHER else 40])

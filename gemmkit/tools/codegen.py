@@ -224,7 +224,8 @@ def compile_bare(M: int, N: int, K: int, cfg: GemmConfig, dtype=torch.float8_e4m
 
 def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = True, dtype=torch.float8_e4m3fn,
                xs_tma: bool = True, out_dtype=torch.bfloat16, num_sms: int = H100.num_sms, gated: bool = False,
-               tiles=None, batch: int = 1, swap: bool = False, experts: int = 0, gather: bool = False) -> Binary:
+               tiles=None, batch: int = 1, swap: bool = False, experts: int = 0, gather: bool = False,
+               scatter: bool = False) -> Binary:
     """Compile the warp-specialized Gluon kernel (kernels/gemm_ws.py) for sm_90 with the arguments
     core/hopper_ws.WSPlan passes for this problem: scales "kblock" (x scales by TMA or by register
     loads), "rowcol" or "none" (bf16 / fp16), FP8 promoted or not, the plan's tile width, TMA stores
@@ -235,7 +236,8 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
     operands swapped (the weight's rows as the tiles' rows, `tiles`' parts over x's rows; ws_batched_swap).
     experts: M sorted rows over that many experts' (N, K) weights (the expert map: gemmkit.grouped_gemm_a16w16 /
     grouped_gated_a16w16 through hopper_ws.ws_grouped_plan; gated: N the intermediate size, gate and up rows of
-    each expert in one (E, 2N, K) weight; gather: A's rows gathered from x by the producer's cp.async)."""
+    each expert in one (E, 2N, K) weight; gather: A's rows gathered from x by the producer's cp.async; scatter: rows
+    stored at their c_rows and weighted, by pointers)."""
     from ..core import hopper_ws as hw
 
     kernel = hw.gluon_kernel().gemm_ws_kernel
@@ -260,11 +262,13 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
         bias = None if gated else torch.empty(experts, N, dtype=out_dtype)
         plan = hw.WSPlan(x, w2, None, M, N, K, "none", None, None, bias, out_dtype, (M, N), False, num_sms,
                          promote=False, gated=("silu", (0, 1)) if gated else None,
-                         tiles=None if gated else hw.ws_tiles(M + experts * hw.HALF, N, num_sms, False),
-                         experts=(experts, w3.shape[1], 0), gather=gather)
-        rows = torch.zeros(M, dtype=torch.int32) if gather else None
+                         tiles=tiles or (None if gated else hw.ws_tiles(M + experts * hw.HALF, N, num_sms, False)),
+                         experts=(experts, w3.shape[1], 0), gather=gather, scatter=(scatter, scatter))
+        rows = torch.zeros(M, dtype=torch.int32)
         return _compile_gluon(kernel, (*plan.arguments(x, w2, c, bias, None, None, up,
-                                                       torch.zeros(experts + 1, dtype=torch.int32), rows), *plan.tail))
+                                                       torch.zeros(experts + 1, dtype=torch.int32),
+                                                       rows if gather else None, rows if scatter else None,
+                                                       torch.empty(M) if scatter else None), *plan.tail))
     plan = hw.WSPlan(x, w, None, M, N, K, scales, xs, ws, bias, out_dtype, (M, N), False, num_sms, promote,
                      gated=("silu", (N, 1)) if gated else None, tiles=tiles,
                      batch=(batch, N) if batch > 1 else None, swap=swap)
@@ -658,6 +662,12 @@ WS_CHECKS = {  # (M, N, K, compile_ws keywords, tensor-core instruction)
         32768, 2048, 7168, dict(scales="none", promote=False, dtype=torch.bfloat16, experts=256, gated=True), "HGMMA"),
     "gluon bf16 grouped, gathered rows (cp.async, 4 producer warps), TMA stores": (
         32768, 1536, 2048, dict(scales="none", promote=False, dtype=torch.bfloat16, experts=128, gather=True), "HGMMA"),
+    "gluon bf16 grouped, gathered, scattered and weighted rows (moe_mlp's down), pointer stores": (
+        32768, 2048, 768, dict(scales="none", promote=False, dtype=torch.bfloat16, experts=128, gather=True,
+                               scatter=True), "HGMMA"),
+    "gluon bf16 grouped, 64-row tiles, gathered rows": (
+        6000, 1536, 2048, dict(scales="none", promote=False, dtype=torch.bfloat16, experts=128, gather=True,
+                               tiles=(64, (128, 64))), "HGMMA"),
     "gluon bf16 grouped gated, gathered rows (moe_mlp's gate / up), TMA stores": (
         32768, 768, 2048, dict(scales="none", promote=False, dtype=torch.bfloat16, experts=128, gated=True,
                                gather=True), "HGMMA"),
