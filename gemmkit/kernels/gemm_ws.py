@@ -193,8 +193,9 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
     while the consumers finish the last one. Batched (batch entries): entry b's A rows start at row
     b * a_batch_rows of a_desc, its B rows at b * b_batch_rows of b0_desc / b1_desc.
     A_GATHER: A's rows r of the tile are a_src's rows a_rows[r] (r < M; stride_am apart, K values each),
-    copied by cp.async (no TMA gather on Hopper), each thread's copies tracked by the stage's `ready` barrier
-    (one arrival per producer thread beside the TMA loads' expect)."""
+    copied by cp.async (no TMA gather on Hopper) a step ahead of the stage's second arrival on `ready`
+    (_copied; the first is the TMA loads' expect). Needs STAGES >= 3: the consumers release stage j - 2 before
+    they wait for step j, which the producer completes while it fills step j + 1."""
     if PACKED:  # one box of the packed weight's words for the tile's rows
         HALF: gl.constexpr = a_desc.block_type.shape[0] // GROUPS
         a_bytes: gl.constexpr = a_desc.block_type.nbytes
@@ -258,7 +259,7 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
                 if GROUPS == 2:
                     async_copy.async_copy_global_to_shared(a1_bufs.index(s), a_src + src1[:, None] + k[None, :],
                                                            mask=ok1[:, None] & k_ok)
-                async_copy.mbarrier_arrive(ready.index(s), increment_count=False)
+                async_copy.commit_group()
             mbarrier.expect(ready.index(s), nbytes)
             if XS_TMA:  # x_scale column-major: group ki's scales of rows off_m.. are contiguous
                 _tma_load(xs_desc, [ki * xs_group_stride + off_m], ready.index(s), xs_bufs.index(s))
@@ -271,20 +272,39 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
                 _tma_load(b1_desc, [b_n, ki * B_K], ready.index(s), b1_bufs.index(s))
             elif TWO:
                 _tma_load(b1_desc, [b_n + N0, ki * B_K], ready.index(s), b1_bufs.index(s))
+            if A_GATHER:
+                if it > 0:  # the step before's copies, done, made visible to the tensor cores (the async proxy)
+                    _copied(ready.index((it - 1) % STAGES), 1)
             it += 1
+    if A_GATHER:
+        if it > 0:
+            _copied(ready.index((it - 1) % STAGES), 0)
+
+
+@gluon.jit
+def _copied(bar, PENDING: gl.constexpr):
+    """A_GATHER: once all but the last PENDING of the partition's cp.async groups are done, fenced for the
+    async proxy (the consumers' products read them) by every thread, one arrival on `bar` (the stage's
+    `ready`; the consumers' wait then needs no fence of their own, which would wait for their products)."""
+    async_copy.wait_group(PENDING)
+    fence_async_shared()
+    _cta_barrier()
+    mbarrier.arrive(bar, count=1)
 
 
 @gluon.jit
 def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, stride_cm, stride_cn, stride_bsn,
             SUB: gl.constexpr, K_INSTR: gl.constexpr, SCALES: gl.constexpr, HAS_BIAS: gl.constexpr,
-            C_TMA: gl.constexpr, PENDING: gl.constexpr, BIAS_ROWS: gl.constexpr = False, inside=True, rw=None):
+            C_TMA: gl.constexpr, PENDING: gl.constexpr, BIAS_ROWS: gl.constexpr = False, inside=True, rw=None,
+            VEC_ROWS: gl.constexpr = False):
     """Epilogue of one SUB-wide column part of a warp group's rows: (SCALES_ROWCOL) the row scales
     `sa` and the columns' scales, the bias, the cast to c's dtype, then a masked pointer store,
     or (C_TMA) the part into its buffer `c_smem` and a TMA store from there that runs on while the
     warp group starts its next tile (PENDING: the stores issued since the previous one out of
     this buffer, which may still run); C_TMA_INSIDE: by TMA where the rows lie inside their batch
     entry (`inside`), else by pointers. BIAS_ROWS: the bias is per row (the weight's rows as A). rw: each row's
-    weight (fp32, rm's layout), multiplying it after the bias (the expert map's routing weights)."""
+    weight (fp32, rm's layout), multiplying it after the bias (the expert map's routing weights). VEC_ROWS:
+    pointer stores in 16-byte vectors along c's rows (the rows scattered)."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, SUB, K_INSTR])
     rn = n0 + gl.arange(0, SUB, layout=gl.SliceLayout(0, mma))
@@ -312,6 +332,13 @@ def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, 
         rn_s = n0 + gl.arange(0, SUB, layout=gl.SliceLayout(0, st_l))
         gl.store(c + rm_s[:, None] * stride_cm + rn_s[None, :] * stride_cn, out,
                  mask=gl.convert_layout(row_ok, gl.SliceLayout(1, st_l))[:, None] & (rn_s < N)[None, :])
+    elif VEC_ROWS:
+        st_r: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        out = gl.convert_layout(acc.to(c.dtype.element_ty), st_r)
+        rm_s = gl.convert_layout(rm, gl.SliceLayout(1, st_r))
+        rn_s = n0 + gl.arange(0, SUB, layout=gl.SliceLayout(0, st_r))
+        gl.store(c + rm_s[:, None] * stride_cm + rn_s[None, :] * stride_cn, out,
+                 mask=gl.convert_layout(row_ok, gl.SliceLayout(1, st_r))[:, None] & (rn_s < N)[None, :])
     else:
         gl.store(c + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
@@ -421,8 +448,6 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
             for ki in range(k0, k1):
                 s = it % STAGES
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                if A_GATHER:  # (A written by the producer's cp.async, read by the tensor cores: the async proxy)
-                    fence_async_shared()
                 # this block's scales from its stage, read before the product is issued: read after its
                 # wait, the last K block's came out wrong for the second warp group with persistent tiles
                 # (the stage refilled first; scripts/ws_check.py)
@@ -473,8 +498,6 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 if PACKED:
                     mbarrier.wait(decoded.index(s), (it // STAGES) & 1)
-                if A_GATHER:
-                    fence_async_shared()
                 acc0 = warpgroup_mma(a_bufs.index(s), b0_bufs.index(s).permute((1, 0)), acc0, is_async=True)
                 if TWO:
                     acc1 = warpgroup_mma(a_bufs.index(s), b1_bufs.index(s).permute((1, 0)), acc1, is_async=True)
@@ -520,7 +543,8 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
             else:
                 rw = None
             _finish(acc0, c_e, c0_desc, c0_smem, bias_e, b_scale_e, sa, row0, rm_c, row_ok, off_n, N, stride_cm,
-                    stride_cn, stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND, PACKED or C_T, inside, rw)
+                    stride_cn, stride_bsn, N0, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND, PACKED or C_T, inside, rw,
+                    C_SCATTER)
         if TWO and not GATED:
             rm1 = off_m + ROLE * HALF + gl.arange(0, HALF, layout=rows1_l)
             if C_SCATTER:
@@ -534,7 +558,7 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
             _finish(acc1, c_e, c1_desc, c1_smem, bias_e, b_scale_e, gl.convert_layout(sa, rows1_l), row0, rm1_c,
                     rm1 < row_end,
                     off_n + N0, N, stride_cm, stride_cn, stride_bsn, W1, K_INSTR, SCALES, HAS_BIAS, C_TMA, PEND,
-                    PACKED or C_T, inside, rw1)
+                    PACKED or C_T, inside, rw1, C_SCATTER)
     if C_TMA:
         tma.store_wait(0)  # the last stores read the c buffers: finished before the program ends
 
@@ -785,7 +809,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     gl.static_assert(not PACKED or (not PROMOTE and not GATED and C_TMA == 0 and SCALES == SCALES_NONE),
                      "4-bit weight: accumulating, pointer stores")
     gl.static_assert(EXPERTS == 0 or (not PACKED and not C_T), "the expert map: dense operands, not swapped")
-    gl.static_assert(not A_GATHER or (EXPERTS > 0 and not XS_TMA), "gathered rows: the expert map")
+    gl.static_assert(not A_GATHER or (EXPERTS > 0 and not XS_TMA and STAGES >= 3), "gathered rows: the expert map")
     gl.static_assert(not (C_SCATTER or ROW_WEIGHTS) or (EXPERTS > 0 and not GATED and C_TMA == 0),
                      "scattered / weighted rows: the expert map, pointer stores")
     gl.static_assert(not C_T or (not PACKED and not PROMOTE and not GATED and C_TMA == 0 and SCALES == SCALES_NONE),
@@ -843,7 +867,7 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     else:  # (unused)
         decoded = ready
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1 + GATHER_WARPS * 32 if A_GATHER else 1)  # (A_GATHER: every copier)
+        mbarrier.init(ready.index(i), count=2 if A_GATHER else 1)  # (A_GATHER: the copies' arrival too)
         mbarrier.init(empty.index(i), count=GROUPS + 1 if PACKED else GROUPS)  # (the decoder's words)
         if PACKED:
             mbarrier.init(decoded.index(i), count=1)
