@@ -901,7 +901,13 @@ def test_grouped_rule(monkeypatch):
     assert scattered.plan.scatter == (True, True) and not scattered.plan.c_tma  # (pointer stores)
     for bad in (dict(activation="silu"), dict(out_dtype=FP32), dict(config=dict(BLOCK_M=64))):
         assert hopper_ws.ws_grouped_plan(dev, x, w, E * 256, None, **dict(kw, **bad)) is None, bad
-    assert hopper_ws.ws_grouped_plan(dev, x, w, E * 100, None, **kw) is None  # (few rows per expert)
+    assert hopper_ws.ws_grouped_plan(dev, x, w, E * 15, None, **kw) is None  # (few rows per expert)
+    assert hopper_ws.ws_grouped_plan(dev, x[:511], w, 511, None, **kw) is None  # (few rows)
+    E2 = 2  # (many rows per expert: gathered rows copied in order first, then TMA loads)
+    many = torch.empty(E2 * hopper_ws.GROUPED_PERMUTE_ROWS, K, dtype=BF16)
+    permuted = hopper_ws.ws_grouped_plan(dev, many, w[:E2], many.shape[0], None, **dict(kw, gather=True))
+    assert permuted.permute and not permuted.plan.gather
+    assert not hopper_ws.ws_grouped_plan(dev, x, w, E * 256, None, **dict(kw, gather=True)).permute
     x_odd = torch.empty(E * 256, K + 4, dtype=BF16)[:, :K]  # (rows 4104 bytes apart: not a TMA stride)
     assert hopper_ws.ws_grouped_plan(dev, x_odd, w, E * 256, None, **kw) is None
     assert hopper_ws.ws_grouped_plan(dev, x.half(), w, E * 256, None, **kw) is None  # (mixed dtypes)
@@ -949,8 +955,22 @@ def test_grouped_expert_map(built, monkeypatch, dtype, gather, bias_kind, E, R, 
     w = randn(E, N, K, dtype=dtype, scale=K**-0.5)
     bias = None if bias_kind is None else randn(*((E, N) if bias_kind == "per_expert" else (N,)), dtype=dtype)
     y = gemmkit.grouped_gemm_a16w16(x, w, o, gather_idx=g, bias=bias)
-    assert len(built) == 1 and built[0].experts is not None
+    assert len(built) == 1 and built[0].experts is not None and built[0].gather == gather
     assert_close(y, _ref(x, w, o, g, bias).to(dtype))
+
+
+@needs_hopper
+def test_grouped_permuted_rows(built, monkeypatch):
+    """Many rows per expert (GROUPED_PERMUTE_ROWS): gathered rows copied in order, then the expert map's TMA loads."""
+    from test_grouped import _ref
+
+    monkeypatch.setattr(hopper_ws, "GROUPED_PERMUTE_ROWS", 64)
+    E, T, N, K = 4, 700, 1000, 1040
+    x, w = randn(T, K, dtype=BF16), randn(E, N, K, dtype=BF16, scale=K**-0.5)
+    g, _, o = moe.sort_by_expert(torch.randint(0, E, (T, 2), device=DEVICE), E)
+    y = gemmkit.grouped_gemm_a16w16(x, w, o, gather_idx=g)
+    assert len(built) == 1 and not built[0].gather
+    assert_close(y, _ref(x, w, o, g).to(BF16))
 
 
 @needs_hopper

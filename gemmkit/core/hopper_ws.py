@@ -449,8 +449,17 @@ def ws_batched_plan(dev: DeviceInfo, x, w, bias, activation: str, out_dtype, con
     return BatchedWSPlan(plan, x_rows, w_rows)
 
 
-GROUPED_MIN_ROWS = 128  # grouped bf16 / fp16: rows per expert on average from which this kernel serves
+# grouped bf16 / fp16 on this kernel from GROUPED_MIN_ROWS rows per expert on average and GROUPED_MIN_TOTAL rows in
+# all (scripts/grouped_ws_probe.py, tuning/grouped_ws/: from 16 rows per expert it held >= 0.97x _grouped_mm on
+# Qwen3-30B-A3B and DeepSeek-V3 under both routings where the tl kernel fell to 0.46x on skewed ones; below, at
+# 2 to 4 rows per expert, the tl kernel's small tiles read the weights faster on balanced routings)
+GROUPED_MIN_ROWS = 16
+GROUPED_MIN_TOTAL = 512
 GROUPED_GATHER = True  # ... also with gathered rows (copied by the producer's cp.async: no TMA gather on Hopper)
+# from this many rows per expert on average gathered rows are permuted into a sorted copy first (TMA loads): there
+# the products are compute-bound and the copy costs less than the gathering producer (Mixtral-8x7B at 512 and 1024
+# rows per expert: 0.88x / 0.82x _grouped_mm gathered in the kernel, 1.03x / 0.96x on sorted rows)
+GROUPED_PERMUTE_ROWS = 512
 
 
 class GroupedWSPlan:
@@ -458,14 +467,16 @@ class GroupedWSPlan:
     rows [offsets[e], offsets[e + 1]) of x times w[e] (w (E, N, K)); gated: activation(x w_gate^T) * (x w_up^T)
     per expert (w the gate, b2 the up weight, each (E, I, K) views of one (E, 2I, K) tensor). Called as the
     grouped op's plans are (GroupedPlan.run's arguments); gathered rows (a_rows): the kernel's producer copies
-    them (A_GATHER)."""
+    them (A_GATHER), or (permute) they are copied in order first."""
 
-    def __init__(self, plan: "WSPlan", R: int, N: int, w_rows: tuple, gather: bool):
-        self.plan, self.rows, self.shape, self.w_rows, self.gather = plan, R, (R, N), w_rows, gather
+    def __init__(self, plan: "WSPlan", R: int, N: int, w_rows: tuple, permute: bool):
+        self.plan, self.rows, self.shape, self.w_rows, self.permute = plan, R, (R, N), w_rows, permute
         self.cfg = None  # (the tl kernel's config: none here)
 
     def run(self, x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale, b2=None):
         plan = self.plan
+        if self.permute:  # (gathered rows into a sorted copy: GROUPED_PERMUTE_ROWS)
+            x, a_rows = x.index_select(0, a_rows), None
         w2 = torch.as_strided(w, self.w_rows, (w.stride(1), 1))
         up = None if b2 is None else torch.as_strided(b2, self.w_rows, (b2.stride(1), 1))
         out = torch.empty(self.shape, dtype=plan.out_dtype, device=plan.device)
@@ -490,7 +501,7 @@ def ws_grouped_plan(dev: DeviceInfo, x, w, R: int, bias, *, gather: bool, scatte
     if (config is not None or (gated and (scatter or weighted)) or (activation != "none" and not gated)
             or (gather and not GROUPED_GATHER) or x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype
             or out_dtype not in (torch.bfloat16, torch.float16) or not ws_enabled(dev, x.device)
-            or R < GROUPED_MIN_ROWS * E or K < WS_MIN_K or R * N >= 2**31 or x.stride(1) != 1 or w.stride(2) != 1
+            or R < max(GROUPED_MIN_ROWS * E, GROUPED_MIN_TOTAL) or K < WS_MIN_K or R * N >= 2**31 or x.stride(1) != 1 or w.stride(2) != 1
             or (E > 1 and w.stride(0) % w.stride(1)) or (N > 1 and w.stride(1) < K)):
         return None
     b_rows = w.stride(0) // w.stride(1) if E > 1 else N
@@ -498,12 +509,14 @@ def ws_grouped_plan(dev: DeviceInfo, x, w, R: int, bias, *, gather: bool, scatte
     w2 = torch.as_strided(w, w_rows, (w.stride(1), 1))
     if not (_tma_operand(x) and _tma_operand(w2)):  # (gathered: 16-byte copies of x's rows)
         return None
-    # (each expert's last tile-row half empty on average)
-    tiles = None if gated else ws_tiles(R + E * HALF, N, dev.num_sms, False)
+    # (permuted: x stands for its sorted copy, (R, K) contiguous, in the plan)
+    permute = gather and R >= GROUPED_PERMUTE_ROWS * E and x.stride(0) == K
+    gather = gather and not permute
+    tiles = None if gated else ws_tiles(R, N, dev.num_sms, False)
     plan = WSPlan(x, w2, None, R, N, K, "none", None, None, bias, out_dtype, (R, N), False, dev.num_sms,
                   promote=False, gated=(activation, (0, 1)) if gated else None, tiles=tiles, experts=(E, b_rows, 0),
                   gather=gather, scatter=(scatter, weighted))
-    return GroupedWSPlan(plan, R, N, w_rows, gather)
+    return GroupedWSPlan(plan, R, N, w_rows, permute)
 
 
 _GL_DTYPES = {}

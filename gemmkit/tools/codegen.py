@@ -262,7 +262,7 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
         bias = None if gated else torch.empty(experts, N, dtype=out_dtype)
         plan = hw.WSPlan(x, w2, None, M, N, K, "none", None, None, bias, out_dtype, (M, N), False, num_sms,
                          promote=False, gated=("silu", (0, 1)) if gated else None,
-                         tiles=tiles or (None if gated else hw.ws_tiles(M + experts * hw.HALF, N, num_sms, False)),
+                         tiles=tiles or (None if gated else hw.ws_tiles(M, N, num_sms, False)),
                          experts=(experts, w3.shape[1], 0), gather=gather, scatter=(scatter, scatter))
         rows = torch.zeros(M, dtype=torch.int32)
         return _compile_gluon(kernel, (*plan.arguments(x, w2, c, bias, None, None, up,
