@@ -37,7 +37,7 @@ def timed(fn):
 
 
 def with_rule(on: bool, fn):
-    hopper_ws.GROUPED_MIN_ROWS = 0 if on else 10**9
+    hopper_ws.GROUPED_MIN_ROWS = hopper_ws.GROUPED_GATED_MIN_ROWS = 0 if on else 10**9
     config_mod.clear_caches()
     return fn
 

@@ -1009,6 +1009,7 @@ def test_grouped_gated_expert_map(built, monkeypatch, gather, activation):
     from test_grouped import _ref
 
     monkeypatch.setattr(hopper_ws, "GROUPED_MIN_ROWS", 0)
+    monkeypatch.setattr(hopper_ws, "GROUPED_GATED_MIN_ROWS", 0)
     E, I, H, R = 6, 1000, 2048, 1500
     o = grouped_op.offsets_from_sizes(_sizes_routing("ragged", E, R).to(DEVICE))
     T = R if not gather else 700

@@ -455,6 +455,9 @@ def ws_batched_plan(dev: DeviceInfo, x, w, bias, activation: str, out_dtype, con
 # 2 to 4 rows per expert, the tl kernel's small tiles read the weights faster on balanced routings)
 GROUPED_MIN_ROWS = 16
 GROUPED_MIN_TOTAL = 512
+# the gated grouped GEMM (moe_mlp's gate / up) from 128 rows per expert: below, its tl kernel's fixed 128 x 128 tiles
+# ran 1.03x to 1.13x the expert map's on balanced routings (tuning/grouped_ws/grouped_ws_probe_*_h100.txt)
+GROUPED_GATED_MIN_ROWS = 128
 GROUPED_GATHER = True  # ... also with gathered rows (copied by the producer's cp.async: no TMA gather on Hopper)
 # from this many rows per expert on average gathered rows are permuted into a sorted copy first (TMA loads): there
 # the products are compute-bound and the copy costs less than the gathering producer (Mixtral-8x7B at 512 and 1024
@@ -501,7 +504,7 @@ def ws_grouped_plan(dev: DeviceInfo, x, w, R: int, bias, *, gather: bool, scatte
     if (config is not None or (gated and (scatter or weighted)) or (activation != "none" and not gated)
             or (gather and not GROUPED_GATHER) or x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype
             or out_dtype not in (torch.bfloat16, torch.float16) or not ws_enabled(dev, x.device)
-            or R < max(GROUPED_MIN_ROWS * E, GROUPED_MIN_TOTAL) or K < WS_MIN_K or R * N >= 2**31 or x.stride(1) != 1 or w.stride(2) != 1
+            or R < max((GROUPED_GATED_MIN_ROWS if gated else GROUPED_MIN_ROWS) * E, GROUPED_MIN_TOTAL) or K < WS_MIN_K or R * N >= 2**31 or x.stride(1) != 1 or w.stride(2) != 1
             or (E > 1 and w.stride(0) % w.stride(1)) or (N > 1 and w.stride(1) < K)):
         return None
     b_rows = w.stride(0) // w.stride(1) if E > 1 else N
