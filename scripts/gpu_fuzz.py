@@ -233,7 +233,7 @@ def case_batched():
 
 def case_grouped():
     E = rng.choice([1, 2, 4, 8, 16, 64])
-    T = rng.choice([1, 3, 16, 64, 200, 512, 1000, 2048, 4096] if DEV == "cuda" else [1, 3, 16, 40])
+    T = rng.choice([1, 3, 16, 64, 200, 512, 1000, 2048, 4096, 9000] if DEV == "cuda" else [1, 3, 16, 40])
     N, K = pick_dim(8, hi=4096), pick_dim(8, hi=4096)
     dt = torch.bfloat16
     x = torch.randn(T, K, device=DEV).to(dt)
@@ -245,12 +245,24 @@ def case_grouped():
     order = torch.argsort(expert, stable=True)
     gather = order.to(torch.int32) if rng.random() < 0.5 else None
     xs = x if gather is not None else x[order].contiguous()
-    act = rng.choice([None, "silu"])
+    act = rng.choice([None, None, "silu"])
+    bias = rng.choice([None, (E, N), (N,)])
+    bias = None if bias is None else torch.randn(*bias, device=DEV).to(dt)
     rows, ends = x[order].float(), torch.cumsum(sizes, 0).tolist()
-    ref = torch.cat([rows[e0:e1] @ w[e].float().T for e, (e0, e1) in enumerate(zip([0] + ends[:-1], ends))])
+    b = [0 if bias is None else (bias[e] if bias.ndim == 2 else bias).float() for e in range(E)]
+    ref = torch.cat([rows[e0:e1] @ w[e].float().T + b[e] for e, (e0, e1) in enumerate(zip([0] + ends[:-1], ends))])
     ref = act_ref(ref, act)
-    return (lambda: gemmkit.grouped_gemm_a16w16(xs, w, m_sizes=sizes, gather_idx=gather, activation=act), ref, dt,
-            f"E={E} T={T} N={N} K={K} skew={skew} gather={gather is not None} act={act} sizes={sizes.tolist()[:8]}")
+    scatter = weights = None
+    if rng.random() < 0.3:  # (each sorted row to a destination row, times that row's weight: moe_mlp's down)
+        scatter = torch.randperm(T, device=DEV).to(torch.int32)
+        weights = torch.rand(T, device=DEV)
+        out = torch.empty_like(ref)
+        out[scatter.long()] = ref * weights[scatter.long()][:, None]
+        ref = out
+    return (lambda: gemmkit.grouped_gemm_a16w16(xs, w, m_sizes=sizes, gather_idx=gather, scatter_idx=scatter,
+                                                routing_weights=weights, bias=bias, activation=act), ref, dt,
+            f"E={E} T={T} N={N} K={K} skew={skew} gather={gather is not None} act={act} "
+            f"bias={None if bias is None else tuple(bias.shape)} scatter={scatter is not None} sizes={sizes.tolist()[:8]}")
 
 
 def case_moe_mlp():

@@ -6,7 +6,6 @@ tables' geomeans by token range.
     python3 scripts/grouped_summary.py [DIR]   (DIR: tuning/grouped_ws)
 """
 
-import math
 import os
 import re
 import sys
@@ -14,10 +13,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gemmkit.core import hopper_ws as hw  # noqa: E402
-
-
-def geomean(v):
-    return math.exp(sum(map(math.log, v)) / len(v))
+from ragged_summary import geomean  # noqa: E402  (scripts/: this script's directory)
 
 
 def probe(path):

@@ -326,22 +326,22 @@ def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, 
     elif C_TMA:
         _tma_part(acc, c_desc, c_smem, row0, n0, PENDING)
     elif BIAS_ROWS:  # (the transposed tile: 16-byte vectors along its rows, c's contiguous dimension)
-        st_l: gl.constexpr = gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1])
-        out = gl.convert_layout(acc.to(c.dtype.element_ty), st_l)
-        rm_s = gl.convert_layout(rm, gl.SliceLayout(1, st_l))
-        rn_s = n0 + gl.arange(0, SUB, layout=gl.SliceLayout(0, st_l))
-        gl.store(c + rm_s[:, None] * stride_cm + rn_s[None, :] * stride_cn, out,
-                 mask=gl.convert_layout(row_ok, gl.SliceLayout(1, st_l))[:, None] & (rn_s < N)[None, :])
+        _store_in(acc, c, rm, row_ok, n0, N, stride_cm, stride_cn, SUB, gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1]))
     elif VEC_ROWS:
-        st_r: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        out = gl.convert_layout(acc.to(c.dtype.element_ty), st_r)
-        rm_s = gl.convert_layout(rm, gl.SliceLayout(1, st_r))
-        rn_s = n0 + gl.arange(0, SUB, layout=gl.SliceLayout(0, st_r))
-        gl.store(c + rm_s[:, None] * stride_cm + rn_s[None, :] * stride_cn, out,
-                 mask=gl.convert_layout(row_ok, gl.SliceLayout(1, st_r))[:, None] & (rn_s < N)[None, :])
+        _store_in(acc, c, rm, row_ok, n0, N, stride_cm, stride_cn, SUB, gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
     else:
         gl.store(c + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
+
+
+@gluon.jit
+def _store_in(acc, c, rm, row_ok, n0, N, stride_cm, stride_cn, SUB: gl.constexpr, LAYOUT: gl.constexpr):
+    """A part's masked pointer store, converted to LAYOUT first (16-byte vectors along c's contiguous dimension)."""
+    out = gl.convert_layout(acc.to(c.dtype.element_ty), LAYOUT)
+    rm_s = gl.convert_layout(rm, gl.SliceLayout(1, LAYOUT))
+    rn_s = n0 + gl.arange(0, SUB, layout=gl.SliceLayout(0, LAYOUT))
+    gl.store(c + rm_s[:, None] * stride_cm + rn_s[None, :] * stride_cn, out,
+             mask=gl.convert_layout(row_ok, gl.SliceLayout(1, LAYOUT))[:, None] & (rn_s < N)[None, :])
 
 
 @gluon.jit
