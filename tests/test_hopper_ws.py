@@ -911,6 +911,9 @@ def test_grouped_rule(monkeypatch):
     x_odd = torch.empty(E * 256, K + 4, dtype=BF16)[:, :K]  # (rows 4104 bytes apart: not a TMA stride)
     assert hopper_ws.ws_grouped_plan(dev, x_odd, w, E * 256, None, **kw) is None
     assert hopper_ws.ws_grouped_plan(dev, x.half(), w, E * 256, None, **kw) is None  # (mixed dtypes)
+    x_k, w_k = torch.empty(E * 256, 1032, dtype=BF16)[:, :1030], torch.empty(E, N, 1032, dtype=BF16)[:, :, :1030]
+    assert hopper_ws.ws_grouped_plan(dev, x_k, w_k, E * 256, None, **kw) is not None  # (TMA: any K)
+    assert hopper_ws.ws_grouped_plan(dev, x_k, w_k, E * 256, None, **dict(kw, gather=True)) is None  # (16-byte copies)
     gate = torch.empty(E, 2 * N, K, dtype=BF16)[:, :N]
     gated = dict(kw, activation="silu")
     assert hopper_ws.ws_grouped_plan(dev, x, gate, E * 256, None, **gated, gated=True) is not None
@@ -937,6 +940,7 @@ def _sizes_routing(kind, E, R):
 @pytest.mark.parametrize("gather", [False, True])
 @pytest.mark.parametrize("bias_kind", [None, "shared", "per_expert"])
 @pytest.mark.parametrize("E,R,N,K,routing", [(8, 2048, 1536, 2048, "even"), (6, 1000, 1000, 1040, "ragged"),
+                                             (64, 4096, 3488, 776, "ragged"),  # (rows 16 bytes aligned, not 32)
                                              (16, 3000, 768, 512, "ragged"), (3, 777, 2048, 4096, "ragged"),
                                              (128, 20000, 256, 1024, "ragged")])
 def test_grouped_expert_map(built, monkeypatch, dtype, gather, bias_kind, E, R, N, K, routing):

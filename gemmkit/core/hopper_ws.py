@@ -515,6 +515,8 @@ def ws_grouped_plan(dev: DeviceInfo, x, w, R: int, bias, *, gather: bool, scatte
     # (permuted: x stands for its sorted copy, (R, K) contiguous, in the plan)
     permute = gather and R >= GROUPED_PERMUTE_ROWS * E and x.stride(0) == K
     gather = gather and not permute
+    if gather and K % 8:  # (the producer copies whole 16-byte pieces of a row)
+        return None
     tiles = None if gated else ws_tiles(R, N, dev.num_sms, False)
     plan = WSPlan(x, w2, None, R, N, K, "none", None, None, bias, out_dtype, (R, N), False, dev.num_sms,
                   promote=False, gated=(activation, (0, 1)) if gated else None, tiles=tiles, experts=(E, b_rows, 0),

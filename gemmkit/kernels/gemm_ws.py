@@ -55,6 +55,8 @@ from .gemm_w4_decode import _DECODE_E2M1, _cta_barrier, _scaled
 # async_load / async_store
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 _tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+# (and the cp.async copy async_copy_global_to_shared / async_load)
+_cp_async = async_copy.async_load if hasattr(async_copy, "async_load") else async_copy.async_copy_global_to_shared
 
 SCALES_KBLOCK = gl.constexpr(0)
 SCALES_ROWCOL = gl.constexpr(1)
@@ -245,20 +247,19 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
         if A_GATHER:  # the tile's source rows (rows past M: none, zeros)
             r0 = a_m + rr
             ok0 = r0 < M
-            src0 = gl.load(a_rows + r0, mask=ok0, other=0).to(gl.int64) * stride_am
+            # (rows 16 bytes aligned: stride_am a multiple of 8, which Triton assumes only of multiples of 16)
+            src0 = gl.multiple_of(gl.load(a_rows + r0, mask=ok0, other=0).to(gl.int64) * stride_am, [8])
             ok1 = r0 + HALF < M
-            src1 = gl.load(a_rows + r0 + HALF, mask=ok1, other=0).to(gl.int64) * stride_am
+            src1 = gl.multiple_of(gl.load(a_rows + r0 + HALF, mask=ok1, other=0).to(gl.int64) * stride_am, [8])
         for ki in range(k0, k1):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # (the first round passes at once)
             if A_GATHER:
                 k = ki * A_K + kk
-                k_ok = (k < K)[None, :]
-                async_copy.async_copy_global_to_shared(a0_bufs.index(s), a_src + src0[:, None] + k[None, :],
-                                                       mask=ok0[:, None] & k_ok)
+                k_ok = gl.max_constancy(k < K, [8])[None, :]  # (K % 8 == 0: whole 16-byte copies or none)
+                _cp_async(a0_bufs.index(s), a_src + src0[:, None] + k[None, :], mask=ok0[:, None] & k_ok)
                 if GROUPS == 2:
-                    async_copy.async_copy_global_to_shared(a1_bufs.index(s), a_src + src1[:, None] + k[None, :],
-                                                           mask=ok1[:, None] & k_ok)
+                    _cp_async(a1_bufs.index(s), a_src + src1[:, None] + k[None, :], mask=ok1[:, None] & k_ok)
                 async_copy.commit_group()
             mbarrier.expect(ready.index(s), nbytes)
             if XS_TMA:  # x_scale column-major: group ki's scales of rows off_m.. are contiguous
@@ -781,7 +782,8 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     their expert's rows into the next one's and store only its own (C_TMA_INSIDE or pointer stores); bias per
     expert at bias_batch_stride, weight scales (SCALES_ROWCOL / SCALES_KBLOCK) at bs_batch_stride per expert.
     A_GATHER (with the expert map; a_desc unused but for its box's layout): A's row r is a_src's row a_rows[r]
-    (int32 / int64, r < M; rows stride_am elements apart), copied by the producer's cp.async (GATHER_WARPS warps).
+    (int32 / int64, r < M; rows stride_am elements apart; K a multiple of 8), copied by the producer's cp.async
+    (GATHER_WARPS warps).
     C_SCATTER (the expert map, not gated, pointer stores): row r of the product goes to c's row c_rows[r];
     ROW_WEIGHTS: times row_weights[its row of c] (after the bias; moe_mlp's down projection)."""
     PACKED: gl.constexpr = W_FORMAT != W_DENSE

@@ -662,6 +662,8 @@ WS_CHECKS = {  # (M, N, K, compile_ws keywords, tensor-core instruction)
         32768, 2048, 7168, dict(scales="none", promote=False, dtype=torch.bfloat16, experts=256, gated=True), "HGMMA"),
     "gluon bf16 grouped, gathered rows (cp.async, 4 producer warps), TMA stores": (
         32768, 1536, 2048, dict(scales="none", promote=False, dtype=torch.bfloat16, experts=128, gather=True), "HGMMA"),
+    "gluon bf16 grouped, gathered rows of 776 values (16-byte aligned, not 32), TMA stores": (
+        4096, 3488, 776, dict(scales="none", promote=False, dtype=torch.bfloat16, experts=64, gather=True), "HGMMA"),
     "gluon bf16 grouped, gathered, scattered and weighted rows (moe_mlp's down), pointer stores": (
         32768, 2048, 768, dict(scales="none", promote=False, dtype=torch.bfloat16, experts=128, gather=True,
                                scatter=True), "HGMMA"),
