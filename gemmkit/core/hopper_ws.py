@@ -727,8 +727,10 @@ class WSPlan:
         s_am, s_ak, s_bn, s_bk = scale_strides
         self.share_c = SHARE_C and n1 == n0 and self.c_tma and not self.gated
         # swap: the transposed stores' layout conversion, as W4TilePlan's (a (64, part) tile per warp group in fp32)
-        # (scattered rows: 16-byte vector stores along them, converted alike)
-        convert = (self.rows * max(n0, n1) * 4 if c_dtype == torch.float32 else 4096) if swap or scatter[0] else 0
+        convert = (self.rows * max(n0, n1) * 4 if c_dtype == torch.float32 else 4096) if swap else 0
+        if scatter[0]:  # (scattered rows: 16-byte vector stores along them, a warp group's part converted at once:
+            # 160-wide tiles with 4096 bytes reserved overflowed, scripts/gpu_fuzz.py seed 31)
+            convert = HALF * max(n0, n1) * c_dtype.itemsize
         self.stages = ws_stages(n0 + n1, c_dtype.itemsize if self.c_tma else 0, n0 if self.share_c else self.block_n,
                                 self.rows, fixed=convert)
         self.tail = kernel_tail(kernel, PER_CALL, dict(
