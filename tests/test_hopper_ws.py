@@ -914,6 +914,13 @@ def test_grouped_rule(monkeypatch):
     x_k, w_k = torch.empty(E * 256, 1032, dtype=BF16)[:, :1030], torch.empty(E, N, 1032, dtype=BF16)[:, :, :1030]
     assert hopper_ws.ws_grouped_plan(dev, x_k, w_k, E * 256, None, **kw) is not None  # (TMA: any K)
     assert hopper_ws.ws_grouped_plan(dev, x_k, w_k, E * 256, None, **dict(kw, gather=True)) is None  # (16-byte copies)
+    x8, w8 = x.to(E4M3), w.to(E4M3)
+    xs8, ws8 = torch.empty(E * 256), torch.empty(E, N)
+    fp8 = hopper_ws.ws_grouped_plan(dev, x8, w8, E * 256, None, **kw, x_scale=xs8, w_scale=ws8)
+    assert fp8.plan.experts == (E, N, N)  # (per-channel scales, N apart per expert)
+    assert hopper_ws.ws_grouped_plan(dev, x8, w8, E * 256, None, **kw, x_scale=xs8, w_scale=ws8[:, 0].contiguous()
+                                     ).plan.experts == (E, N, 1)  # (one scale per expert)
+    assert hopper_ws.ws_grouped_plan(dev, x8, w8, E * 256, None, **kw) is None  # (FP8 without scales)
     gate = torch.empty(E, 2 * N, K, dtype=BF16)[:, :N]
     gated = dict(kw, activation="silu")
     assert hopper_ws.ws_grouped_plan(dev, x, gate, E * 256, None, **gated, gated=True) is not None
@@ -961,6 +968,42 @@ def test_grouped_expert_map(built, monkeypatch, dtype, gather, bias_kind, E, R, 
     y = gemmkit.grouped_gemm_a16w16(x, w, o, gather_idx=g, bias=bias)
     assert len(built) == 1 and built[0].experts is not None and built[0].gather == gather
     assert_close(y, _ref(x, w, o, g, bias).to(dtype))
+
+
+@needs_hopper
+@pytest.mark.parametrize("gather", [False, True])
+@pytest.mark.parametrize("w_gran", ["channel", "expert", "tensor"])
+@pytest.mark.parametrize("E,T,k,N,K", [(8, 1024, 2, 1536, 2048), (16, 600, 4, 1000, 1040), (64, 1500, 8, 512, 784)])
+def test_grouped_a8w8_expert_map(built, monkeypatch, gather, w_gran, E, T, k, N, K):
+    """grouped_gemm_a8w8 (FP8 e4m3, fast accumulation) on the expert map: per-token x scales (read through the
+    gathered rows), per-channel, per-expert or one weight scale, bias per expert, bf16 output; ragged N and K."""
+    from test_grouped import _ref
+
+    monkeypatch.setattr(hopper_ws, "GROUPED_MIN_ROWS", 0)
+    x = randn(T, K, dtype=BF16)
+    xq, xs = quant.quantize_fp8(x, "row")
+    w = randn(E, N, K, dtype=BF16, scale=K**-0.5)
+    wq = torch.empty(E, N, K, dtype=E4M3, device=DEVICE)
+    ws = torch.empty(E, N, dtype=FP32, device=DEVICE)
+    for e in range(E):
+        q, s = quant.quantize_fp8(w[e], "row")
+        wq[e], ws[e] = q, s.reshape(N)
+    if w_gran == "expert":
+        ws = ws.amax(1).contiguous()  # (one value per expert: requantized against it below)
+        wq = (w.float() / ws[:, None, None]).clamp(-448, 448).to(E4M3)
+    elif w_gran == "tensor":
+        ws = ws.amax().reshape(1)
+        wq = (w.float() / ws).clamp(-448, 448).to(E4M3)
+    g, _, o = moe.sort_by_expert(torch.randint(0, E, (T, k), device=DEVICE), E)
+    xs = xs.reshape(T).contiguous()
+    xg, xsg = (xq, xs) if gather else (xq[g.long()].contiguous(), xs[g.long()].contiguous())
+    bias = randn(E, N, dtype=BF16)
+    y = gemmkit.grouped_gemm_a8w8(xg, wq, xsg, ws, o, gather_idx=g if gather else None, bias=bias)
+    assert len(built) == 1 and built[0].experts is not None and built[0].gather == gather
+    w_deq = wq.float() * (ws[:, :, None] if w_gran == "channel" else ws.reshape(-1, 1, 1) if w_gran == "expert"
+                          else ws)
+    x_deq = xq.float() * xs[:, None]
+    assert_close(y, _ref(x_deq, w_deq, o, g, bias).to(BF16))
 
 
 @needs_hopper

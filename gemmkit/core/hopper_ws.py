@@ -478,12 +478,15 @@ class GroupedWSPlan:
 
     def run(self, x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale, b2=None):
         plan = self.plan
-        if self.permute:  # (gathered rows into a sorted copy: GROUPED_PERMUTE_ROWS)
-            x, a_rows = x.index_select(0, a_rows), None
+        if self.permute:  # (gathered rows into a sorted copy: GROUPED_PERMUTE_ROWS; per-token scales alike)
+            x = x.index_select(0, a_rows)
+            if a_scale is not None and a_scale.numel() > 1:
+                a_scale = a_scale.reshape(-1).index_select(0, a_rows)
+            a_rows = None
         w2 = torch.as_strided(w, self.w_rows, (w.stride(1), 1))
         up = None if b2 is None else torch.as_strided(b2, self.w_rows, (b2.stride(1), 1))
         out = torch.empty(self.shape, dtype=plan.out_dtype, device=plan.device)
-        args = plan.arguments(x, w2, out, bias, None, None, up, offsets, a_rows, c_rows, row_weights)
+        args = plan.arguments(x, w2, out, bias, a_scale, b_scale, up, offsets, a_rows, c_rows, row_weights)
         if _get_device() != plan.device_index:
             with torch.cuda.device(plan.device_index):
                 plan.launch(args, plan.tail)
@@ -493,18 +496,23 @@ class GroupedWSPlan:
 
 
 def ws_grouped_plan(dev: DeviceInfo, x, w, R: int, bias, *, gather: bool, scatter: bool, weighted: bool,
-                    activation: str, out_dtype, config, gated: bool = False) -> "GroupedWSPlan | None":
+                    activation: str, out_dtype, config, gated: bool = False, x_scale=None,
+                    w_scale=None) -> "GroupedWSPlan | None":
     """A grouped plan on this kernel, or None (the tl kernel's GroupedPlan then): x (T, K) and w (E, N, K)
-    bf16 / fp16, K-contiguous and TMA-aligned, each expert's weight rows evenly spaced, R sorted rows of at
-    least GROUPED_MIN_ROWS per expert on average, rows read in order or gathered (GROUPED_GATHER), stored in
-    order or scattered and weighted (not gated), no activation (gated: w is the gate half of an (E, 2I, K) weight
-    whose up half, laid out alike, comes with each call; `activation` of the gate), a 16-bit output, the
-    library's config."""
+    bf16 / fp16, or FP8 with x_scale (one value or per token) and w_scale (one value, per expert or (E, N) per
+    channel; checked by the op) and the tensor cores' fast accumulation, K-contiguous and TMA-aligned, each
+    expert's weight rows evenly spaced, R sorted rows of at least GROUPED_MIN_ROWS per expert on average, rows
+    read in order or gathered (GROUPED_GATHER), stored in order or scattered and weighted (not gated), no
+    activation (gated, 16-bit: w is the gate half of an (E, 2I, K) weight whose up half, laid out alike, comes
+    with each call; `activation` of the gate), a 16-bit output, the library's config."""
     E, N, K = w.shape
-    if (config is not None or (gated and (scatter or weighted)) or (activation != "none" and not gated)
-            or (gather and not GROUPED_GATHER) or x.dtype not in (torch.bfloat16, torch.float16) or w.dtype != x.dtype
+    fp8 = x.dtype in _FP8
+    if (config is not None or (gated and (scatter or weighted or fp8)) or (activation != "none" and not gated)
+            or (gather and not GROUPED_GATHER) or x.dtype not in (torch.bfloat16, torch.float16, *_FP8)
+            or w.dtype != x.dtype or fp8 != (x_scale is not None and w_scale is not None)
             or out_dtype not in (torch.bfloat16, torch.float16) or not ws_enabled(dev, x.device)
-            or R < max((GROUPED_GATED_MIN_ROWS if gated else GROUPED_MIN_ROWS) * E, GROUPED_MIN_TOTAL) or K < WS_MIN_K or R * N >= 2**31 or x.stride(1) != 1 or w.stride(2) != 1
+            or R < max((GROUPED_GATED_MIN_ROWS if gated else GROUPED_MIN_ROWS) * E, GROUPED_MIN_TOTAL)
+            or K < WS_MIN_K or R * N >= 2**31 or x.stride(1) != 1 or w.stride(2) != 1
             or (E > 1 and w.stride(0) % w.stride(1)) or (N > 1 and w.stride(1) < K)):
         return None
     b_rows = w.stride(0) // w.stride(1) if E > 1 else N
@@ -515,12 +523,18 @@ def ws_grouped_plan(dev: DeviceInfo, x, w, R: int, bias, *, gather: bool, scatte
     # (permuted: x stands for its sorted copy, (R, K) contiguous, in the plan)
     permute = gather and R >= GROUPED_PERMUTE_ROWS * E and x.stride(0) == K
     gather = gather and not permute
-    if gather and K % 8:  # (the producer copies whole 16-byte pieces of a row)
+    if gather and (K * x.element_size()) % 16:  # (the producer copies whole 16-byte pieces of a row)
         return None
-    tiles = None if gated else ws_tiles(R, N, dev.num_sms, False)
-    plan = WSPlan(x, w2, None, R, N, K, "none", None, None, bias, out_dtype, (R, N), False, dev.num_sms,
-                  promote=False, gated=(activation, (0, 1)) if gated else None, tiles=tiles, experts=(E, b_rows, 0),
-                  gather=gather, scatter=(scatter, weighted))
+    scales, bs_expert, ws = "none", 0, None
+    if fp8:  # per channel: (E, N) contiguous, N apart per expert; per expert: one value each, 1 apart
+        scales = "rowcol"
+        per_channel = w_scale.numel() == E * N and N > 1
+        bs_expert = N if per_channel else 1 if w_scale.numel() == E > 1 else 0
+        ws = w_scale if per_channel else w_scale.reshape(-1)[:1]  # (WSPlan's stride along N: per channel or none)
+    tiles = None if gated else ws_tiles(R, N, dev.num_sms, fp8)
+    plan = WSPlan(x, w2, None, R, N, K, scales, x_scale, ws, bias, out_dtype, (R, N), False, dev.num_sms,
+                  promote=False, gated=(activation, (0, 1)) if gated else None, tiles=tiles,
+                  experts=(E, b_rows, bs_expert), gather=gather, scatter=(scatter, weighted))
     return GroupedWSPlan(plan, R, N, w_rows, permute)
 
 

@@ -74,6 +74,9 @@ DEC_WARPS = gl.constexpr(4)  # the decoder's warps: 4 of 80 registers ran 1.05x 
 DEC_REGS = gl.constexpr(80)  # 192 / 184; tuning/w4_tile/w4_tile_ab_decoder_a256111_h100.txt) ...
 DEC_CONSUMER_REGS = gl.constexpr(192)  # ... and the second consumer's registers beside them
 GATHER_WARPS = gl.constexpr(4)  # the producer's warps where it gathers A's rows (A_GATHER: cp.async, 16 bytes a copy)
+# ... and the registers of (the second consumer, the producer) beside them, 16-bit / FP8 operands: the fewest for the
+# producer that did not spill (40 / 56 did), the sum of the others' (232, 40)
+GATHER_REGS = gl.constexpr(([216, 56], [200, 72]))
 
 
 def _pairs_ptx(magic: int, fp16: bool) -> str:
@@ -188,8 +191,8 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
               XS_TMA: gl.constexpr, TWO: gl.constexpr, GATED: gl.constexpr, GROUPS: gl.constexpr,
               PACKED: gl.constexpr, expert_offsets, num_experts, EXPERTS: gl.constexpr, a_src, a_rows, stride_am, K,
               A_GATHER: gl.constexpr):
-    """One warp (A_GATHER: GATHER_WARPS): for each of the program's tiles, TMA loads of each K block's A rows (GROUPS boxes
-    of HALF rows, one per consumer warp group; PACKED: one box of the 4-bit weight's words for all
+    """One warp (A_GATHER: GATHER_WARPS): for each of the program's tiles, TMA loads of each K block's A rows
+    (GROUPS boxes of HALF rows, one per consumer warp group; PACKED: one box of the 4-bit weight's words for all
     of them, into a0_bufs), B column part(s) and (XS_TMA) the tile's activation scales into the next
     stage, once the consumers (and the decoder) have released it; it runs ahead into the next tile
     while the consumers finish the last one. Batched (batch entries): entry b's A rows start at row
@@ -222,8 +225,9 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
         nbytes: gl.constexpr = b_bytes
     else:
         nbytes: gl.constexpr = a_bytes + b_bytes
-    if A_GATHER:
-        GL: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GATHER_WARPS, 1], [1, 0])
+    if A_GATHER:  # (a thread's copy: 16 bytes of a row, VEC values)
+        VEC: gl.constexpr = 128 // a0_bufs.dtype.primitive_bitwidth
+        GL: gl.constexpr = gl.BlockedLayout([1, VEC], [4, 8], [GATHER_WARPS, 1], [1, 0])
         rr = gl.arange(0, HALF, layout=gl.SliceLayout(1, GL))
         kk = gl.arange(0, A_K, layout=gl.SliceLayout(0, GL))
         NW: gl.constexpr = GATHER_WARPS
@@ -247,16 +251,16 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
         if A_GATHER:  # the tile's source rows (rows past M: none, zeros)
             r0 = a_m + rr
             ok0 = r0 < M
-            # (rows 16 bytes aligned: stride_am a multiple of 8, which Triton assumes only of multiples of 16)
-            src0 = gl.multiple_of(gl.load(a_rows + r0, mask=ok0, other=0).to(gl.int64) * stride_am, [8])
+            # (rows 16 bytes aligned: stride_am a multiple of VEC, which Triton assumes only of multiples of 16)
+            src0 = gl.multiple_of(gl.load(a_rows + r0, mask=ok0, other=0).to(gl.int64) * stride_am, [VEC])
             ok1 = r0 + HALF < M
-            src1 = gl.multiple_of(gl.load(a_rows + r0 + HALF, mask=ok1, other=0).to(gl.int64) * stride_am, [8])
+            src1 = gl.multiple_of(gl.load(a_rows + r0 + HALF, mask=ok1, other=0).to(gl.int64) * stride_am, [VEC])
         for ki in range(k0, k1):
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)  # (the first round passes at once)
             if A_GATHER:
                 k = ki * A_K + kk
-                k_ok = gl.max_constancy(k < K, [8])[None, :]  # (K % 8 == 0: whole 16-byte copies or none)
+                k_ok = gl.max_constancy(k < K, [VEC])[None, :]  # (K % VEC == 0: whole 16-byte copies or none)
                 _cp_async(a0_bufs.index(s), a_src + src0[:, None] + k[None, :], mask=ok0[:, None] & k_ok)
                 if GROUPS == 2:
                     _cp_async(a1_bufs.index(s), a_src + src1[:, None] + k[None, :], mask=ok1[:, None] & k_ok)
@@ -327,9 +331,11 @@ def _finish(acc, c, c_desc, c_smem, bias, b_scale, sa, row0, rm, row_ok, n0, N, 
     elif C_TMA:
         _tma_part(acc, c_desc, c_smem, row0, n0, PENDING)
     elif BIAS_ROWS:  # (the transposed tile: 16-byte vectors along its rows, c's contiguous dimension)
-        _store_in(acc, c, rm, row_ok, n0, N, stride_cm, stride_cn, SUB, gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1]))
+        _store_in(acc, c, rm, row_ok, n0, N, stride_cm, stride_cn, SUB,
+                  gl.BlockedLayout([8, 1], [8, 4], [1, 4], [0, 1]))
     elif VEC_ROWS:
-        _store_in(acc, c, rm, row_ok, n0, N, stride_cm, stride_cn, SUB, gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
+        _store_in(acc, c, rm, row_ok, n0, N, stride_cm, stride_cn, SUB,
+                  gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0]))
     else:
         gl.store(c + rm[:, None] * stride_cm + rn[None, :] * stride_cn, acc.to(c.dtype.element_ty),
                  mask=row_ok[:, None] & col_ok[None, :])
@@ -381,7 +387,7 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
               GATED: gl.constexpr, ACTIVATION: gl.constexpr, SHARE_C: gl.constexpr, GROUPS: gl.constexpr,
               PACKED: gl.constexpr, C_T: gl.constexpr, expert_offsets, num_experts, bs_batch_stride,
               EXPERTS: gl.constexpr, A_GATHER: gl.constexpr, c_rows, row_weights, C_SCATTER: gl.constexpr,
-              ROW_WEIGHTS: gl.constexpr):
+              ROW_WEIGHTS: gl.constexpr, a_rows):
     """One warp group: rows [ROLE * HALF, (ROLE + 1) * HALF) of each of the program's tiles
     (GROUPS * HALF rows: one group per tile of HALF rows, or two), in
     column parts of N0 and (N1 > 0) N1 columns, each its own product and accumulator.
@@ -523,7 +529,9 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
             bias_e = bias + entry * bias_batch_stride
         else:
             bias_e = bias
-        if SCALES == SCALES_ROWCOL:  # per token (stride 0: one value per tensor)
+        if SCALES == SCALES_ROWCOL and A_GATHER:  # per token: the gathered row's
+            sa = gl.load(a_scale + gl.load(a_rows + rm, mask=row_ok, other=0) * stride_asm, mask=row_ok, other=0.0)
+        elif SCALES == SCALES_ROWCOL:  # per token (stride 0: one value per tensor)
             sa = gl.load(a_scale + rm * stride_asm, mask=row_ok, other=0.0)
         else:
             sa = rm.to(gl.float32)  # (unused)
@@ -782,8 +790,8 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
     their expert's rows into the next one's and store only its own (C_TMA_INSIDE or pointer stores); bias per
     expert at bias_batch_stride, weight scales (SCALES_ROWCOL / SCALES_KBLOCK) at bs_batch_stride per expert.
     A_GATHER (with the expert map; a_desc unused but for its box's layout): A's row r is a_src's row a_rows[r]
-    (int32 / int64, r < M; rows stride_am elements apart; K a multiple of 8), copied by the producer's cp.async
-    (GATHER_WARPS warps).
+    (int32 / int64, r < M; rows stride_am elements apart; K a multiple of 16 bytes' values), copied by the
+    producer's cp.async (GATHER_WARPS warps); SCALES_ROWCOL's per-token scales are read through a_rows too.
     C_SCATTER (the expert map, not gated, pointer stores): row r of the product goes to c's row c_rows[r];
     ROW_WEIGHTS: times row_weights[its row of c] (after the bias; moe_mlp's down projection)."""
     PACKED: gl.constexpr = W_FORMAT != W_DENSE
@@ -883,17 +891,19 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS)),
+                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS,
+                         a_rows)),
             (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cB0, cB1, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS)),
+                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS,
+                         a_rows)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, wq_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS, a_src, a_rows,
-                         stride_am, K, A_GATHER)),
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS, a_src,
+                         a_rows, stride_am, K, A_GATHER)),
             (_decoder, (wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N,
                         k_tiles, splits, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift, GROUP_M, STAGES,
                         N0 + N1, W_FORMAT, HAS_ZERO, OP_DT == gl.float16, SW, GROUPS)),
@@ -905,19 +915,20 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS)),
+                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS,
+                         a_rows)),
             (_consumer, (a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cB0, cB1, bias,
                          a_scale, b_scale, M, N, k_tiles, splits, split_rows, stride_cm, stride_cn, stride_asm,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 1, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS)),
+                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS,
+                         a_rows)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS, a_src, a_rows,
-                         stride_am, K, A_GATHER)),
-        ], [4, GATHER_WARPS if A_GATHER else 1],
-            [216, 56] if A_GATHER else [232, 40])  # (A_GATHER: 40 spilled; the same sum of registers)
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS, a_src,
+                         a_rows, stride_am, K, A_GATHER)),
+        ], [4, GATHER_WARPS if A_GATHER else 1], GATHER_REGS[OP_DT.primitive_bitwidth == 8] if A_GATHER else [232, 40])
     elif PACKED:  # one consumer warp group
         gl.warp_specialize([
             (_consumer, (a0_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_desc, c1_desc, cA0, cA1, bias,
@@ -925,11 +936,12 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS)),
+                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS,
+                         a_rows)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, wq_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS, a_src, a_rows,
-                         stride_am, K, A_GATHER)),
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS, a_src,
+                         a_rows, stride_am, K, A_GATHER)),
             (_decoder, (wq_bufs, a0_bufs, a1_bufs, sc_ring, zb_ring, ready, empty, decoded, b_scale, b_zero, M, N,
                         k_tiles, splits, stride_bsn, stride_bsk, stride_bzn, stride_bzk, group_shift, GROUP_M, STAGES,
                         N0 + N1, W_FORMAT, HAS_ZERO, OP_DT == gl.float16, SW, GROUPS)),
@@ -941,9 +953,10 @@ def gemm_ws_kernel(a_desc, b0_desc, b1_desc, xs_desc, c, c0_desc, c1_desc, bias,
                          stride_ask, stride_bsn, stride_bsk, up_scale_offset, batch, c_batch_rows, bias_batch_stride,
                          GROUP_M, STAGES, HALF, N0, N1, K_INSTR, 0, SCALES, XS_TMA, PROMOTE, HAS_BIAS, C_TMA, GATED,
                          ACTIVATION, SHARE_C, GROUPS, PACKED, C_T, expert_offsets, num_experts, bs_batch_stride,
-                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS)),
+                         EXPERTS, A_GATHER, c_rows, row_weights, C_SCATTER, ROW_WEIGHTS,
+                         a_rows)),
             (_producer, (a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_bufs, xs_bufs, ready,
                          empty, M, N, k_tiles, splits, xs_group_stride, batch, a_batch_rows, b_batch_rows, GROUP_M,
-                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS, a_src, a_rows,
-                         stride_am, K, A_GATHER)),
-        ], [GATHER_WARPS if A_GATHER else 1], [56 if A_GATHER else 40])
+                         STAGES, XS_TMA, TWO, GATED, GROUPS, PACKED, expert_offsets, num_experts, EXPERTS, a_src,
+                         a_rows, stride_am, K, A_GATHER)),
+        ], [GATHER_WARPS if A_GATHER else 1], [GATHER_REGS[OP_DT.primitive_bitwidth == 8][1] if A_GATHER else 40])

@@ -280,10 +280,12 @@ def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_
         a_fmt, b_fmt = dense(x.dtype, a_scale, BLOCK), dense(w.dtype, b_scale, BLOCK, BLOCK)
     else:
         a_fmt, b_fmt = dense(x.dtype, a_scale), dense(w.dtype, b_scale)
-    if kind == "a16w16":  # the warp-specialized kernel with the expert map (Hopper, many rows per expert)
+    if kind == "a16w16" or (kind == "a8w8" and x.dtype in FP8):  # the warp-specialized kernel with the expert map
+        # (Hopper, many rows per expert)
         plan = ws_grouped_plan(dev, x, w, R, bias, gather=gather_idx is not None, scatter=scatter_idx is not None,
                                weighted=routing_weights is not None, activation=activation, out_dtype=out_dtype,
-                               config=config, gated=gated)
+                               config=config, gated=gated, x_scale=x_scale if kind == "a8w8" else None,
+                               w_scale=w_scale if kind == "a8w8" else None)
         if plan is not None:
             return plan
     rows = max(1, -(-R // E))  # per expert on average: what the configs are chosen by

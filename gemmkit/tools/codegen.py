@@ -260,12 +260,14 @@ def compile_ws(M: int, N: int, K: int, scales: str = "kblock", promote: bool = T
         w2 = torch.as_strided(w3, w_rows, (K, 1))
         up = torch.as_strided(w3[:, N:], w_rows, (K, 1)) if gated else None
         bias = None if gated else torch.empty(experts, N, dtype=out_dtype)
-        plan = hw.WSPlan(x, w2, None, M, N, K, "none", None, None, bias, out_dtype, (M, N), False, num_sms,
+        xs, ws = (torch.empty(M), torch.empty(experts, N)) if scales == "rowcol" else (None, None)
+        plan = hw.WSPlan(x, w2, None, M, N, K, scales, xs, ws, bias, out_dtype, (M, N), False, num_sms,
                          promote=False, gated=("silu", (0, 1)) if gated else None,
-                         tiles=tiles or (None if gated else hw.ws_tiles(M, N, num_sms, False)),
-                         experts=(experts, w3.shape[1], 0), gather=gather, scatter=(scatter, scatter))
+                         tiles=tiles or (None if gated else hw.ws_tiles(M, N, num_sms, dtype in hw._FP8)),
+                         experts=(experts, w3.shape[1], N if scales == "rowcol" else 0), gather=gather,
+                         scatter=(scatter, scatter))
         rows = torch.zeros(M, dtype=torch.int32)
-        return _compile_gluon(kernel, (*plan.arguments(x, w2, c, bias, None, None, up,
+        return _compile_gluon(kernel, (*plan.arguments(x, w2, c, bias, xs, ws, up,
                                                        torch.zeros(experts + 1, dtype=torch.int32),
                                                        rows if gather else None, rows if scatter else None,
                                                        torch.empty(M) if scatter else None), *plan.tail))
@@ -662,6 +664,8 @@ WS_CHECKS = {  # (M, N, K, compile_ws keywords, tensor-core instruction)
         32768, 2048, 7168, dict(scales="none", promote=False, dtype=torch.bfloat16, experts=256, gated=True), "HGMMA"),
     "gluon bf16 grouped, gathered rows (cp.async, 4 producer warps), TMA stores": (
         32768, 1536, 2048, dict(scales="none", promote=False, dtype=torch.bfloat16, experts=128, gather=True), "HGMMA"),
+    "gluon fp8 grouped, gathered rows, per-token and per-expert-channel scales, TMA stores": (
+        16384, 4096, 7168, dict(scales="rowcol", promote=False, experts=256, gather=True), "QGMMA"),
     "gluon bf16 grouped, gathered rows of 776 values (16-byte aligned, not 32), TMA stores": (
         4096, 3488, 776, dict(scales="none", promote=False, dtype=torch.bfloat16, experts=64, gather=True), "HGMMA"),
     "gluon bf16 grouped, gathered, scattered and weighted rows (moe_mlp's down), pointer stores": (
