@@ -458,6 +458,10 @@ GROUPED_MIN_TOTAL = 512
 # the gated grouped GEMM (moe_mlp's gate / up) from 128 rows per expert: below, its tl kernel's fixed 128 x 128 tiles
 # ran 1.03x to 1.13x the expert map's on balanced routings (tuning/grouped_ws/grouped_ws_probe_*_h100.txt)
 GROUPED_GATED_MIN_ROWS = 128
+# FP8 (grouped_gemm_a8w8) from any rows per expert (still GROUPED_MIN_TOTAL rows): at 64 tokens (2 to 4 rows per
+# expert) the expert map ran 1.01x to 1.39x `_scaled_grouped_mm` where the tl kernel ran 0.72x to 0.93x
+# (tuning/grouped_ws/bench_grouped_64tokens_forced_*_h100.md, bench_grouped_a8w8_*_h100.md)
+GROUPED_FP8_MIN_ROWS = 0
 GROUPED_GATHER = True  # ... also with gathered rows (copied by the producer's cp.async: no TMA gather on Hopper)
 # from this many rows per expert on average gathered rows are permuted into a sorted copy first (TMA loads): there
 # the products are compute-bound and the copy costs less than the gathering producer (Mixtral-8x7B at 512 and 1024
@@ -511,7 +515,8 @@ def ws_grouped_plan(dev: DeviceInfo, x, w, R: int, bias, *, gather: bool, scatte
             or (gather and not GROUPED_GATHER) or x.dtype not in (torch.bfloat16, torch.float16, *_FP8)
             or w.dtype != x.dtype or fp8 != (x_scale is not None and w_scale is not None)
             or out_dtype not in (torch.bfloat16, torch.float16) or not ws_enabled(dev, x.device)
-            or R < max((GROUPED_GATED_MIN_ROWS if gated else GROUPED_MIN_ROWS) * E, GROUPED_MIN_TOTAL)
+            or R < max((GROUPED_GATED_MIN_ROWS if gated else GROUPED_FP8_MIN_ROWS if fp8 else GROUPED_MIN_ROWS) * E,
+                       GROUPED_MIN_TOTAL)
             or K < WS_MIN_K or R * N >= 2**31 or x.stride(1) != 1 or w.stride(2) != 1
             or (E > 1 and w.stride(0) % w.stride(1)) or (N > 1 and w.stride(1) < K)):
         return None
