@@ -74,7 +74,7 @@ def main(d):
             if sel:
                 print(f"  {key} at {lo}..{hi} rows per expert ({len(sel)}): {geomean(sel):.3f} (min {min(sel):.2f})")
     for name in ("bench_grouped_a6a2fcf_h100.md", "bench_moe_mlp_0b0f8c1_h100.md", "bench_grouped_48a8d11_h200.md",
-                 "bench_moe_mlp_48a8d11_h200.md"):
+                 "bench_moe_mlp_48a8d11_h200.md", "bench_grouped_a8w8_ea81b3a_h100.md"):
         tables = bench(os.path.join(d, name))
         every = []
         print(f"\n{name}:")
