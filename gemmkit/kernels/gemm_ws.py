@@ -290,7 +290,7 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
 def _copied(bar, PENDING: gl.constexpr):
     """A_GATHER: once all but the last PENDING of the partition's cp.async groups are done, fenced for the
     async proxy (the consumers' products read them) by every thread, one arrival on `bar` (the stage's
-    `ready`; the consumers' wait then needs no fence of their own, which would wait for their products)."""
+    `ready`; the consumers' wait then needs no fence of their own between their products)."""
     async_copy.wait_group(PENDING)
     fence_async_shared()
     _cta_barrier()
