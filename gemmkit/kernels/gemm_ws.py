@@ -42,6 +42,7 @@ tiles' fitted width) where 128-row tiles would pad M (300 rows in 384; BENCHMARK
 Only for CUDA sm_90 with Gluon (core/hopper_ws.py decides); everything else runs the tl kernel.
 """
 
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -74,9 +75,10 @@ DEC_WARPS = gl.constexpr(4)  # the decoder's warps: 4 of 80 registers ran 1.05x 
 DEC_REGS = gl.constexpr(80)  # 192 / 184; tuning/w4_tile/w4_tile_ab_decoder_a256111_h100.txt) ...
 DEC_CONSUMER_REGS = gl.constexpr(192)  # ... and the second consumer's registers beside them
 GATHER_WARPS = gl.constexpr(4)  # the producer's warps where it gathers A's rows (A_GATHER: cp.async, 16 bytes a copy)
-# ... and the registers of (the second consumer, the producer) beside them, 16-bit / FP8 operands: the fewest for the
-# producer that did not spill (40 / 56 did), the sum of the others' (232, 40)
-GATHER_REGS = gl.constexpr(([216, 56], [200, 72]))
+# ... and the registers of (the second consumer, the producer) beside them, 16-bit / FP8 operands, the sum of the
+# others' (232, 40): the fewest for the producer that did not spill (40 / 56 did); FP8 spilled in the producer below 72
+# with Triton 3.6 (the device's) and in the consumer below 208 with Triton 3.9 (gemmkit.tools.codegen checks both)
+GATHER_REGS = gl.constexpr(([216, 56], [200, 72] if triton.__version__.startswith("3.6") else [208, 64]))
 
 
 def _pairs_ptx(magic: int, fp16: bool) -> str:
