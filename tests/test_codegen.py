@@ -23,3 +23,15 @@ def test_gpu_paths_compile_for_sm90():
                                                                   + len(codegen.W4_CHECKS)
                                                                   + len(codegen.W4_PREFILL_CHECKS)
                                                                   + len(codegen.W4_TILE_CHECKS)), run.stdout
+
+
+def test_instruction_digest_ignores_addresses_and_source_lines():
+    """`codegen --digest`: two binaries whose instructions are the same at other addresses and source lines have
+    one digest; another instruction changes it."""
+    a = ("\t//## File \"gemm_ws.py\", line 10\n        /*0000*/                   MOV R1, c[0x0][0x28] ;\n"
+         "        /*0010*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;\n")
+    b = ("\t//## File \"gemm_ws.py\", line 57\n        /*0100*/                   MOV R1, c[0x0][0x28] ;\n"
+         "        /*0110*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;\n")
+    c = b.replace("MOV R1", "MOV R2")
+    digest = [codegen.instruction_digest(codegen.Binary(0, 0, 0, t, "")) for t in (a, b, c)]
+    assert digest[0] == digest[1] != digest[2] and digest[0].endswith(" 2")

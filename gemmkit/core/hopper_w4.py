@@ -101,7 +101,7 @@ import torch
 
 from .device import DeviceInfo
 from .hopper_ws import ws_enabled
-from .plan import _get_device, contiguous_strides, extent_bytes, kernel_tail, overlapping_input, zeroed_buffer
+from .plan import contiguous_strides, extent_bytes, kernel_tail, on_device, overlapping_input, zeroed_buffer
 
 DECODE_MAX_M = 16  # INT4 groups of 128 or more on every layer up to here: with LONG's 6 programs per SM the
 # kernel ran 1.01x to 1.42x the tl kernel at 9 rows on the seven held-out layers under 2^25 weights (geomean 1.15),
@@ -329,10 +329,7 @@ class _W4Plan:
         self.tail = None
 
     def run(self, x, w_q, bias, y, _x_scale, w_scale, *rest):
-        if _get_device() != self.device_index:  # launches go to the current device
-            with torch.cuda.device(self.device_index):
-                return self._run(x, w_q, bias, y, w_scale, rest[-1] if rest else None)
-        return self._run(x, w_q, bias, y, w_scale, rest[-1] if rest else None)
+        return on_device(self.device_index, self._run, x, w_q, bias, y, w_scale, rest[-1] if rest else None)
 
     __call__ = run
 

@@ -27,7 +27,7 @@ import os
 import torch
 
 from .device import DeviceInfo
-from .plan import _get_device, contiguous_strides, extent_bytes, kernel_tail, overlapping_input
+from .plan import contiguous_strides, extent_bytes, kernel_tail, on_device, overlapping_input
 
 WS_MIN_M = 256
 WS_MIN_K = 512
@@ -478,7 +478,6 @@ class GroupedWSPlan:
 
     def __init__(self, plan: "WSPlan", R: int, N: int, w_rows: tuple, permute: bool):
         self.plan, self.rows, self.shape, self.w_rows, self.permute = plan, R, (R, N), w_rows, permute
-        self.cfg = None  # (the tl kernel's config: none here)
 
     def run(self, x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale, b2=None):
         plan = self.plan
@@ -490,12 +489,8 @@ class GroupedWSPlan:
         w2 = torch.as_strided(w, self.w_rows, (w.stride(1), 1))
         up = None if b2 is None else torch.as_strided(b2, self.w_rows, (b2.stride(1), 1))
         out = torch.empty(self.shape, dtype=plan.out_dtype, device=plan.device)
-        args = plan.arguments(x, w2, out, bias, a_scale, b_scale, up, offsets, a_rows, c_rows, row_weights)
-        if _get_device() != plan.device_index:
-            with torch.cuda.device(plan.device_index):
-                plan.launch(args, plan.tail)
-        else:
-            plan.launch(args, plan.tail)
+        on_device(plan.device_index, plan.launch, plan.arguments(x, w2, out, bias, a_scale, b_scale, up, offsets,
+                                                                  a_rows, c_rows, row_weights), plan.tail)
         return out
 
 
@@ -711,8 +706,10 @@ class WSPlan:
             up_offset = 0
         self.y_strides = (N, 1) if y2 is None else y2.stride()
         km, kn = (N, M) if swap else (M, N)  # the kernel's rows and columns
-        self.splits = 1 if self.gated or self.batch > 1 or experts is not None else ws_splits(km, kn, K, num_sms, self.block_n, block_k,
-                                                                       self.rows)
+        if self.gated or self.batch > 1 or experts is not None:
+            self.splits = 1
+        else:
+            self.splits = ws_splits(km, kn, K, num_sms, self.block_n, block_k, self.rows)
         self.ragged = False
         if self.splits > 1:  # K slices summed apart: into an fp32 workspace, slice s at rows s * split_rows
             # (swap: x's rows are the kernel's columns; never the constant 1, as W4TilePlan's)
@@ -797,10 +794,7 @@ class WSPlan:
                 x if self.gather else None, a_rows, c_rows, row_weights)
 
     def run(self, x, w, bias, y, x_scale, w_scale, w2=None):
-        if _get_device() != self.device_index:  # launches go to the current device
-            with torch.cuda.device(self.device_index):
-                return self._run(x, w, bias, y, x_scale, w_scale, w2)
-        return self._run(x, w, bias, y, x_scale, w_scale, w2)
+        return on_device(self.device_index, self._run, x, w, bias, y, x_scale, w_scale, w2)
 
     def _run(self, x, w, bias, y, x_scale, w_scale, w2=None):
         M, N = self.M, self.N

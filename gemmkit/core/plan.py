@@ -23,6 +23,15 @@ _grad_enabled = torch.is_grad_enabled
 _stream_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 
 
+def on_device(index: int, fn, *args):
+    """fn(*args) with CUDA device `index` current (launches go to the current device; torch.cuda.current_device()
+    without its lazy-init check: a CUDA plan has CUDA tensors)."""
+    if _get_device() != index:
+        with torch.cuda.device(index):
+            return fn(*args)
+    return fn(*args)
+
+
 def capturing() -> bool:
     """True while the current CUDA stream is being captured into a graph."""
     return torch.cuda.is_initialized() and _stream_capturing()
@@ -266,11 +275,7 @@ class PlanBase:
         return self.run(*args)
 
     def _call(self, *args):
-        # (torch.cuda.current_device() without its lazy-init check: a CUDA plan has CUDA tensors)
-        if self.cuda and _get_device() != self.device_index:
-            with torch.cuda.device(self.device_index):
-                return self._run(*args)
-        return self._run(*args)
+        return on_device(self.device_index, self._run, *args) if self.cuda else self._run(*args)
 
     def _run(self, *args):
         try:

@@ -143,7 +143,8 @@ def _expert_units(expert_offsets, num_experts, N, BLOCK_M: gl.constexpr, BLOCK_N
                   EXPERTS: gl.constexpr, NW: gl.constexpr):
     """(cumulative tile-rows per expert (EXPERTS,), work units) of the expert map, read from the device's
     offsets (expert e owns rows [offsets[e], offsets[e + 1]): cdiv(rows, BLOCK_M) tile-rows, none for an
-    empty or negative range) by a partition of NW warps; no host synchronization."""
+    empty or negative range) by a partition of NW warps; no host synchronization (kernels/schedule.py
+    group_grid / group_rows for the tl kernel: a Gluon kernel cannot call those)."""
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
     e = gl.arange(0, EXPERTS, layout=lay)
     lo = gl.load(expert_offsets + e, mask=e < num_experts, other=0)
@@ -168,6 +169,35 @@ def _expert_unit(unit, cum, expert_offsets, N, BLOCK_M: gl.constexpr, BLOCK_N: g
     first_tile = gl.max(gl.where(before, cum, 0), 0)  # cum[expert - 1] (cum does not decrease)
     lo = gl.load(expert_offsets + expert)
     return expert, lo + (pid_m - first_tile) * BLOCK_M, pid_n * BLOCK_N, gl.load(expert_offsets + expert + 1)
+
+
+@gluon.jit
+def _work_units(M, N, batch, splits, expert_offsets, num_experts, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                EXPERTS: gl.constexpr, NW: gl.constexpr):
+    """(the map's state, work units of the launch) of the tile map the producer and the consumers walk: the expert
+    map's running sum (EXPERTS > 0: _expert_units), else the tiles of a batch entry (_units)."""
+    if EXPERTS > 0:
+        state, units = _expert_units(expert_offsets, num_experts, N, BLOCK_M, BLOCK_N, EXPERTS, NW)
+    else:
+        state, units = _units(M, N, batch, splits, BLOCK_M, BLOCK_N)
+    return state, units
+
+
+@gluon.jit
+def _work(unit, state, M, N, batch, splits, k_tiles, expert_offsets, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+          GROUP_M: gl.constexpr, EXPERTS: gl.constexpr):
+    """(batch entry or expert, off_m, off_n, K slice, first and end K block, end row) of work unit `unit`
+    (_work_units' state): the expert map's rows are x's sorted rows, [off_m, end row) the expert's; a batch
+    entry's rows are its own, M of them."""
+    if EXPERTS > 0:
+        entry, off_m, off_n, row_end = _expert_unit(unit, state, expert_offsets, N, BLOCK_M, BLOCK_N, GROUP_M)
+        sp = 0
+        k0 = 0
+        k1 = k_tiles
+    else:
+        entry, off_m, off_n, sp, k0, k1 = _unit(unit, state, M, N, batch, splits, k_tiles, BLOCK_M, BLOCK_N, GROUP_M)
+        row_end = M
+    return entry, off_m, off_n, sp, k0, k1, row_end
 
 
 @gluon.jit
@@ -236,19 +266,11 @@ def _producer(a_desc, b0_desc, b1_desc, xs_desc, a0_bufs, a1_bufs, b0_bufs, b1_b
     else:
         NW: gl.constexpr = 1
     it = 0
-    if EXPERTS > 0:
-        cum, units = _expert_units(expert_offsets, num_experts, N, GROUPS * HALF, BLOCK_N, EXPERTS, NW)
-    else:
-        tiles, units = _units(M, N, batch, splits, GROUPS * HALF, BLOCK_N)
+    state, units = _work_units(M, N, batch, splits, expert_offsets, num_experts, GROUPS * HALF, BLOCK_N, EXPERTS, NW)
     for unit in range(gl.program_id(0), units, gl.num_programs(0)):
-        if EXPERTS > 0:  # (x's rows: a_batch_rows 0)
-            entry, off_m, off_n, _end = _expert_unit(unit, cum, expert_offsets, N, GROUPS * HALF, BLOCK_N, GROUP_M)
-            k0 = 0
-            k1 = k_tiles
-        else:
-            entry, off_m, off_n, sp, k0, k1 = _unit(unit, tiles, M, N, batch, splits, k_tiles, GROUPS * HALF,
-                                                    BLOCK_N, GROUP_M)
-        a_m = entry * a_batch_rows + off_m
+        entry, off_m, off_n, _sp, k0, k1, _end = _work(unit, state, M, N, batch, splits, k_tiles, expert_offsets,
+                                                       GROUPS * HALF, BLOCK_N, GROUP_M, EXPERTS)
+        a_m = entry * a_batch_rows + off_m  # (the expert map: a_batch_rows 0, off_m x's row)
         b_n = entry * b_batch_rows + off_n
         if A_GATHER:  # the tile's source rows (rows past M: none, zeros)
             r0 = a_m + rr
@@ -424,21 +446,10 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
     else:
         BLOCK_N: gl.constexpr = N0 + N1
     it = 0
-    if EXPERTS > 0:
-        cum, units = _expert_units(expert_offsets, num_experts, N, GROUPS * HALF, BLOCK_N, EXPERTS, 4)
-    else:
-        tiles, units = _units(M, N, batch, splits, GROUPS * HALF, BLOCK_N)
+    state, units = _work_units(M, N, batch, splits, expert_offsets, num_experts, GROUPS * HALF, BLOCK_N, EXPERTS, 4)
     for unit in range(gl.program_id(0), units, gl.num_programs(0)):
-        if EXPERTS > 0:  # rows [off_m, row_end) of x and c are the expert's
-            entry, off_m, off_n, row_end = _expert_unit(unit, cum, expert_offsets, N, GROUPS * HALF, BLOCK_N,
-                                                        GROUP_M)
-            sp = 0
-            k0 = 0
-            k1 = k_tiles
-        else:
-            entry, off_m, off_n, sp, k0, k1 = _unit(unit, tiles, M, N, batch, splits, k_tiles, GROUPS * HALF,
-                                                    BLOCK_N, GROUP_M)
-            row_end = M
+        entry, off_m, off_n, sp, k0, k1, row_end = _work(unit, state, M, N, batch, splits, k_tiles, expert_offsets,
+                                                         GROUPS * HALF, BLOCK_N, GROUP_M, EXPERTS)
         if SCALES == SCALES_NONE:
             b_scale_e = b_scale
         else:  # (the expert's weight scales)

@@ -20,9 +20,9 @@ from ..core.config import fit_to_smem, gated_tiles
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import Scale, dense
-from ..core.hopper_ws import ws_grouped_plan
 from ..core.grouped import (GroupedPlan, check_k_major, family_config_for, group_bias_stride, group_epilogue,
                             index_extent)
+from ..core.hopper_ws import ws_grouped_plan
 from ..core.plan import PlanCache, plan_key
 from ..core.tracing import is_compiling as _is_compiling, library as _library
 from ..kernels import modes

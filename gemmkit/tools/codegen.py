@@ -783,6 +783,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m gemmkit.tools.codegen", description=__doc__.split("\n\n")[0])
     p.add_argument("--warp-specialize", action="store_true",
                    help="also compile each persistent config with WARP_SPECIALIZE and say whether the binary changes")
+    p.add_argument("--digest", action="store_true",
+                   help="print each Gluon binary's instruction digest (instruction_digest: compare two commits' "
+                        "kernels without a GPU)")
     args = p.parse_args(argv)
     from ..core.device import interpreter_active
 
@@ -807,10 +810,20 @@ def main(argv=None) -> int:
     for checks, check_one in ((WS_CHECKS, check_ws), (W4_CHECKS, check_w4), (W4_PREFILL_CHECKS, check_w4_prefill),
                               (W4_TILE_CHECKS, check_w4_tile)):
         for name in checks:
-            ok, _, report = check_one(name)
+            ok, b, report = check_one(name)
             failed += not ok
             print(report, flush=True)
+            if args.digest:
+                print(f"    instructions {instruction_digest(b)}", flush=True)
     return 1 if failed else 0
+
+
+def instruction_digest(b: Binary) -> str:
+    """A digest of the binary's SASS instructions, their addresses and the source lines left out ('sha1 count'):
+    equal for two commits whose kernels compile to the same code (a refactor, a comment)."""
+    lines = [re.sub(r"/\*[0-9a-f]+\*/", "", ln).strip() for ln in b.sass.splitlines()
+             if re.search(r"/\*[0-9a-f]{4}\*/", ln)]
+    return f"{hashlib.sha1(chr(10).join(lines).encode()).hexdigest()[:12]} {len(lines)}"
 
 
 if __name__ == "__main__":
