@@ -1,5 +1,5 @@
-"""The warp-specialized kernel's compiled instructions at another commit, without a GPU: compiles the WS_CHECKS of
-the gemmkit tree DIR (its own codegen and kernels, for sm_90 with the Triton this Python has) and prints each
+"""The warp-specialized kernel's compiled instructions at another commit, without a GPU: compiles the WS_CHECKS and
+W4_TILE_CHECKS of the gemmkit tree DIR (its own codegen and kernels, for sm_90 with the Triton this Python has) and prints each
 binary's `gemmkit.tools.codegen.instruction_digest` (this tree's): equal digests, the same machine code.
 
     git worktree add /tmp/old <commit>
@@ -24,6 +24,9 @@ out = {}
 for name, (M, N, K, kw, _mma) in c.WS_CHECKS.items():
     if sys.argv[2] in name:
         out[name] = c.compile_ws(M, N, K, **kw).sass
+for name, (M, N, K, kw) in c.W4_TILE_CHECKS.items():
+    if sys.argv[2] in name:
+        out[name] = c.compile_w4_tile(M, N, K, **kw).sass
 json.dump(out, open(sys.argv[1], "w"))
 """
 
