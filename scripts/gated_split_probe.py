@@ -8,7 +8,6 @@ the SMs exactly leaves the narrower tiles only the remainder's columns. Prints t
 """
 
 import argparse
-import math
 import os
 import sys
 
@@ -92,7 +91,7 @@ def main():
             worst = max(errs.values())
             print(f"M={M:5d} I={I:5d} H={H:5d} (one: width {width})  {cells}  | ratio {ratios}  max err {worst:.1e}",
                   flush=True)
-            del sets, ref
+            sets = ref = None
             torch.cuda.empty_cache()
 
 
