@@ -160,8 +160,6 @@ class QuantizePlan:
 # block-wise FP8 (DeepSeek-V3)
 
 _BLOCKS = ((1, 128), (128, 128))
-BLOCK_QUANT_TILE = 8192  # values a program of quantize_fp8_blockwise(block=(1, 128)) quantizes ...
-BLOCK_QUANT_GROUPS = 8  # ... the most 128-value groups of a row among them
 _SCALE_FORMATS = ("float32", "ue8m0")
 _SCALE_LAYOUTS = ("row", "col")
 _block_plans = PlanCache()
@@ -220,9 +218,7 @@ def _make_block_plan(t, block, dtype, scale_format, scale_layout):
 class BlockQuantizePlan:
     """Block-wise quantization of tensors with fixed facts (see gemmkit.core.dense.plan_key)."""
 
-    def __init__(self, t, block, qdtype, ue8m0, col, device, tile=BLOCK_QUANT_TILE, groups=BLOCK_QUANT_GROUPS):
-        """tile / groups (activations, block (1, 128)): the values a program quantizes and the most groups of a
-        row it takes (fewer where the rows have fewer), its rows the rest of `tile` (at most R, a power of two)."""
+    def __init__(self, t, block, qdtype, ue8m0, col, device):
         from .kernels.quant import quantize_blocks_kernel
 
         self.shape, self.qdtype, self.device, self.col = t.shape, qdtype, device, col
@@ -240,17 +236,13 @@ class BlockQuantizePlan:
         if self.empty:
             return
         s_r, s_c, index_64 = _row_strides(t, R, C)
-        if row_scales:
-            gpp = min(groups, 1 << (G.bit_length() - 1))
-            block_r = max(1, min(next_pow2(R), tile // (gpp * group)))
-        else:  # (one 128 x 128 block a program)
-            gpp, block_r = 1, block[0]
-        warps = 8 if block_r * gpp * group >= 8192 else 4
-        grid = (-(-G // gpp) * -(-R // block_r),)
+        block_r = min(32, next_pow2(R)) if row_scales else block[0]
+        warps = 8 if block_r * group >= 8192 else 4
+        grid = (-(-R // block_r), G)
         self.launch = CachedLaunch(quantize_blocks_kernel, grid, warps, 1, device.index or 0)
         s_sr, s_sg = (1, self.scale_rows) if col else (G, 1)
-        self.tail = (R, C, s_r, s_c, C, s_sr, s_sg, FP8_TARGETS[qdtype], block_r, group, gpp, row_scales, ue8m0,
-                     C % (gpp * group) == 0, index_64)
+        self.tail = (R, C, s_r, s_c, C, s_sr, s_sg, FP8_TARGETS[qdtype], block_r, group, row_scales, ue8m0,
+                     C % group == 0, index_64)
 
     def __call__(self, t):
         q = torch.empty_strided(self.shape, self.q_strides, dtype=self.qdtype, device=self.device)

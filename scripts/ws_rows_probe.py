@@ -5,11 +5,12 @@ bf16 (and with --fp8, FP8 with fast accumulation, per-token x per-channel scales
 _scaled_mm (the baseline), the op's default call, the Gluon kernel with 128-row tiles at the width
 ws_parts picks, and 64-row tiles at each width of --widths. Results are checked against the
 baseline first. --ab: only the op's default call with the 64-row rule (hopper_ws.ROWS64) and
-without it (its plan built with ROWS64 off), on --models' layers (default: the tuned models').
+without it (its plan built with ROWS64 off; --knob NAME=VALUE: with that core/hopper_ws.py constant
+instead, e.g. FITTED_GAIN=1.0), on --models' layers (default: the tuned models').
 
     python3 scripts/ws_rows_probe.py [OUT] [--m M ...] [--shapes N K ...] [--fp8] [--widths W ...]
                                      [--widths128 W ...] [--splits S ...] [--mnk M N K ...]
-                                     [--ab [--models NAME ...]]
+                                     [--ab [--knob NAME=VALUE] [--models NAME ...]]
 """
 
 import argparse
@@ -51,6 +52,7 @@ def main():
                     help="also each 128-row variant in this many K slices (ws_splits overridden)")
     ap.add_argument("--fp8", action="store_true")
     ap.add_argument("--ab", action="store_true", help="the default call with and without the 64-row rule")
+    ap.add_argument("--knob", default="ROWS64=False", help="--ab's other plan: this hopper_ws constant's value")
     ap.add_argument("--models", nargs="+", default=["llama3-8b", "llama3-70b", "deepseek-v3", "qwen2.5-7b"])
     ap.add_argument("--mnk", type=int, nargs="+", help="M N K triples instead of --m x the shapes")
     args = ap.parse_args()
@@ -80,12 +82,14 @@ def main():
                      "default": [lambda i=i: default(i) for i in range(SETS)]}
             x, w, xs, ws = sets[0]
             ref = baseline(0).float()
-            if args.ab:  # the default call's plan with the 64-row rule off
-                hopper_ws.ROWS64 = False
+            if args.ab:  # the default call's plan with the knob's value (the 64-row rule off)
+                knob, value = args.knob.split("=")
+                saved = getattr(hopper_ws, knob)
+                setattr(hopper_ws, knob, type(saved)(eval(value)))
                 config_mod.clear_caches()
                 default(0)
                 old = next(reversed((a8w8 if args.fp8 else a16w16)._plans.values()))
-                hopper_ws.ROWS64 = True
+                setattr(hopper_ws, knob, saved)
                 config_mod.clear_caches()
                 default(0)
                 rows = getattr(next(reversed((a8w8 if args.fp8 else a16w16)._plans.values())), "rows", "tl")
@@ -98,7 +102,7 @@ def main():
                 print(f"M={M:5d} N={N:5d} K={K:5d}  " + "  ".join(f"{k} {times[k]:7.1f}" for k in names)
                       + f"  | ratio default {times['base'] / times['default']:4.2f} old "
                       f"{times['base'] / times['old']:4.2f}  gain {times['old'] / times['default']:4.2f}"
-                      f"  (rows {rows})", file=out, flush=True)
+                      f"  (rows {rows}, old {getattr(old, 'rows', 'tl')})", file=out, flush=True)
                 sets = calls = None
                 continue
             variants = {"ws128": (128, hopper_ws.ws_parts(M, N, sms, args.fp8), None)}

@@ -156,43 +156,35 @@ def pow2_scales(s):
 @triton.jit
 def quantize_blocks_kernel(
     x, q, scale, R, C, stride_xr, stride_xc, stride_qr, stride_sr, stride_sg,
-    QUANT: tl.constexpr, BLOCK_R: tl.constexpr, GROUP: tl.constexpr, GROUPS: tl.constexpr, ROW_SCALES: tl.constexpr,
+    QUANT: tl.constexpr, BLOCK_R: tl.constexpr, GROUP: tl.constexpr, ROW_SCALES: tl.constexpr,
     UE8M0: tl.constexpr, EVEN_C: tl.constexpr, INDEX_64: tl.constexpr,
 ):
-    """Block-wise quantization of x (R, C) to q (R, C) row-major; program p reads the
-    (BLOCK_R, GROUPS * GROUP) tile at (i * BLOCK_R, j * GROUPS * GROUP), i, j = divmod(p, chunks of
-    GROUPS groups in a row), once: per group absmax, scale, saturating convert. Programs walk the
-    groups of a row block first, so that the reads that run together lie along x's rows.
+    """Block-wise quantization of x (R, C) to q (R, C) row-major; program (i, g) reads the
+    (BLOCK_R, GROUP) block at (i * BLOCK_R, g * GROUP) once: absmax, scale, saturating convert.
     ROW_SCALES: one scale per row and group, scale[r, g] (1 x GROUP blocks, activations);
-    else one per (BLOCK_R, GROUP) block, scale[i, g] (weights). Scales may have any strides
-    (row- or column-major). UE8M0: scales rounded up to powers of two."""
-    chunks = tl.cdiv(C, GROUPS * GROUP)
-    pid_r = tl.program_id(0) // chunks
-    g0 = (tl.program_id(0) % chunks) * GROUPS
+    else one per block, scale[i, g] (BLOCK_R x GROUP blocks, weights). Scales may have any
+    strides (row- or column-major). UE8M0: scales rounded up to powers of two."""
+    pid_r = tl.program_id(0)
+    g = tl.program_id(1)
     off_r = pid_r * BLOCK_R
-    t = load_k_tile(x, off_r, g0 * GROUP, R, C, stride_xr, stride_xc, BLOCK_R, GROUPS * GROUP, False, True, EVEN_C,
-                    INDEX_64)
-    t3 = tl.reshape(t, (BLOCK_R, GROUPS, GROUP))
-    amax = tl.max(tl.abs(t3.to(tl.float32)), axis=2)  # (BLOCK_R, GROUPS)
+    off_c = g * GROUP
+    t = load_k_tile(x, off_r, off_c, R, C, stride_xr, stride_xc, BLOCK_R, GROUP, False, True, EVEN_C, INDEX_64)
+    amax = tl.max(tl.abs(t.to(tl.float32)), axis=1)
     rows = off_r + tl.arange(0, BLOCK_R)
     row_ok = rows < R
     if INDEX_64:
         rows = rows.to(tl.int64)
-    cols = g0 * GROUP + tl.arange(0, GROUPS * GROUP)
+    cols = off_c + tl.arange(0, GROUP)
     mask = row_ok[:, None] & (cols[None, :] < C)
-    gs = g0 + tl.arange(0, GROUPS)
     if ROW_SCALES:
         s, inv = scales_from_absmax(amax, QUANT)
         if UE8M0:
             s, inv = pow2_scales(s)
-        qv = tl.reshape(quantize_values(t3, inv[:, :, None], QUANT), (BLOCK_R, GROUPS * GROUP))
-        tl.store(q + rows[:, None] * stride_qr + cols[None, :], qv, mask=mask)
-        tl.store(scale + rows[:, None] * stride_sr + gs[None, :] * stride_sg, s,
-                 mask=row_ok[:, None] & (gs[None, :] * GROUP < C))
+        tl.store(q + rows[:, None] * stride_qr + cols[None, :], quantize_values(t, inv[:, None], QUANT), mask=mask)
+        tl.store(scale + rows * stride_sr + g * stride_sg, s, mask=row_ok)
     else:
-        s, inv = scales_from_absmax(tl.max(amax, axis=0), QUANT)  # (GROUPS,)
+        s, inv = scales_from_absmax(tl.max(amax, axis=0), QUANT)
         if UE8M0:
             s, inv = pow2_scales(s)
-        qv = tl.reshape(quantize_values(t3, inv[None, :, None], QUANT), (BLOCK_R, GROUPS * GROUP))
-        tl.store(q + rows[:, None] * stride_qr + cols[None, :], qv, mask=mask)
-        tl.store(scale + pid_r * stride_sr + gs * stride_sg, s, mask=gs * GROUP < C)
+        tl.store(q + rows[:, None] * stride_qr + cols[None, :], quantize_values(t, inv, QUANT), mask=mask)
+        tl.store(scale + pid_r * stride_sr + g * stride_sg, s)
