@@ -41,7 +41,7 @@ SMEM_RESERVE = 1024  # the barriers and the buffers' alignment (6 stages of 128 
 MAX_STAGES = 8  # (5 measured 3% slower for FP8 at M = 512 and 2048: tuning/fitted/ws_stages_h100.txt)
 NARROW_BF16_MIN_M = 256
 BF16_ANY_WIDTH_M = 1024
-BF16_WAVE_M = 512  # bf16 / fp16 from this many rows: this kernel where its tiles fill BF16_WAVE_USE of their
+BF16_WAVE_M = 384  # bf16 / fp16 from this many rows: this kernel where its tiles fill BF16_WAVE_USE of their
 BF16_WAVE_USE = 0.9  # waves, or make one wave BF16_ONE_WAVE_USE full (ws_direct_ok)
 BF16_ONE_WAVE_USE = 0.8
 # column parts (N0, N1) of the widths fitted tiles take: each a power of two with its own product
@@ -259,7 +259,8 @@ def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
     0.9 full: N = 28672, 51200, 14336) 0.87x to 1.03x; at M = 256 the kernel everywhere ran 0.83x to 1.06x the rule
     (geomean 0.95): not taken there. At M = 512 to 896 (--knob BF16_WAVE_M=100000, wave_rule_ab_h100.txt) the 110
     problems it moves ran 0.97x to 1.83x (geomean 1.07); one wave of 98 tiles (0.74 full) 0.82x to 1.15x: hence
-    BF16_ONE_WAVE_USE."""
+    BF16_ONE_WAVE_USE. At M = 384 (--knob BF16_WAVE_M=384 against 512, wave_rule_384_ab_h100.txt) the 20 problems
+    it moves ran 0.93x to 1.62x (geomean 1.08; the 56 layers 0.894 -> 0.916x cuBLAS)."""
     if _ragged(M, K, fp8):
         return True
     if K >= DIRECT_MIN_K and ws_tiles(M, N, num_sms, fp8)[0] == HALF:
