@@ -88,11 +88,11 @@ def test_not_taken_off_hopper(built):
     (512, 2560, 8192, False, True, (64, 16)), (128, 2560, 8192, False, False, (128, 0)),  # bf16 narrow from 256 rows
     (512, 8192, 4096, False, True, (128, 128)), (512, 8192, 4096, True, True, (128, 128)),  # one full wave of 256:
     (1024, 4096, 4096, False, True, (128, 128)), (8192, 7168, 8192, True, True, (128, 128)),  # bf16 from 512 rows
-    # where its tiles fill 0.9 of their waves or one wave 0.8 (else the tl kernel's tiles: 3.4 waves 0.85 full, one
-    # 0.74 full below), from 1024 everywhere; FP8 this kernel at every M >= 256
+    # where its tiles fill 0.9 of their waves or one or two waves 0.8 (else the tl kernel's tiles: 3.4 waves 0.85
+    # full, one 0.74 full below), from 1024 everywhere; FP8 this kernel at every M >= 256
     (512, 28672, 4096, False, False, (128, 128)), (256, 7168, 8192, False, False, (128, 0)),
     (896, 3584, 14336, False, False, (128, 128)), (512, 3584, 18944, False, True, (128, 0)),
-    (384, 5120, 8192, False, True, (128, 0)),  # from 384 rows
+    (384, 5120, 8192, False, True, (128, 0)), (768, 7168, 16384, False, True, (128, 64)),  # from 384 rows
     (256, 8192, 4096, True, True, (128, 0)), (256, 8192, 4096, False, False, (128, 0)),
     (128, 5120, 4096, False, False, (128, 0)), (512, 5120, 512, True, False, (128, 32)),  # M, K too small
     (128, 9216, 3072, False, True, (128, 0)), (128, 25600, 5120, False, True, (128, 128)),  # bf16 at M = 128:

@@ -42,8 +42,8 @@ MAX_STAGES = 8  # (5 measured 3% slower for FP8 at M = 512 and 2048: tuning/fitt
 NARROW_BF16_MIN_M = 256
 BF16_ANY_WIDTH_M = 1024
 BF16_WAVE_M = 384  # bf16 / fp16 from this many rows: this kernel where its tiles fill BF16_WAVE_USE of their
-BF16_WAVE_USE = 0.9  # waves, or make one wave BF16_ONE_WAVE_USE full (ws_direct_ok)
-BF16_ONE_WAVE_USE = 0.8
+BF16_WAVE_USE = 0.9  # waves, or make one or two waves BF16_FEW_WAVES_USE full (ws_direct_ok)
+BF16_FEW_WAVES_USE = 0.8
 # column parts (N0, N1) of the widths fitted tiles take: each a power of two with its own product
 WIDTHS = ((64, 0), (64, 16), (64, 32), (128, 0), (128, 16), (128, 32), (128, 64), (128, 128))
 PART_COST = 64  # per-tile work of a K block that does not scale with its width (the 128-row A tile), in columns
@@ -252,15 +252,18 @@ def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
     to 1.26x (1.05x; ws_share_c_h100.txt, where without SHARE_C 256-wide tiles ran 0.95x to 1.03x).
     And wherever ws_tiles takes 64-row tiles (K >= DIRECT_MIN_K), and bf16 / fp16 with M not a multiple of 128
     rows from RAGGED_MIN_M (ws_ragged_tiles). bf16 / fp16 from BF16_WAVE_M rows where the 128-row tiles at
-    ws_parts' width fill BF16_WAVE_USE of their waves, or make one wave at least BF16_ONE_WAVE_USE full: on the 56
+    ws_parts' width fill BF16_WAVE_USE of their waves, or make one or two waves at least BF16_FEW_WAVES_USE full: on the 56
     layers of the tuned and held-out models at M = 512 (scripts/ws_rows_probe.py --ab --knob FITTED_GAIN=1.0,
     tuning/fitted/fitted_gain_ab_h100.txt) those ran 0.97x to 1.67x the tl kernel's tuned or derived tiles
     (512 x 4096 x 7168: 0.57x -> 0.95x cuBLAS, 512 x 3584 x 18944 0.76x -> 0.87x), the others (several waves under
     0.9 full: N = 28672, 51200, 14336) 0.87x to 1.03x; at M = 256 the kernel everywhere ran 0.83x to 1.06x the rule
     (geomean 0.95): not taken there. At M = 512 to 896 (--knob BF16_WAVE_M=100000, wave_rule_ab_h100.txt) the 110
     problems it moves ran 0.97x to 1.83x (geomean 1.07); one wave of 98 tiles (0.74 full) 0.82x to 1.15x: hence
-    BF16_ONE_WAVE_USE. At M = 384 (--knob BF16_WAVE_M=384 against 512, wave_rule_384_ab_h100.txt) the 20 problems
-    it moves ran 0.93x to 1.62x (geomean 1.08; the 56 layers 0.894 -> 0.916x cuBLAS)."""
+    BF16_FEW_WAVES_USE. At M = 384 (--knob BF16_WAVE_M=384 against 512, wave_rule_384_ab_h100.txt) the 20 problems
+    it moves ran 0.93x to 1.62x (geomean 1.08; the 56 layers 0.894 -> 0.916x cuBLAS). The kernel everywhere from 384
+    rows (--knob BF16_WAVE_USE=0.0, wave_use0_ab_h100.txt): 1.7 to 1.8 waves 0.85 full ran 0.97x to 1.34x the tl
+    kernel (768 x 7168 x 16384: 0.65x -> 0.84x cuBLAS, a table entry of 1024 rows), more waves under 0.9 full 0.87x to
+    1.10x (N = 28672 at 384 and 512 rows 0.87x to 0.96x but once): hence two waves."""
     if _ragged(M, K, fp8):
         return True
     if K >= DIRECT_MIN_K and ws_tiles(M, N, num_sms, fp8)[0] == HALF:
@@ -275,7 +278,7 @@ def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
         parts = ws_parts(M, N, num_sms, fp8)
         tiles = _tiles(M, N, BLOCK, parts[0] + parts[1])
         use = _wave_use(tiles, num_sms)
-        if use >= BF16_WAVE_USE or (tiles <= num_sms and use >= BF16_ONE_WAVE_USE):
+        if use >= BF16_WAVE_USE or (tiles <= 2 * num_sms and use >= BF16_FEW_WAVES_USE):
             return True
     fitted = _wave_cost(M, N, ws_parts(M, N, num_sms, fp8), num_sms)
     return fitted <= FITTED_GAIN * min(_wave_cost(M, N, p, num_sms) for p in _widths(fp8, M) if p[1] in (0, p[0]))
