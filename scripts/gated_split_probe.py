@@ -20,6 +20,7 @@ from gemmkit.core import hopper_ws  # noqa: E402
 from gemmkit.ops import fused  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 from gemmkit.tools.tune import rel_error  # noqa: E402
+from probe_util import gated_sets  # noqa: E402
 
 # (I, H): Qwen2.5-7B, Llama-3-8B, Llama-3-70B; held out: Qwen2.5-14B, Gemma-2-9B, Qwen2.5-32B, Llama-3.2-3B, 70B / 4
 SHAPES = [(18944, 3584), (14336, 4096), (28672, 8192), (13824, 5120), (14336, 3584), (27648, 5120), (8192, 3072),
@@ -50,12 +51,7 @@ def main():
     print(torch.cuda.get_device_name(), "torch", torch.__version__, flush=True)
     for I, H in shapes:
         for M in args.m:
-            sets = []
-            for _ in range(SETS):
-                x = torch.randn(M, H, device="cuda", dtype=torch.bfloat16)
-                w = torch.randn(2 * I, H, device="cuda", dtype=torch.bfloat16) / H**0.5
-                y = torch.empty(M, I, device="cuda", dtype=torch.bfloat16)
-                sets.append((x, w, w[:I], w[I:], y))
+            sets = gated_sets(M, I, H, SETS, out=True)
             x, w, g, u, _ = sets[0]
             ref = F.silu(x.float() @ g.float().T) * (x.float() @ u.float().T)
 

@@ -23,6 +23,7 @@ from gemmkit.core import hopper_ws  # noqa: E402
 from gemmkit.ops import fused  # noqa: E402
 from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 from gemmkit.tools.tune import rel_error  # noqa: E402
+from probe_util import gated_sets  # noqa: E402
 
 # (I, H): Llama-3-8B, Llama-3-70B, Qwen2.5-7B; held out: Qwen2.5-14B, Qwen2.5-32B, Gemma-2-9B,
 # Llama-3.2-3B, Llama-3-70B / 4 and / 8 (tensor parallel), Mixtral-8x22B expert size
@@ -58,11 +59,7 @@ def main():
     ratios = {}
     for I, H in shapes:
         for M in args.m:
-            sets = []
-            for _ in range(SETS):
-                x = torch.randn(M, H, device="cuda", dtype=torch.bfloat16)
-                w = torch.randn(2 * I, H, device="cuda", dtype=torch.bfloat16) / H**0.5
-                sets.append((x, w, w[:I], w[I:]))
+            sets = gated_sets(M, I, H, SETS)
             x, w, g, u = sets[0]
             gf, uf = x.float() @ g.float().T, x.float() @ u.float().T
             ref = F.silu(gf) * uf

@@ -98,6 +98,20 @@ def dense_sets(M: int, N: int, K: int, fp8: bool, count: int) -> list:
     return sets
 
 
+def gated_sets(M: int, I: int, H: int, count: int, out: bool = False) -> list:
+    """`count` input sets (x, w, gate, up[, y]) of a gated product on the GPU: bf16 x (M, H), w (2I, H) / sqrt(H)
+    with gate = w[:I] and up = w[I:] (views), and (out) an empty bf16 output y (M, I)."""
+    import torch
+
+    sets = []
+    for _ in range(count):
+        x = torch.randn(M, H, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(2 * I, H, device="cuda", dtype=torch.bfloat16) / H**0.5
+        y = (torch.empty(M, I, device="cuda", dtype=torch.bfloat16),) if out else ()
+        sets.append((x, w, w[:I], w[I:], *y))
+    return sets
+
+
 def dense_baseline(x, w, xs, ws):
     """torch's result for one of dense_sets' sets: fast-accumulation _scaled_mm (scales given) or F.linear."""
     import torch
