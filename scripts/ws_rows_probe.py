@@ -14,6 +14,7 @@ instead, e.g. FITTED_GAIN=1.0), on --models' layers (default: the tuned models')
 """
 
 import argparse
+import ast
 import json
 import os
 import sys
@@ -51,7 +52,7 @@ def main():
     ap.add_argument("--splits", type=int, nargs="*", default=[],
                     help="also each 128-row variant in this many K slices (ws_splits overridden)")
     ap.add_argument("--fp8", action="store_true")
-    ap.add_argument("--ab", action="store_true", help="the default call with and without the 64-row rule")
+    ap.add_argument("--ab", action="store_true", help="the default call against its plan with --knob (default: the 64-row rule off)")
     ap.add_argument("--knob", default="ROWS64=False", help="--ab's other plan: this hopper_ws constant's value")
     ap.add_argument("--models", nargs="+", default=["llama3-8b", "llama3-70b", "deepseek-v3", "qwen2.5-7b"])
     ap.add_argument("--mnk", type=int, nargs="+", help="M N K triples instead of --m x the shapes")
@@ -85,7 +86,7 @@ def main():
             if args.ab:  # the default call's plan with the knob's value (the 64-row rule off)
                 knob, value = args.knob.split("=")
                 saved = getattr(hopper_ws, knob)
-                setattr(hopper_ws, knob, type(saved)(eval(value)))
+                setattr(hopper_ws, knob, type(saved)(ast.literal_eval(value)))
                 config_mod.clear_caches()
                 default(0)
                 old = next(reversed((a8w8 if args.fp8 else a16w16)._plans.values()))

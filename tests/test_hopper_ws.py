@@ -87,7 +87,7 @@ def test_not_taken_off_hopper(built):
     (256, 9216, 3072, True, True, (128, 16)), (512, 2560, 8192, True, True, (64, 16)),
     (512, 2560, 8192, False, True, (64, 16)), (128, 2560, 8192, False, False, (128, 0)),  # bf16 narrow from 256 rows
     (512, 8192, 4096, False, True, (128, 128)), (512, 8192, 4096, True, True, (128, 128)),  # one full wave of 256:
-    (1024, 4096, 4096, False, True, (128, 128)), (8192, 7168, 8192, True, True, (128, 128)),  # bf16 from 512 rows
+    (1024, 4096, 4096, False, True, (128, 128)), (8192, 7168, 8192, True, True, (128, 128)),  # bf16 from 384 rows
     # where its tiles fill 0.9 of their waves or one or two waves 0.8 (else the tl kernel's tiles: 3.4 waves 0.85
     # full, one 0.74 full below), from 1024 everywhere; FP8 this kernel at every M >= 256
     (512, 28672, 4096, False, False, (128, 128)), (256, 7168, 8192, False, False, (128, 0)),

@@ -274,13 +274,13 @@ def ws_direct_ok(M: int, N: int, K: int, num_sms: int, fp8: bool) -> bool:
         return False
     if fp8 or M >= BF16_ANY_WIDTH_M:
         return True
+    parts = ws_parts(M, N, num_sms, fp8)
     if M >= BF16_WAVE_M:
-        parts = ws_parts(M, N, num_sms, fp8)
         tiles = _tiles(M, N, BLOCK, parts[0] + parts[1])
         use = _wave_use(tiles, num_sms)
         if use >= BF16_WAVE_USE or (tiles <= 2 * num_sms and use >= BF16_FEW_WAVES_USE):
             return True
-    fitted = _wave_cost(M, N, ws_parts(M, N, num_sms, fp8), num_sms)
+    fitted = _wave_cost(M, N, parts, num_sms)
     return fitted <= FITTED_GAIN * min(_wave_cost(M, N, p, num_sms) for p in _widths(fp8, M) if p[1] in (0, p[0]))
 
 
