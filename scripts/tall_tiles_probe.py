@@ -6,9 +6,12 @@
   plan against tall gated tiles of 64 + 64 columns;
 - dense (F.linear the baseline): gemm_a16w16's plan against tall tiles at the widths of least wave cost, swapped
   where M is not a multiple of 128.
+--wide: instead of tall tiles, 128-row tiles wider than 256 columns (a 256-wide part and a second of WIDE_WIDTHS'
+16 to 64: 272 to 320 columns; 64 x 320 accumulators per warp group fit its registers), swapped or not as above
+(routes "wide..."; no gated set).
 Every route's result is checked against a float32 reference first; one interleaved CUDA-graph timing per problem.
 
-    python3 scripts/tall_tiles_probe.py [OUT] [--set batched gated dense] [--widths N]
+    python3 scripts/tall_tiles_probe.py [OUT] [--set batched gated dense] [--widths N] [--wide]
 """
 
 import argparse
@@ -34,13 +37,32 @@ DENSE = [(300, 4096, 4096), (300, 8192, 8192), (777, 6144, 4096), (777, 4096, 14
          (1000, 1536, 2048), (4096, 4096, 4096), (8192, 8192, 8192), (2048, 7168, 16384), (4096, 28672, 4096),
          (1024, 14336, 4096), (2048, 8192, 2048)]
 TALL_WIDTHS = tuple(p for p in hw.WIDTHS if p[0] + p[1] <= 192)  # (accumulators of 128 rows: 192 columns fit)
+WIDE_WIDTHS = ((256, 16), (256, 32), (256, 64))
+WIDE_DENSE = [(300, 4096, 4096), (300, 8192, 8192), (280, 5120, 5120), (600, 4096, 4096), (300, 14336, 4096),
+              (512, 5120, 4096), (1024, 5120, 5120), (2048, 2560, 8192), (512, 9216, 4096), (1024, 4608, 4096),
+              (2048, 5120, 5120)]
 SETS = 3
 SMS = 132
 
 
+WIDE = False  # (--wide)
+
+
 def tall_widths(M, N, batch, count):
-    """The `count` widths of TALL_WIDTHS whose waves of 256-row tiles over M x N (per entry) cost least."""
+    """The `count` widths of TALL_WIDTHS whose waves of 256-row tiles over M x N (per entry) cost least (--wide:
+    of WIDE_WIDTHS, 128-row tiles)."""
+    if WIDE:
+        return sorted(WIDE_WIDTHS, key=lambda p: (hw._wave_cost(M, N, p, SMS, hw.BLOCK, batch),
+                                                  -(p[0] + p[1])))[:count]
     return sorted(TALL_WIDTHS, key=lambda p: (hw._wave_cost(M, N, p, SMS, hw.TALL, batch), -(p[0] + p[1])))[:count]
+
+
+def _tiles(p):
+    return (hw.BLOCK if WIDE else hw.TALL, p)
+
+
+def _name(swap, p):
+    return f"{'wide' if WIDE else 'tall'}{'_swap' if swap else ''}{p[0]}+{p[1]}"
 
 
 def plan(x2, w2, M, N, K, tiles, swap=False, batch=None, gated=None, out_shape=None):
@@ -57,12 +79,12 @@ def check(name, fn, ref, out):
 
 
 def _row(calls, ratios):
-    """timed_row's line, and the best tall route's ratio as "tall_best" (route names differ by problem)."""
+    """timed_row's line, and the best tall / wide route's ratio as "best new" (route names differ by problem)."""
     times, line = timed_row(calls, ratios)
     base = times[next(iter(calls))]
-    tall = [t for k, t in times.items() if k.startswith("tall")]
+    tall = [t for k, t in times.items() if k.startswith(("tall", "wide"))]
     if tall:
-        ratios.setdefault("tall_best", []).append(base / min(tall))
+        ratios.setdefault("best new", []).append(base / min(tall))
     return line
 
 
@@ -75,9 +97,9 @@ def batched_rows(args, out, ratios):
         calls = {"bmm": [lambda x=x, w=w: torch.bmm(x, w.transpose(1, 2)) for x, w in sets],
                  "lib": [lambda x=x, w=w: gemmkit.batched_gemm_a16w16(x, w) for x, w in sets]}
         for p in tall_widths(N, M, B, args.widths):
-            pl = plan(x0.view(B * M, K), w0.view(B * N, K), M, N, K, (hw.TALL, p), swap=True, batch=(B, N),
+            pl = plan(x0.view(B * M, K), w0.view(B * N, K), M, N, K, _tiles(p), swap=True, batch=(B, N),
                       out_shape=(B, M, N))
-            calls[f"tall_swap{p[0]}+{p[1]}"] = [lambda x=x, w=w, pl=pl: pl.run(x.view(B * M, K), w.view(B * N, K),
+            calls[_name(True, p)] = [lambda x=x, w=w, pl=pl: pl.run(x.view(B * M, K), w.view(B * N, K),
                                                                                  None, None, None, None)
                                                  for x, w in sets]
         calls = {k: v for k, v in calls.items() if k == "bmm" or check(k, v[0], ref, out)}
@@ -107,7 +129,7 @@ def gated_rows(args, out, ratios):
 
 
 def dense_rows(args, out, ratios):
-    for M, N, K in DENSE:
+    for M, N, K in (WIDE_DENSE if WIDE else DENSE):
         sets = [(torch.randn(M, K, device="cuda", dtype=torch.bfloat16),
                  torch.randn(N, K, device="cuda", dtype=torch.bfloat16) / K ** 0.5) for _ in range(SETS)]
         x0, w0 = sets[0]
@@ -116,8 +138,8 @@ def dense_rows(args, out, ratios):
                  "lib": [lambda x=x, w=w: gemmkit.gemm_a16w16(x, w) for x, w in sets]}
         swap = M % hw.BLOCK != 0
         for p in (tall_widths(N, M, 1, args.widths) if swap else tall_widths(M, N, 1, args.widths)):
-            pl = plan(x0, w0, M, N, K, (hw.TALL, p), swap=swap)
-            calls[f"tall{'_swap' if swap else ''}{p[0]}+{p[1]}"] = [
+            pl = plan(x0, w0, M, N, K, _tiles(p), swap=swap)
+            calls[_name(swap, p)] = [
                 lambda x=x, w=w, pl=pl: pl.run(x, w, None, None, None, None) for x, w in sets]
         calls = {k: v for k, v in calls.items() if k == "F.linear" or check(k, v[0], ref, out)}
         line = _row(calls, ratios)
@@ -129,7 +151,10 @@ def main():
     ap.add_argument("out", nargs="?")
     ap.add_argument("--set", nargs="+", default=["batched", "gated", "dense"])
     ap.add_argument("--widths", type=int, default=2, help="tall widths per problem (least wave cost first)")
+    ap.add_argument("--wide", action="store_true")
     args = ap.parse_args()
+    global WIDE
+    WIDE = args.wide
     out = open(args.out, "w") if args.out else sys.stdout
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, bf16; CUDA-graph us per call; "
           "ratio = baseline / route", file=out, flush=True)
