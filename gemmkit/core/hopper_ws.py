@@ -34,7 +34,6 @@ WS_MIN_K = 512
 GLUON_ENV = "GEMMKIT_GLUON"
 BLOCK = 128  # tile rows (two warp groups of 64), FP8 K block (= the scale group), promoting tile columns
 HALF = 64
-TALL = 256  # tall tiles: two consumer warp groups of 128 rows each (kernels/gemm_ws.py: HALF from the A box)
 ROW_BYTES = 128  # one K block of a tile row: BLOCK_K = 64 bf16 / fp16, 128 FP8
 SMEM_BYTES = 232448  # sm_90's shared memory per block (opt-in maximum)
 SMEM_RESERVE = 1024  # the barriers and the buffers' alignment (6 stages of 128 x 128 beside the
@@ -124,12 +123,6 @@ def ws_block_n(M: int, N: int, num_sms: int, kblock: bool) -> int:
 def _tiles(M: int, N: int, rows: int, width: int) -> int:
     """The rows x width tiles of an M x N output."""
     return -(-M // rows) * -(-N // width)
-
-
-def tile_half(rows: int) -> int:
-    """A consumer warp group's rows of a rows-row tile: 64 (tiles of 64 rows: one group; of 128: two), or 128
-    (TALL tiles: two groups of 128)."""
-    return rows // 2 if rows == TALL else HALF
 
 
 def _wave_cost(M: int, N: int, parts: tuple[int, int], num_sms: int, rows: int = BLOCK, batch: int = 1) -> float:
@@ -681,23 +674,24 @@ class WSPlan:
             return _Descriptors((rows, K), (stride, 1), (box, block_k),
                                 gl.NVMMASharedLayout.get_default_for([box, block_k], op_dtype))
 
-        self.gated = gated is not None
-        if self.gated:  # (tiles: (rows, (W, W)) forced, e.g. TALL rows)
-            width = ws_gated_width(M, N, num_sms)
-            self.rows, self.parts = tiles or (BLOCK, (width, width))
-        elif promote:
-            wide = ws_block_n(M, N, num_sms, self.kblock) == 2 * BLOCK
-            self.rows, self.parts = BLOCK, (BLOCK, BLOCK) if wide else (BLOCK, 0)
-        else:
-            self.rows, self.parts = tiles or ws_tiles(M, N, num_sms, x2.dtype in _FP8)
-        half = self.half = tile_half(self.rows)
-        self.a_desc = desc(w_rows, w.stride(0), half) if swap else desc(MB, x2.stride(0), half)
+        self.a_desc = desc(w_rows, w.stride(0), HALF) if swap else desc(MB, x2.stride(0), HALF)
         self.gather = gather  # (the expert map: A's rows gathered from x2 by the kernel; a_desc for its layout only)
         self.scatter = scatter  # (the expert map: rows stored at c_rows, times row_weights: pointer stores)
         if gather:
-            layout = gl.NVMMASharedLayout.get_default_for([half, block_k], op_dtype)
-            unused = unused_descriptor((half, block_k), x2.dtype, layout, x2.device)
+            layout = gl.NVMMASharedLayout.get_default_for([HALF, block_k], op_dtype)
+            unused = unused_descriptor((HALF, block_k), x2.dtype, layout, x2.device)
             self.a_desc = lambda t: unused
+        self.gated = gated is not None
+        if self.gated:
+            width = ws_gated_width(M, N, num_sms)
+            self.parts = (width, width)
+        elif promote:
+            wide = ws_block_n(M, N, num_sms, self.kblock) == 2 * BLOCK
+            self.parts = (BLOCK, BLOCK) if wide else (BLOCK, 0)
+        else:
+            self.rows, self.parts = tiles or ws_tiles(M, N, num_sms, x2.dtype in _FP8)
+        if self.gated or promote:
+            self.rows = BLOCK
         n0, n1 = self.parts
         self.block_n = n0 if self.gated else n0 + n1  # (output columns per tile)
 
@@ -758,11 +752,11 @@ class WSPlan:
                 c_strides = c_strides[::-1]
 
         def c_desc(cols):
-            layout = gl.NVMMASharedLayout.get_default_for([half, cols], _gl_dtype(c_dtype))
+            layout = gl.NVMMASharedLayout.get_default_for([HALF, cols], _gl_dtype(c_dtype))
             if self.c_tma:
                 return _Descriptors((MB if self.splits == 1 else self.ws_shape[0], N), (c_strides[0], 1),
-                                    (half, cols), layout)
-            return unused_descriptor((half, cols), c_dtype, layout, self.device)  # (pointer stores)
+                                    (HALF, cols), layout)
+            return unused_descriptor((HALF, cols), c_dtype, layout, self.device)  # (pointer stores)
 
         self.c0_desc = c_desc(n0)
         self.c1_desc = c_desc(n1) if n1 and not self.gated else self.c0_desc
@@ -773,7 +767,7 @@ class WSPlan:
         convert = (self.rows * max(n0, n1) * 4 if c_dtype == torch.float32 else 4096) if swap else 0
         if scatter[0]:  # (scattered rows: 16-byte vector stores along them, a warp group's part converted at once:
             # 160-wide tiles with 4096 bytes reserved overflowed, scripts/gpu_fuzz.py seed 31)
-            convert = half * max(n0, n1) * c_dtype.itemsize
+            convert = HALF * max(n0, n1) * c_dtype.itemsize
         self.stages = ws_stages(n0 + n1, c_dtype.itemsize if self.c_tma else 0, n0 if self.share_c else self.block_n,
                                 self.rows, fixed=convert)
         self.tail = kernel_tail(kernel, PER_CALL, dict(
@@ -784,7 +778,7 @@ class WSPlan:
             XS_TMA=self.xs_tma, PROMOTE=promote, TWO=n1 > 0, HAS_BIAS=bias is not None and self.splits == 1,
             C_TMA=(2 if self.ragged else 1) if self.c_tma else 0, GATED=self.gated,
             ACTIVATION=gated[0] if self.gated else "none", SHARE_C=self.share_c,
-            GROUPS=self.rows // half, batch=self.batch,
+            GROUPS=self.rows // HALF, batch=self.batch,
             a_batch_rows=0 if experts is not None else b_rows if swap else M, b_batch_rows=M if swap else b_rows,
             c_batch_rows=0 if experts is not None else M,
             bias_batch_stride=bias.stride(0) if bias is not None and bias.ndim == 2 else 0, C_T=swap, **DENSE_W,
