@@ -96,7 +96,9 @@ def _register_gemm_fakes(op, op_out, output) -> None:
     (x, w, ..., out_dtype, y) (the dispatcher passes them positionally); output(x, w, out_dtype)
     gives the result's (shape, dtype)."""
     op.register_fake(lambda x, w, *rest: _fake_output(output(x, w, rest[-1]), x))
-    op_out.register_fake(lambda x, w, *rest: _check_fake_out(rest[-1], output(x, w, rest[-2])))
+    # (_out: out_dtype None means y's dtype, as the op itself takes it)
+    op_out.register_fake(lambda x, w, *rest: _check_fake_out(rest[-1], output(
+        x, w, rest[-1].dtype if rest[-2] is None else rest[-2])))
 
 
 _register_gemm_fakes(_a16w16, _a16w16_out, _a16w16_output)
@@ -138,7 +140,7 @@ def _(x, w, x_scale, w_scale, bias, activation, out_dtype, fast_accum=True):
 
 @_a8w8_out.register_fake
 def _(x, w, x_scale, w_scale, bias, activation, out_dtype, y, fast_accum=True):
-    _check_fake_out(y, _a8w8_output(x, w, out_dtype))
+    _check_fake_out(y, _a8w8_output(x, w, y.dtype if out_dtype is None else out_dtype))
 
 
 def traced_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config, fast_accum=True):

@@ -31,6 +31,8 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int):
         raise ValueError(f"num_experts must be an int >= 1, got {num_experts!r}")
     k = topk_ids.shape[1]
     flat = topk_ids.reshape(-1)
+    if flat.dtype not in (torch.int32, torch.int64):  # (narrow ids: the bounds below up to num_experts would wrap)
+        flat = flat.to(torch.int64)
     order = torch.argsort(flat, stable=True)
     sorted_ids = flat[order].contiguous()
     # searchsorted instead of bincount: bincount on CUDA reads the maximum back to the host

@@ -315,7 +315,7 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
 def unpack_int4(w_q: torch.Tensor) -> torch.Tensor:
     """Unpack uint8 (N, K // 2) (`pack_int4`'s layout) into uint8 (N, K) with values 0..15."""
     _check_2d("w_q", w_q, (torch.uint8,))
-    return torch.stack((w_q & 15, w_q >> 4), dim=-1).reshape(w_q.shape[0], -1)
+    return torch.stack((w_q & 15, w_q >> 4), dim=-1).reshape(w_q.shape[0], 2 * w_q.shape[1])
 
 
 def _group_size(group_size, K: int, allowed=None) -> int:
@@ -398,7 +398,7 @@ def dequantize_int4(w_q, w_scale, w_zero=None, group_size=128, dtype=torch.float
 def _unpack_int32_nibbles(packed: torch.Tensor) -> torch.Tensor:
     """int32 (R, C) -> int64 (R, 8 C): nibble i (bits [4i, 4i + 4)) of packed[:, c] at column 8c + i."""
     shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=packed.device)
-    return ((packed.to(torch.int64)[..., None] >> shifts) & 15).reshape(packed.shape[0], -1)
+    return ((packed.to(torch.int64)[..., None] >> shifts) & 15).reshape(packed.shape[0], 8 * packed.shape[1])
 
 
 def _check_packed(qweight, qzeros, scales, K: int, N: int):
@@ -462,7 +462,8 @@ def from_gptq(qweight, qzeros, scales, g_idx=None, bits: int = 4):
 def _unpack_awq(packed: torch.Tensor) -> torch.Tensor:
     """AWQ int32 (R, C) -> int64 (R, 8 C) in logical column order (undoing AWQ_ORDER)."""
     R = packed.shape[0]
-    return _unpack_int32_nibbles(packed).reshape(R, -1, 8)[..., list(AWQ_REVERSE_ORDER)].reshape(R, -1)
+    C = packed.shape[1]
+    return _unpack_int32_nibbles(packed).reshape(R, C, 8)[..., list(AWQ_REVERSE_ORDER)].reshape(R, 8 * C)
 
 
 def from_awq(qweight, qzeros, scales):

@@ -106,6 +106,21 @@ def test_a8w8(scales):
     assert_close(y, ref, tol=2e-3)
 
 
+def test_a8w8_ambiguous_scale_shape():
+    """With B == N a (N,) weight scale is also the (B,) shape of one scale per entry: refused, naming the shapes
+    that say which; (1, N) and (B, 1) are taken as documented."""
+    n = 4
+    x, w = randn(n, M, K, dtype=torch.float8_e4m3fn), randn(n, K, dtype=torch.float8_e4m3fn)
+    s = torch.arange(1.0, n + 1, device=DEVICE)
+    with pytest.raises(ValueError, match="ambiguous"):
+        gemmkit.batched_gemm_a8w8(x, w, torch.tensor(1.0, device=DEVICE), s)
+    base = _bmm(x.float(), w.float())
+    y = gemmkit.batched_gemm_a8w8(x, w, torch.tensor(1.0, device=DEVICE), s.reshape(1, n), out_dtype=torch.float32)
+    assert_close(y, base * s.double().reshape(1, 1, n), tol=2e-3)
+    y = gemmkit.batched_gemm_a8w8(x, w, torch.tensor(1.0, device=DEVICE), s.reshape(n, 1), out_dtype=torch.float32)
+    assert_close(y, base * s.double().reshape(n, 1, 1), tol=2e-3)
+
+
 def test_empty_and_bad():
     x, w = randn(B, 0, K, dtype=torch.bfloat16), randn(B, N, K, dtype=torch.bfloat16)
     assert gemmkit.batched_gemm_a16w16(x, w).shape == (B, 0, N)

@@ -55,6 +55,8 @@ def test_m1_fp16_3d_and_activation():
     out = gemmkit.gemm_afp4wfp4(xq.reshape(2, 3, K // 2), w, xs.reshape(2, 3, K // 32), ws, out_dtype=FP32)
     assert out.shape == (2, 3, N)
     assert_close(out.reshape(6, N), reference(xd, wd), tol=1e-3)  # (bf16 dots of exact bf16 values)
+    empty = gemmkit.gemm_afp4wfp4(xq[:0].reshape(0, 3, K // 2), w, xs[:0].reshape(0, 3, K // 32), ws)
+    assert empty.shape == (0, 3, N)  # (no rows in a 3-D x: its scales' (0, K // 32) view)
 
 
 @pytest.mark.parametrize("config", [None, dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, num_warps=4, num_stages=3)])

@@ -208,6 +208,18 @@ def test_mul_add_empty_k():
     assert gemmkit.fused_gemm_a16w16_mul_add(randn(0, 8, dtype=BF16), randn(4, 8, dtype=BF16), 2.0, 1.0).shape == (0, 4)
 
 
+def test_mul_add_empty_k_checks_y():
+    """K == 0 computes b broadcast without a kernel; y is still checked as with K > 0."""
+    x, w, res = randn(4, 0, dtype=BF16), randn(6, 0, dtype=BF16), randn(4, 6, dtype=BF16)
+    y = poisoned((4, 6), BF16)
+    assert gemmkit.fused_gemm_a16w16_mul_add(x, w, 1.0, res, y=y) is y and torch.equal(y, res)
+    with pytest.raises(ValueError, match="y must have shape"):
+        gemmkit.fused_gemm_a16w16_mul_add(x, w, 1.0, res, y=torch.zeros(2, 4, 6, dtype=BF16, device=DEVICE))
+    with pytest.raises(TypeError, match="y has dtype"):
+        gemmkit.fused_gemm_a16w16_mul_add(x, w, 1.0, res, y=torch.zeros(4, 6, dtype=FP32, device=DEVICE),
+                                          out_dtype=BF16)
+
+
 def test_mul_add_bad_inputs():
     x, w = randn(8, 32, dtype=BF16), randn(16, 32, dtype=BF16)
     with pytest.raises(ValueError, match="broadcastable"):
@@ -356,6 +368,17 @@ def test_split_cat_a8w8(x_gran):
     r1, r2 = split_cat_ref(p, y, heads, d1)
     assert_close(out1, r1, tol=1e-4)
     assert_close(out2, r2, tol=1e-4)
+
+
+@pytest.mark.parametrize("M, K", [(0, 32), (3, 0)])
+def test_split_cat_degenerate(M, K):
+    """No rows: empty outputs; K == 0: a zero product beside y's copy (as the fake says)."""
+    heads, d1, d2, d3 = 2, 4, 6, 3
+    y = randn(M, heads, d3, dtype=BF16)
+    out1, out2 = gemmkit.fused_gemm_a16w16_split_cat(randn(M, K, dtype=BF16), randn(heads * (d1 + d2), K, dtype=BF16),
+                                                     y, heads, d1, d2)
+    assert out1.shape == (M, heads, d1 + d3) and out2.shape == (M, heads, d2)
+    assert torch.equal(out1[..., d1:], y) and not out1[..., :d1].any() and not out2.any()
 
 
 def test_split_cat_bad_inputs():

@@ -94,6 +94,14 @@ def test_sort_by_expert():
         moe.sort_by_expert(ids.float(), 4)
 
 
+@pytest.mark.parametrize("dtype, E", [(torch.uint8, 256), (torch.int8, 128), (torch.int16, 300)])
+def test_sort_by_expert_narrow_ids(dtype, E):
+    """Ids of a dtype that cannot hold num_experts: the offsets' bounds must not wrap around."""
+    ids = torch.tensor([[0, E - 1], [E - 1, 1]], dtype=dtype, device=DEVICE)
+    g, s, o = moe.sort_by_expert(ids, E)
+    assert o[-3:].tolist() == [2, 2, 4] and o[:3].tolist() == [0, 1, 2] and s.tolist() == [0, 3, 1, 2]
+
+
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])
 @pytest.mark.parametrize("w_scale_kind", ["channel", "expert", "tensor"])
 def test_a8w8(dtype, w_scale_kind):
@@ -203,6 +211,17 @@ def test_bad_inputs(monkeypatch):
                                     config=CFG)
     monkeypatch.setenv("GEMMKIT_DEBUG", "0")
     gemmkit.grouped_gemm_a16w16(x, w, bad, config=CFG)  # unchecked: no sync, no error
+
+
+@pytest.mark.parametrize("cfg", [CFG, CFG_T, None], ids=["pointers", "tma", "default"])
+def test_offsets_past_the_rows(cfg):
+    """Unchecked offsets whose last expert ends past the R rows (no host sync reads them): the rows inside are
+    computed as with the offsets cut at R, and none past them is stored (kernels: the row end at most R)."""
+    E, R = 3, T
+    x, w = randn(R, K, dtype=torch.bfloat16), randn(E, N, K, dtype=torch.bfloat16)
+    o = torch.tensor([0, R // 3, R // 2, 3 * R], dtype=torch.int32, device=DEVICE)
+    out = gemmkit.grouped_gemm_a16w16(x, w, o, config=cfg)
+    assert_close(out, _ref(x, w, torch.tensor([0, R // 3, R // 2, R]), None))
 
 
 # DeepSeek-V3 block scales ------------------------------------------------------------------------

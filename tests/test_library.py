@@ -80,6 +80,20 @@ def test_custom_op_matches_eager_and_fake(case):
         assert real[1].data_ptr() != args[-1].data_ptr()  # a copy, not the input scale
 
 
+def test_out_fakes_take_y_dtype_for_none():
+    """An _out op with out_dtype None writes y's dtype (as the public functions do): its fake agrees."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x, w = randn(M, K, dtype=torch.bfloat16), randn(N, K, dtype=torch.bfloat16)
+    wq, ws = quant.quantize_fp8(w, "row")
+    for op, args in ((OPS.gemm_a16w16_out.default, (x, w, None, None, None)),
+                     (OPS.gemm_a8w8_out.default, (x, wq, None, ws, None, None, None))):
+        y = torch.empty(M, N, dtype=torch.float32, device=DEVICE)
+        op(*args, y)
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args], mode.from_tensor(y))
+
+
 def test_output_functions():
     assert gemm_output((2, 3, 64), (48, 64), None, torch.bfloat16) == ((2, 3, 48), torch.bfloat16)
     assert gemm_output((64,), (48, 64), torch.float32, torch.bfloat16) == ((48,), torch.float32)

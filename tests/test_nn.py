@@ -147,6 +147,57 @@ def test_convert_skip_predicate_and_errors():
     assert list(report.unsupported) == ["0.out_proj"] and not report.converted
 
 
+def test_convert_float32_layers_left_alone():
+    """A float32 nn.Linear without dtype=: left alone and reported (not a half-converted model and an error);
+    dtype= converts it; a dtype the kernels do not take is refused before any layer is replaced."""
+    model = nn.Sequential(_linear(K, 32), _linear(32, 16, dtype=torch.float32))
+    with pytest.warns(UserWarning, match="float32"):
+        report = gnn.convert(model, "fp8")
+    assert report.converted == ["0"] and list(report.unsupported) == ["1"] and type(model[1]) is nn.Linear
+    model = nn.Sequential(_linear(K, 32), _linear(32, 16, dtype=torch.float32))
+    with pytest.raises(TypeError, match="dtype=torch.float32"):
+        gnn.convert(model, "fp8", dtype=torch.float32)
+    assert all(type(m) is nn.Linear for m in model)
+    assert gnn.convert(model, "int8", dtype=DT).converted == ["0", "1"]
+
+
+ALL_LAYERS = {"bf16": (gnn.Linear, {}), "fp8": (gnn.FP8Linear, {}), "fp8_static": (gnn.FP8Linear, {"act_scale": 0.02}),
+              "int8": (gnn.Int8Linear, {}), "fp8_block": (gnn.BlockFP8Linear, {}),
+              "int4": (gnn.Int4Linear, {"group_size": 32}), "mxfp4": (gnn.MXFP4Linear, {})}
+
+
+@pytest.mark.parametrize("kind", list(ALL_LAYERS))
+def test_dtype_moves_keep_the_formats(kind):
+    """Module.to(dtype) / .half() / .float() would cast FP8 weights and float32 scales like any floating buffer: the
+    layers keep their formats, and only the activations' dtype (and the bias, 16-bit weights) follows a bf16 /
+    fp16 target; a float32 target changes nothing."""
+    cls, options = ALL_LAYERS[kind]
+    layer = cls.from_linear(_linear(K, 32), **options)
+    x = randn(3, K, dtype=DT)
+    with torch.no_grad():
+        ref = layer(x)
+        dtypes = {n: b.dtype for n, b in layer.named_buffers()}
+        assert torch.equal(layer.to(DT)(x), ref)
+        assert {n: b.dtype for n, b in layer.named_buffers()} == dtypes
+        layer.half()
+        assert layer.dtype == torch.float16 and layer.bias.dtype == torch.float16
+        for n, b in layer.named_buffers():
+            assert b.dtype == (torch.float16 if n == "bias" or (kind == "bf16" and n == "weight") else dtypes[n]), n
+        assert_close(layer(x.half()), ref.double(), tol=2e-2)
+        layer.float()
+        assert layer.dtype == torch.float16 and {n: b.dtype for n, b in layer.named_buffers()}["bias"] == torch.float16
+        layer.bfloat16()
+        assert {n: b.dtype for n, b in layer.named_buffers()} == dtypes and torch.equal(layer(x), ref)
+
+
+def test_gated_mlp_dtype_moves_keep_fp8():
+    mlp = gnn.GatedMLP(K, 32, scheme="fp8")
+    mlp.load_gate_up(randn(64, K, dtype=torch.float32))
+    mlp.half()
+    assert mlp.dtype == torch.float16 and mlp.gate_up_weight.dtype == torch.float8_e4m3fn
+    assert mlp.gate_up_scale.dtype == torch.float32
+
+
 def _small_model():
     model = _Model()
     gnn.convert(model, "fp8", skip=["up", "mlp.gate", "head"])

@@ -314,7 +314,7 @@ class DensePlan(PlanBase):
                     raise ValueError(f"y shares memory with {clash}: the output must not overlap an input "
                                      "(other programs would still read what one has written)")
             if flatten_x:
-                x = x.reshape(M, -1)
+                x = x.reshape(M, x.shape[-1])
             out = empty(out_shape, out_strides, dtype=out_dtype, device=device) if y is None else y
             c = out.view(M, N) if view_out else out
             if pieces:  # (both held until the launch is queued: a freed block may be handed out again)

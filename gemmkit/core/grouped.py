@@ -185,6 +185,11 @@ def scale_kind(name: str, s, per_row: set, per_group: set, one_per_group: set) -
         return Scale.TENSOR, 0
     if not s.is_contiguous():
         raise ValueError(f"{name} must be contiguous (call .contiguous())")
+    if shape in one_per_group and (shape in per_row or shape in per_group):  # (e.g. (N,) with N == B)
+        others = sorted((one_per_group | per_row | per_group) - {shape})
+        raise ValueError(f"{name} has shape {shape}: ambiguous here, the shape of one value per group (batch entry "
+                         f"or expert) and of one value per row alike; give it as one of "
+                         f"{', '.join(map(str, others))} to say which")
     if shape in one_per_group:
         return Scale.TENSOR, 1
     if shape in per_row:

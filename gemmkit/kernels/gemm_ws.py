@@ -160,15 +160,18 @@ def _add(a, b):
 
 
 @gluon.jit
-def _expert_unit(unit, cum, expert_offsets, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
+def _expert_unit(unit, cum, expert_offsets, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                 GROUP_M: gl.constexpr):
     """(expert, first row, off_n, end row) of work unit `unit` of the expert map (_expert_units): the
-    experts' tile-rows one after the other, walked in grouped order; rows are x's (sorted) rows."""
+    experts' tile-rows one after the other, walked in grouped order; rows are x's (sorted) rows, the end at
+    most M (unchecked offsets past the rows store none past them)."""
     pid_m, pid_n = _grouped_pid(unit, gl.max(cum, 0), gl.cdiv(N, BLOCK_N), GROUP_M)
     before = cum <= pid_m
     expert = gl.sum(before.to(gl.int32), 0)
     first_tile = gl.max(gl.where(before, cum, 0), 0)  # cum[expert - 1] (cum does not decrease)
     lo = gl.load(expert_offsets + expert)
-    return expert, lo + (pid_m - first_tile) * BLOCK_M, pid_n * BLOCK_N, gl.load(expert_offsets + expert + 1)
+    return expert, lo + (pid_m - first_tile) * BLOCK_M, pid_n * BLOCK_N, gl.minimum(
+        gl.load(expert_offsets + expert + 1), M)
 
 
 @gluon.jit
@@ -190,7 +193,7 @@ def _work(unit, state, M, N, batch, splits, k_tiles, expert_offsets, BLOCK_M: gl
     (_work_units' state): the expert map's rows are x's sorted rows, [off_m, end row) the expert's; a batch
     entry's rows are its own, M of them."""
     if EXPERTS > 0:
-        entry, off_m, off_n, row_end = _expert_unit(unit, state, expert_offsets, N, BLOCK_M, BLOCK_N, GROUP_M)
+        entry, off_m, off_n, row_end = _expert_unit(unit, state, expert_offsets, M, N, BLOCK_M, BLOCK_N, GROUP_M)
         sp = 0
         k0 = 0
         k1 = k_tiles

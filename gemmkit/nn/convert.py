@@ -8,7 +8,7 @@ import warnings
 
 from torch import nn
 
-from .layers import BlockFP8Linear, FP8Linear, Int4Linear, Int8Linear, Linear, MXFP4Linear
+from .layers import _DTYPES, BlockFP8Linear, FP8Linear, Int4Linear, Int8Linear, Linear, MXFP4Linear
 from .mlp import SCHEMES as MLP_SCHEMES, GatedMLP, mlp_linears
 
 # scheme name -> layer class (with from_linear(linear, **options) and unsupported(linear));
@@ -57,6 +57,14 @@ def _skip_predicate(skip):
     return lambda name, module: any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
+def _dtype_unsupported(linear: nn.Linear, dtype) -> str | None:
+    """Why from_linear would refuse this layer's activations' dtype (None: it takes it)."""
+    if dtype is None and linear.weight.dtype not in _DTYPES:
+        return (f"its weight is {str(linear.weight.dtype).replace('torch.', '')}: pass dtype=torch.bfloat16 or "
+                "torch.float16 (the activations' dtype) to convert it")
+    return None
+
+
 def _fuse_mlps(model, scheme, skipped, report, dtype=None) -> None:
     """Replace each gated MLP module (gate_proj/up_proj or gate_up_proj, down_proj, act_fn) by a
     GatedMLP of the scheme, unless skipped (the module or one of its linears) or unsupported."""
@@ -99,12 +107,15 @@ def convert(model: nn.Module, scheme: str = "fp8", skip=None, fuse_mlp: bool = F
     if type(model) is nn.Linear:
         raise TypeError("model is itself an nn.Linear, which cannot be replaced in place: use "
                         f"gemmkit.nn.SCHEMES[{scheme!r}].from_linear(linear)")
+    if options.get("dtype") is not None and options["dtype"] not in _DTYPES:
+        raise TypeError(f"dtype={options['dtype']}: the activations' dtype must be torch.bfloat16 or torch.float16")
     layer_cls, skipped = SCHEMES[scheme], _skip_predicate(skip)
     report = ConversionReport(scheme)
     if fuse_mlp:
         if scheme not in MLP_SCHEMES:
             raise ValueError(f"fuse_mlp=True takes scheme {' or '.join(map(repr, MLP_SCHEMES))}, got {scheme!r}")
         _fuse_mlps(model, scheme, skipped, report, options.get("dtype"))
+    todo = []  # (every layer decided before any is replaced: a refusal leaves the model as it was)
     for name, module in list(model.named_modules()):
         if not isinstance(module, nn.Linear):
             continue
@@ -112,12 +123,14 @@ def convert(model: nn.Module, scheme: str = "fp8", skip=None, fuse_mlp: bool = F
             report.skipped.append(name)
         elif type(module) is not nn.Linear:
             report.unsupported[name] = f"{type(module).__name__} is a subclass of nn.Linear"
-        elif why := layer_cls.unsupported(module, **options):
+        elif why := layer_cls.unsupported(module, **options) or _dtype_unsupported(module, options.get("dtype")):
             report.unsupported[name] = why
         else:
-            parent_name, _, attr = name.rpartition(".")
-            setattr(model.get_submodule(parent_name), attr, layer_cls.from_linear(module, **options))
-            report.converted.append(name)
+            todo.append((name, module))
+    for name, module in todo:
+        parent_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), attr, layer_cls.from_linear(module, **options))
+        report.converted.append(name)
     if report.unsupported:
         warnings.warn(f"gemmkit.nn.convert(scheme={scheme!r}) left {len(report.unsupported)} layer(s) as "
                       "nn.Linear: " + "; ".join(f"{n} ({why})" for n, why in report.unsupported.items()),

@@ -30,12 +30,33 @@ def _name(dtype) -> str:
 class PaddedRowsModule(nn.Module):
     """A module whose dense weight buffers (named in `padded_weights`) keep rows that start on 32-byte boundaries
     (gemmkit.align_rows: the kernels read rows straddling the L2's sectors up to 1.8x slower), also after `.to()`
-    (which keeps dense layouts only); state_dict() holds dense copies of them."""
+    (which keeps dense layouts only); state_dict() holds dense copies of them.
+
+    dtypes under `.to(dtype)`, `.half()`, `.bfloat16()`, `.float()`: the activations' dtype (`self.dtype`) and the
+    buffers named by `_follows_dtype()` (bias, 16-bit weights) move to a bfloat16 / float16 target (any other target
+    leaves them as they are: the kernels take only those); every other buffer (FP8 / INT8 / packed weights, float32
+    or 16-bit scales) keeps its dtype, whatever torch would cast it to."""
 
     padded_weights: tuple = ()
 
+    def _follows_dtype(self) -> tuple:
+        """The buffers kept in the activations' dtype."""
+        return ()
+
     def _apply(self, fn, *args, **kwargs):
+        before = {name: b for name, b in self._buffers.items() if b is not None}
+        target = self.dtype
+        if before:  # (what fn does to the activations' dtype: a .to(dtype) / .half() / .cuda() ...)
+            probe = fn(torch.empty(0, dtype=self.dtype, device=next(iter(before.values())).device))
+            target = probe.dtype if probe.dtype in _DTYPES else self.dtype
         super()._apply(fn, *args, **kwargs)
+        follows = self._follows_dtype()
+        for name, old in before.items():
+            new = self._buffers[name]
+            want = target if name in follows else old.dtype
+            if new.dtype != want:  # (from the buffer before the cast where torch changed a fixed format)
+                self._buffers[name] = (new if name in follows else old).to(device=new.device, dtype=want)
+        self.dtype = target
         for name in self.padded_weights:
             w = self._buffers.get(name)
             if w is not None and not rows_aligned(w):
@@ -59,6 +80,10 @@ class GemmLayer(PaddedRowsModule):
     scheme = ""
     weight_dtype = None  # None: the layer's dtype
     padded_weights = ("weight",)  # weight (N, K), one value per element (not packed): its rows are padded
+
+    def _follows_dtype(self) -> tuple:
+        # (a weight in the activations' dtype: not quantized (weight_dtype None) and not packed (padded_weights))
+        return ("weight", "bias") if self.weight_dtype is None and "weight" in self.padded_weights else ("bias",)
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, *, dtype=torch.bfloat16,
                  device=None):
@@ -88,6 +113,8 @@ class GemmLayer(PaddedRowsModule):
         reason = cls.unsupported(linear, **options)
         if reason:
             raise ValueError(f"{cls.__name__} cannot replace this layer: {reason}")
+        if dtype is not None and dtype not in _DTYPES:
+            raise TypeError(f"dtype={dtype}: the activations' dtype must be torch.bfloat16 or torch.float16")
         dtype = linear.weight.dtype if dtype is None else dtype
         if dtype not in _DTYPES:
             raise TypeError(f"the linear layer is {_name(linear.weight.dtype)}: pass dtype=torch.bfloat16 or "

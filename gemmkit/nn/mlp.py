@@ -57,6 +57,9 @@ class GatedMLP(PaddedRowsModule):
 
     padded_weights = ("gate_up_weight", "down_weight")
 
+    def _follows_dtype(self) -> tuple:
+        return () if self.scheme == "fp8" else self.padded_weights
+
     def __init__(self, hidden: int, intermediate: int, *, out_features: int | None = None, activation: str = "silu",
                  scheme: str = "bf16", dtype=torch.bfloat16, device=None):
         super().__init__()

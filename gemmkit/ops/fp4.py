@@ -92,7 +92,7 @@ def _make_plan(x, x_scale, w, w_scale, bias, y, activation, out_dtype, config):
         if x2.shape[1] > 1 and x2.stride(1) != 1:
             raise ValueError("x must be contiguous along K (stride 1 along its bytes; call .contiguous())")
         check_group_tensor("x_scale", x_scale, (*lead, K // MX_BLOCK), (torch.uint8,), what)
-        xs2 = x_scale if x_scale.ndim == 2 else x_scale.reshape(M, -1)
+        xs2 = x_scale if x_scale.ndim == 2 else x_scale.reshape(M, K // MX_BLOCK)
     out_dtype, y2, degenerate = output_checks(x2, lead, N, K, bias, y, out_dtype, torch.bfloat16 if fp4_x else x.dtype,
                                               device, activation)
     if degenerate:
@@ -140,4 +140,4 @@ class _FlatScale:
         self.gemm, self.M = gemm, gemm.M
 
     def run(self, x, w, bias, y, x_scale, w_scale):
-        return self.gemm.run(x, w, bias, y, x_scale.reshape(self.M, -1), w_scale)
+        return self.gemm.run(x, w, bias, y, x_scale.reshape(self.M, x_scale.shape[-1]), w_scale)

@@ -369,9 +369,10 @@ def _make_mul_add(x, w, a2, b2, y, out_dtype, config):
     """gemm_a16w16's plan with the mul / add epilogue inputs (K == 0: b broadcast, no kernel)."""
     v.check_devices(x=x, w=w, a=a2, b=b2, y=y)
     v.check_no_autograd(x=x, w=w, a=a2, b=b2, y=y)
-    if x.shape[-1] == 0 and x.dtype == w.dtype:
-        lead = tuple(x.shape[:-1])
-        return _DegenerateMulAdd((*lead, w.shape[0]), v.check_out_dtype(out_dtype, y, x.dtype), x.device)
+    if x.shape[-1] == 0 and x.dtype == w.dtype:  # (y checked as every op's: shape, dtype, device)
+        x2, lead = v.as_rows("x", x)
+        out_dtype, _y2, _ = v.check_output(y, lead, x2.shape[0], w.shape[0], 0, out_dtype, x.dtype, x.device, "none")
+        return _DegenerateMulAdd((*lead, w.shape[0]), out_dtype, x.device)
     return a16w16._make_plan(x, w, None, y, None, out_dtype, config, mul=a2, add=b2)
 
 
@@ -430,8 +431,10 @@ def _make_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config)
         v.check_layout("x", x)
         v.check_layout("w", w)
         table = "a16w16"
+    if M == 0:  # (nothing to compute: empty outputs)
+        return _SplitCat(None, (M, heads, d1 + d3), (M, heads, d2), out_dtype, device, d3)
     cfg = _whole_tiles(resolve_config(table, config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize), config)
-    plan = DensePlan(x, w, out1.view(M, -1), a_fmt, b_fmt, EpilogueSpec(), cfg, dev, out_dtype=out_dtype,
+    plan = DensePlan(x, w, out1.view(M, heads * (d1 + d3)), a_fmt, b_fmt, EpilogueSpec(), cfg, dev, out_dtype=out_dtype,
                      out_shape=(M, N), flatten_x=False, inputs=dict(a_scale=x_scale, b_scale=w_scale),
                      auto_config=config is None,
                      split_cat=dict(d1=d1, dh=d1 + d2, d3=d3, out1=out1, out2=out2, src=y if d3 else None))
@@ -445,7 +448,7 @@ class _SplitCat:
     def run(self, x, w, x_scale, w_scale, y):
         out1 = torch.empty(self.shape1, dtype=self.dtype, device=self.device)
         out2 = torch.empty(self.shape2, dtype=self.dtype, device=self.device)
-        if out1.numel() or out2.numel():
+        if self.plan is not None and (out1.numel() or out2.numel()):
             self.plan.run(x, w, None, out1, x_scale, w_scale, None, None, out2, None, y if self.d3 else None)
         return out1, out2
 

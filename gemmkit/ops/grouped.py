@@ -4,7 +4,8 @@ Rows are grouped by expert: expert e owns rows [offsets[e], offsets[e + 1]) of t
 problem. The offsets stay on the device (no host synchronization: CUDA-graph capturable, the
 same plan for every routing of the same token count); the kernel reads the tile count from them.
 Monotonicity of the offsets cannot be checked without a synchronization: it is unchecked (an
-empty or negative range owns no row) unless GEMMKIT_DEBUG=1, which checks offsets and indices.
+empty or negative range owns no row; rows past the problem's are never stored, whatever the offsets say) unless
+GEMMKIT_DEBUG=1, which checks offsets and indices.
 Rows of the output that no expert's range covers are left unwritten.
 """
 
