@@ -138,10 +138,13 @@ def case_a8w8():
     ws_arg = ws.reshape(1, -1) if ws.numel() > 1 and rng.random() < 0.5 else ws
     ref = finish(xref @ quant.dequantize(wq, ws).T, bias, act)
     y = maybe_y(M, N, odt)
+    # dynamic: an eager call whose config splits K quantizes each K piece of a row with its own scale (documented:
+    # tuning/README.md, fuzz/dynamic_paths), the reference the whole row with one: two valid roundings of x, measured
+    # up to 3e-2 of max |ref| apart (2.6e-2 in the seed-43 run), hence 4e-2 there whatever the output dtype
     return (lambda: gemmkit.gemm_a8w8(xq, wq, xs, ws_arg, bias, activation=act, out_dtype=odt, y=y,
                                       fast_accum=fast), ref, odt,
             f"M={M} N={N} K={K} {kind} ws={tuple(ws_arg.shape)} fast={fast} bias={bias is not None} act={act} "
-            f"out={odt} y={y is not None}")
+            f"out={odt} y={y is not None}", max(4e-2, TOL[odt]) if kind == "dynamic" else TOL[odt])
 
 
 def case_blockscale():
@@ -314,8 +317,9 @@ CASES = {"gemm_a16w16": case_a16w16, "gemm_a8w8": case_a8w8, "gemm_a8w8_blocksca
          "moe_mlp": case_moe_mlp}
 
 
-def check(res, ref, odt):
+def check(res, ref, odt, tol=None):
     res = res.float()
+    tol = TOL[odt] if tol is None else tol
     if res.shape != ref.shape:
         return f"shape {tuple(res.shape)} != {tuple(ref.shape)}"
     bad_nan = torch.isnan(res) & ~torch.isnan(ref)
@@ -324,7 +328,7 @@ def check(res, ref, odt):
     scale = ref.abs().max().item() or 1.0
     err = (res - ref).abs()
     worst = err.max().item() / scale
-    if worst > TOL[odt]:
+    if worst > tol:
         at = tuple((err == err.max()).nonzero()[0].tolist())
         return f"max err {worst:.3e} of max |ref| at {at} (ref {ref[at].item():.4g}, got {res[at].item():.4g})"
     return None
@@ -353,7 +357,7 @@ for name, case in CASES.items():
     for i in range(TRIALS):
         torch.manual_seed(SEED * 1000 + i)
         try:
-            call, ref, odt, desc = case()
+            call, ref, odt, desc, *tol = case()  # (a case may name its own tolerance)
         except Exception as e:  # building the inputs (quantizers) failed
             print(f"  {name} #{i}: input construction failed: {type(e).__name__}: {e}", file=out, flush=True)
             failures += 1
@@ -374,7 +378,7 @@ for name, case in CASES.items():
             print(f"  {name} #{i} CRASH: {desc}: {type(e).__name__}: {str(e)[:300]}", file=out, flush=True)
             traceback.print_exc(file=out)
             continue
-        bad = check(res, ref, odt)
+        bad = check(res, ref, odt, *tol)
         if bad:
             failures += 1
             print(f"  {name} #{i} WRONG ({'graph' if i % 5 == 4 else 'eager'}): {desc}: {bad}", file=out, flush=True)

@@ -419,6 +419,9 @@ def test_nearest_shape_entry(tables):
     assert cfgmod.nearest_shape_entry(H100.name, "a16w16", 8, 7000, 9000) == (entry(32), (8192, 8192))
     assert cfgmod.nearest_shape_entry(H100.name, "a16w16", 100, 4096, 4096) == (entry(64), (8192, 8192))
     assert cfgmod.nearest_shape_entry(H100.name, "a8w8_fp8", 8, 4096, 4096) == (None, (None, None))
+    # an empty problem (K or N 0: fused_gemm_a16w16_split_cat with K = 0 resolved its config): no log of 0
+    assert cfgmod.nearest_shape_entry(H100.name, "a16w16", 8, 20, 0) == (entry(16), (4096, 4096))
+    assert cfgmod.nearest_shape_entry(H100.name, "a16w16", 8, 0, 64) == (entry(16), (4096, 4096))
 
 
 @pytest.mark.parametrize("N,K,split", [(1280, 8192, 3), (3072, 8192, 1), (1280, 256, 1), (2560, 8192, 1)])

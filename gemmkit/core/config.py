@@ -359,6 +359,7 @@ def nearest_shape_entry(device_name: str, op: str, M: int, N: int, K: int) -> tu
     (None, (None, None)) where there are none."""
     merged = load_table(device_name, op) or {}
     best = None
+    N, K = max(N, 1), max(K, 1)  # (an empty problem borrows the smallest shape's entry: no log of 0)
     for nk, entries in merged.get("shapes", {}).items():
         key = _bucket_key(entries, M)
         if key is None:

@@ -431,7 +431,7 @@ def _make_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config)
         v.check_layout("x", x)
         v.check_layout("w", w)
         table = "a16w16"
-    if M == 0:  # (nothing to compute: empty outputs)
+    if M == 0 or K == 0:  # (no kernel: empty outputs, or a zero product beside y's copy)
         return _SplitCat(None, (M, heads, d1 + d3), (M, heads, d2), out_dtype, device, d3)
     cfg = _whole_tiles(resolve_config(table, config, M, N, K, dev, a_fmt, b_fmt, out_dtype.itemsize), config)
     plan = DensePlan(x, w, out1.view(M, heads * (d1 + d3)), a_fmt, b_fmt, EpilogueSpec(), cfg, dev, out_dtype=out_dtype,
@@ -448,7 +448,11 @@ class _SplitCat:
     def run(self, x, w, x_scale, w_scale, y):
         out1 = torch.empty(self.shape1, dtype=self.dtype, device=self.device)
         out2 = torch.empty(self.shape2, dtype=self.dtype, device=self.device)
-        if self.plan is not None and (out1.numel() or out2.numel()):
+        if self.plan is None:  # (M == 0 or K == 0)
+            out1[..., :out1.shape[-1] - self.d3].zero_()
+            out1[..., out1.shape[-1] - self.d3:].copy_(y)
+            out2.zero_()
+        elif out1.numel() or out2.numel():
             self.plan.run(x, w, None, out1, x_scale, w_scale, None, None, out2, None, y if self.d3 else None)
         return out1, out2
 
