@@ -71,6 +71,8 @@ def _a16w16_out(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], 
 def _a16w16_output(x, w, out_dtype):
     v.check_tensor("x", x, a16w16._IN_DTYPES)
     v.check_tensor("w", w, a16w16._IN_DTYPES)
+    if w.dtype != x.dtype:
+        raise TypeError(f"w has dtype {w.dtype} but x has {x.dtype}; both must be the same 16-bit type")
     return gemm_output(x.shape, w.shape, v.check_out_dtype(out_dtype, None, x.dtype), x.dtype)
 
 
@@ -91,14 +93,23 @@ def _check_fake_out(y, shape_dtype) -> None:
         raise ValueError(f"y must have shape {tuple(shape)} and dtype {dtype}, got {tuple(y.shape)}, {y.dtype}")
 
 
+def _checked_output(output, x, w, bias, activation, out_dtype):
+    """output(x, w, out_dtype) after the epilogue checks the op makes (activation name, bias (N,)), so that a
+    traced program fails where the eager one would, not when it runs."""
+    v.check_activation(activation)
+    shape_dtype = output(x, w, out_dtype)
+    v.check_bias(bias, shape_dtype[0][-1] if len(shape_dtype[0]) else 1, v.BIAS_DTYPES)
+    return shape_dtype
+
+
 def _register_gemm_fakes(op, op_out, output) -> None:
-    """The fakes of a GEMM op and its _out variant, whose arguments are (x, w, ..., out_dtype) and
-    (x, w, ..., out_dtype, y) (the dispatcher passes them positionally); output(x, w, out_dtype)
-    gives the result's (shape, dtype)."""
-    op.register_fake(lambda x, w, *rest: _fake_output(output(x, w, rest[-1]), x))
+    """The fakes of a GEMM op and its _out variant, whose arguments are (x, w, ..., bias, activation, out_dtype)
+    and (x, w, ..., bias, activation, out_dtype, y) (the dispatcher passes them positionally); output(x, w,
+    out_dtype) gives the result's (shape, dtype)."""
+    op.register_fake(lambda x, w, *rest: _fake_output(_checked_output(output, x, w, *rest[-3:]), x))
     # (_out: out_dtype None means y's dtype, as the op itself takes it)
-    op_out.register_fake(lambda x, w, *rest: _check_fake_out(rest[-1], output(
-        x, w, rest[-1].dtype if rest[-2] is None else rest[-2])))
+    op_out.register_fake(lambda x, w, *rest: _check_fake_out(rest[-1], _checked_output(
+        output, x, w, rest[-4], rest[-3], rest[-1].dtype if rest[-2] is None else rest[-2])))
 
 
 _register_gemm_fakes(_a16w16, _a16w16_out, _a16w16_output)
@@ -135,12 +146,13 @@ def _a8w8_out(x: torch.Tensor, w: torch.Tensor, x_scale: Optional[torch.Tensor],
 
 @_a8w8.register_fake
 def _(x, w, x_scale, w_scale, bias, activation, out_dtype, fast_accum=True):
-    return _fake_output(_a8w8_output(x, w, out_dtype), x)
+    return _fake_output(_checked_output(_a8w8_output, x, w, bias, activation, out_dtype), x)
 
 
 @_a8w8_out.register_fake
 def _(x, w, x_scale, w_scale, bias, activation, out_dtype, y, fast_accum=True):
-    _check_fake_out(y, _a8w8_output(x, w, y.dtype if out_dtype is None else out_dtype))
+    _check_fake_out(y, _checked_output(_a8w8_output, x, w, bias, activation, y.dtype if out_dtype is None
+                                       else out_dtype))
 
 
 def traced_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config, fast_accum=True):

@@ -94,6 +94,25 @@ def test_out_fakes_take_y_dtype_for_none():
             op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args], mode.from_tensor(y))
 
 
+def test_fakes_refuse_what_the_ops_refuse():
+    """Traced programs fail where eager calls would: the fakes check the activation name, the bias shape and (bf16 /
+    fp16) the weight's dtype."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x, w = randn(M, K, dtype=torch.bfloat16), randn(N, K, dtype=torch.bfloat16)
+    wq, ws = quant.quantize_fp8(w, "row")
+    bad = {"activation": (OPS.gemm_a16w16.default, (x, w, None, "swish", None), ValueError),
+           "bias": (OPS.gemm_a16w16.default, (x, w, torch.zeros(N + 1, device=DEVICE), None, None), ValueError),
+           "mixed": (OPS.gemm_a16w16.default, (x, w.half(), None, None, None), TypeError),
+           "a8w8 bias": (OPS.gemm_a8w8.default, (x, wq, None, ws, torch.zeros(2, N, device=DEVICE), None, None),
+                         ValueError)}
+    for name, (op, args, err) in bad.items():
+        with pytest.raises(err):
+            op(*args)
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode, pytest.raises(err):
+            op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args])
+
+
 def test_output_functions():
     assert gemm_output((2, 3, 64), (48, 64), None, torch.bfloat16) == ((2, 3, 48), torch.bfloat16)
     assert gemm_output((64,), (48, 64), torch.float32, torch.bfloat16) == ((48,), torch.float32)
