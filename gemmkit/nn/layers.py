@@ -1,7 +1,10 @@
 """Drop-in replacements for nn.Linear running gemmkit's kernels (inference only).
 
 Weights, scales and bias are buffers, not Parameters (there is no autograd): they follow
-`.to()`, `state_dict()` and `load_state_dict()` like parameters do. Inputs: (*, in_features) in
+`.to()`, `state_dict()` and `load_state_dict()` like parameters do, except that a dtype move
+(`.to(torch.float16)`, `.half()`, a model's `.bfloat16()`) changes only the activations' dtype and
+the tensors kept in it (bias, 16-bit weights): FP8 / INT8 / 4-bit weights and their scales keep their
+formats, and targets other than bfloat16 / float16 change nothing. Inputs: (*, in_features) in
 the layer's dtype (bfloat16 or float16) on the layer's device; outputs (*, out_features), same
 dtype. Build one from an nn.Linear with `from_linear`, or construct it empty and load a
 state_dict saved from a layer of the same shape and options.
