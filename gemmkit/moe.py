@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import torch
 
-from .ops.grouped import (FP8, grouped_gated_a16w16, grouped_gemm_a8w8, grouped_gemm_a8w8_blockscale,
+from .ops.grouped import (FP8, _debug, grouped_gated_a16w16, grouped_gemm_a8w8, grouped_gemm_a8w8_blockscale,
                           grouped_gemm_a16w16)
 
 
 def sort_by_expert(topk_ids: torch.Tensor, num_experts: int):
     """(gather_idx, scatter_idx, expert_offsets) of a top-k routing, on the device, no host sync.
 
-    topk_ids: (T, k) integer expert ids in [0, num_experts). Sorted row r (stable by expert, then
+    topk_ids: (T, k) integer expert ids in [0, num_experts) (not checked: a host synchronization; an id outside
+    sorts outside every expert's rows, which no grouped GEMM then writes). Sorted row r (stable by expert, then
     by flat (token, slot) index) reads token gather_idx[r] = flat // k and lands in flat row
     scatter_idx[r] = t * k + j; expert e owns sorted rows [expert_offsets[e], expert_offsets[e + 1]).
     All int32; expert_offsets has num_experts + 1 entries.
@@ -47,7 +48,9 @@ def moe_mlp(x, topk_ids, topk_weights, w_gate_up, w_down, activation: str = "sil
             w_down_scale=None, config=None, fused_activation: bool = True):
     """sum_j topk_weights[t, j] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t, j].
 
-    x: (T, H) bf16/fp16. topk_ids: (T, k) int. topk_weights: (T, k) float32/bf16/fp16 (contiguous).
+    x: (T, H) bf16/fp16. topk_ids: (T, k) int, values in [0, E): unchecked (a host synchronization) unless
+    GEMMKIT_DEBUG=1, which raises for others (an id outside leaves its slot's row unwritten: its token's sum is
+    undefined). topk_weights: (T, k) float32/bf16/fp16 (contiguous).
     w_gate_up: (E, 2I, H) (gate rows first, then up: the fused layout), w_down: (E, H, I), x's
     dtype. activation: "silu" (SwiGLU) or "gelu_tanh". Returns (T, H) in x's dtype.
 
@@ -81,8 +84,12 @@ def moe_mlp(x, topk_ids, topk_weights, w_gate_up, w_down, activation: str = "sil
         raise ValueError(f"topk_ids must be (T, k) with T = {x.shape[0]}, got {getattr(topk_ids, 'shape', topk_ids)!r}")
     if not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != tuple(topk_ids.shape):
         raise ValueError(f"topk_weights must have topk_ids' shape {tuple(topk_ids.shape)}")
+    if topk_weights.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"topk_weights has dtype {topk_weights.dtype}; expected float32, bfloat16 or float16")
     T, k = topk_ids.shape
     E, I2, H = w_gate_up.shape
+    if _debug() and topk_ids.numel() and not bool(((topk_ids >= 0) & (topk_ids < E)).all()):
+        raise ValueError(f"topk_ids values must lie in [0, {E}) (GEMMKIT_DEBUG check)")
     fp8 = w_gate_up.dtype in FP8
     if fp8 != (w_down.dtype in FP8) or (w_gate_up_scale is None) != (w_down_scale is None) or fp8 != (
             w_gate_up_scale is not None):

@@ -40,7 +40,9 @@ _plans = PlanCache()
 
 
 def quantize_fp8(t, granularity: str = "row", dtype=torch.float8_e4m3fn, scale=None):
-    """Quantize t (*, K) (bf16, fp16 or fp32) to `dtype` (float8_e4m3fn or float8_e5m2)."""
+    """Quantize t (*, K) (bf16, fp16 or fp32) to `dtype` (float8_e4m3fn or float8_e5m2). scale (static,
+    granularity "tensor"): a 1-element float32 tensor holding a positive finite value, which is not read on the
+    host (no synchronization: CUDA-graph capturable); 0 gives zeros, a negative one flips signs."""
     if _is_compiling():  # torch.compile records torch.ops.gemmkit.quantize_fp8 (gemmkit.library)
         return _library().traced_quantize_fp8(t, granularity, dtype, scale)
     if dtype not in FP8_TARGETS:
@@ -49,7 +51,7 @@ def quantize_fp8(t, granularity: str = "row", dtype=torch.float8_e4m3fn, scale=N
 
 
 def quantize_int8(t, granularity: str = "row", scale=None):
-    """Quantize t (*, K) (bf16, fp16 or fp32) to int8 (symmetric, round half to even)."""
+    """Quantize t (*, K) (bf16, fp16 or fp32) to int8 (symmetric, round half to even). scale: as quantize_fp8's."""
     if _is_compiling():  # torch.compile records torch.ops.gemmkit.quantize_int8 (gemmkit.library)
         return _library().traced_quantize_int8(t, granularity, scale)
     return _quantize(t, granularity, torch.int8, "int8", scale)

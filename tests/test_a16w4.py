@@ -114,6 +114,16 @@ def test_gptq_import_through_op_and_layer(act_order):
         assert_close(bf(x.to(BF16)), reference(x.to(BF16), w))
 
 
+def test_gptq_group_the_op_cannot_run_refused_at_load():
+    """A GPTQ checkpoint in groups of 16 imports (quant.from_gptq is format-general), but Int4Linear refuses it when
+    built, not at its first forward: gemm_a16w4 takes power-of-two groups from 32."""
+    qweight, qzeros, scales, g_idx, _w = _gptq_tensors(64, 16, 4, False)
+    assert quant.from_gptq(qweight, qzeros, scales, g_idx)[3] == 16
+    with pytest.raises(ValueError, match="group_size=16"):
+        gnn.Int4Linear.from_gptq(qweight, qzeros, scales, g_idx)
+    assert "group_size=16" in gnn.Int4Linear.unsupported(torch.nn.Linear(64, 16), group_size=16)
+
+
 def test_awq_import_through_op():
     M, N, K, G = 2, 16, 128, 4
     qweight = torch.randint(-2**31, 2**31 - 1, (K, N // 8), dtype=torch.int32, device=DEVICE)

@@ -15,6 +15,7 @@ from gemmkit.core.config import config_source, load_table, select_config, user_c
 from gemmkit.core.formats import dense
 from gemmkit.core.device import INTERPRETER_DEVICE, KNOWN_DEVICES, DeviceInfo, known_device
 from gemmkit.tools import autotune, registry, tune
+from gemmkit.tools.configs import describe
 
 H100 = known_device("NVIDIA_H100_80GB_HBM3")
 BF16 = dense(torch.bfloat16)
@@ -165,6 +166,25 @@ def test_configs_show_for_a_named_device(tables, capsys):
     cli.main(argv)
     out = capsys.readouterr().out
     assert "(none)" in out and "M=16 N=4096 K=4096: 16x64x64 GROUP_M=8 SPLIT_K=1 warps=4 stages=3  [shipped table shape entry]" in out
+
+
+def test_configs_show_grouped_and_gated_as_the_ops_resolve_them(capsys):
+    """The grouped and gated ops resolve their configs through their own rules (one piece per tile, the grouped
+    tiles' TMA loads; the gated GEMM's whole tiles): configs show prints what those give, not the plain lookup."""
+    from gemmkit.core.grouped import family_config
+    from gemmkit.ops.fused import _gated_config
+    from gemmkit.ops.grouped import grouped_config
+    from gemmkit.tools.registry import get_op
+
+    cli.main(["configs", "show", "--device-name", "NVIDIA_H100_80GB_HBM3", "--op", "grouped_a16w16", "ff_gated",
+              "--shape", "16", "14336", "4096", "--shape", "256", "4096", "14336"])
+    out = capsys.readouterr().out
+    g, f = get_op("grouped_a16w16"), get_op("ff_gated")
+    for M, N, K in ((16, 14336, 4096), (256, 4096, 14336)):
+        grouped = family_config(grouped_config("a16w16", False, None, M, N, K, H100, *g.formats, 2))
+        assert f"M={M} rows per expert N={N} K={K}: {describe(grouped)}  [" in out
+        gated = _gated_config(None, "ff_gated_a16w16", M, N, K, H100, *f.formats, 2)
+        assert f"M={M} N={N} K={K}: {describe(gated)}  [" in out and gated.SPLIT_K == 1 and grouped.SPLIT_K == 1
 
 
 @pytest.mark.parametrize("argv", [["show", "--device-name", "NVIDIA A100"], ["show", "--op", "quant_fp8_row"],

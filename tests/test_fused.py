@@ -298,6 +298,10 @@ def test_gated_mlp_bad():
         gemmkit.nn.GatedMLP(H, I, scheme="int4")
     with pytest.raises(ValueError, match="input"):
         gemmkit.nn.GatedMLP(H, I, device=DEVICE)(randn(2, H + 1, dtype=BF16))
+    with pytest.raises(ValueError, match="activation='tanh'"):  # (at construction, not at the first forward)
+        gemmkit.nn.GatedMLP(H, I, activation="tanh")
+    with pytest.raises(ValueError, match="gate= and up="):
+        gemmkit.nn.GatedMLP(H, I, device=DEVICE).load_gate_up()
 
 
 class Block(nn.Module):

@@ -144,6 +144,21 @@ def test_moe_mlp(fused, cfg):
     assert_close(y, ref, tol=2e-2)
 
 
+def test_moe_mlp_bad_routing(monkeypatch):
+    """Expert ids outside [0, E) cannot be checked without a host sync: GEMMKIT_DEBUG=1 raises for them; topk_weights
+    of another dtype are refused by name."""
+    E, I, H, Tm = 4, 16, 32, 3
+    x, wgu, wd = randn(Tm, H, dtype=torch.bfloat16), randn(E, 2 * I, H, dtype=torch.bfloat16), \
+        randn(E, H, I, dtype=torch.bfloat16)
+    ids = torch.tensor([[0, 1], [E, 2], [-1, 3]], device=DEVICE)
+    tw = torch.rand(Tm, 2, device=DEVICE)
+    monkeypatch.setenv("GEMMKIT_DEBUG", "1")
+    with pytest.raises(ValueError, match="topk_ids values"):
+        moe.moe_mlp(x, ids, tw, wgu, wd)
+    with pytest.raises(TypeError, match="topk_weights"):
+        moe.moe_mlp(x, ids.clamp(0, E - 1), tw.double(), wgu, wd)
+
+
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("cfg", [CFG, CFG_T], ids=["pointers", "tma"])
 def test_grouped_gated(activation, cfg):
@@ -214,14 +229,20 @@ def test_bad_inputs(monkeypatch):
 
 
 @pytest.mark.parametrize("cfg", [CFG, CFG_T, None], ids=["pointers", "tma", "default"])
-def test_offsets_past_the_rows(cfg):
-    """Unchecked offsets whose last expert ends past the R rows (no host sync reads them): the rows inside are
-    computed as with the offsets cut at R, and none past them is stored (kernels: the row end at most R)."""
+@pytest.mark.parametrize("first", [0, -5])
+def test_offsets_outside_the_rows(cfg, first):
+    """Unchecked offsets outside [0, R] (no host sync reads them): the rows inside are computed as with the offsets
+    clamped to [0, R], and none outside them is read or stored (kernels: an expert's rows clamped)."""
     E, R = 3, T
     x, w = randn(R, K, dtype=torch.bfloat16), randn(E, N, K, dtype=torch.bfloat16)
-    o = torch.tensor([0, R // 3, R // 2, 3 * R], dtype=torch.int32, device=DEVICE)
+    o = torch.tensor([first, R // 3, R // 2, 3 * R], dtype=torch.int32, device=DEVICE)
     out = gemmkit.grouped_gemm_a16w16(x, w, o, config=cfg)
     assert_close(out, _ref(x, w, torch.tensor([0, R // 3, R // 2, R]), None))
+    if first < 0:  # (m_sizes with a negative size: offsets from their running sum)
+        sizes = torch.tensor([-2, R // 2 + 2, R - R // 2], dtype=torch.int32, device=DEVICE)
+        out = gemmkit.grouped_gemm_a16w16(x, w, m_sizes=sizes, config=cfg)
+        assert_close(out[:R // 2], _ref(x[:R // 2], w[:2], torch.tensor([0, 0, R // 2]), None))
+        assert_close(out[R // 2:], _ref(x, w, torch.tensor([0, 0, R // 2, R]), None)[R // 2:])
 
 
 # DeepSeek-V3 block scales ------------------------------------------------------------------------

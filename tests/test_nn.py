@@ -267,3 +267,12 @@ def test_bench_model_smoke(capsys):
     assert ("No CUDA GPU" in out) != ON_GPU
     with pytest.raises(SystemExit):
         cli.main(["bench-model", "--schemes", "int3"])
+    with pytest.raises(SystemExit, match="--heads"):
+        cli.main(["bench-model", "--heads", "0"])
+
+
+def test_bench_model_tolerates_every_scheme():
+    """bench-model judges each scheme's logits by its own tolerance: one for every convert scheme."""
+    from gemmkit.tools import bench_model
+
+    assert set(bench_model.TOLERANCE) == set(gnn.SCHEMES)

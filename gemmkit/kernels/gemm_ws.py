@@ -139,7 +139,7 @@ def _units(M, N, batch, splits, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _expert_units(expert_offsets, num_experts, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+def _expert_units(expert_offsets, num_experts, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                   EXPERTS: gl.constexpr, NW: gl.constexpr):
     """(cumulative tile-rows per expert (EXPERTS,), work units) of the expert map, read from the device's
     offsets (expert e owns rows [offsets[e], offsets[e + 1]): cdiv(rows, BLOCK_M) tile-rows, none for an
@@ -147,8 +147,8 @@ def _expert_units(expert_offsets, num_experts, N, BLOCK_M: gl.constexpr, BLOCK_N
     group_grid / group_rows for the tl kernel: a Gluon kernel cannot call those)."""
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
     e = gl.arange(0, EXPERTS, layout=lay)
-    lo = gl.load(expert_offsets + e, mask=e < num_experts, other=0)
-    hi = gl.load(expert_offsets + e + 1, mask=e < num_experts, other=0)
+    lo = gl.maximum(gl.load(expert_offsets + e, mask=e < num_experts, other=0), 0)  # (as _expert_unit clamps)
+    hi = gl.minimum(gl.load(expert_offsets + e + 1, mask=e < num_experts, other=0), M)
     tiles_m = (gl.maximum(hi - lo, 0) + BLOCK_M - 1) // BLOCK_M
     cum = gl.associative_scan(tiles_m, 0, _add)  # (Triton 3.6's Gluon has no cumsum)
     return cum, gl.max(cum, 0) * gl.cdiv(N, BLOCK_N)
@@ -163,13 +163,13 @@ def _add(a, b):
 def _expert_unit(unit, cum, expert_offsets, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  GROUP_M: gl.constexpr):
     """(expert, first row, off_n, end row) of work unit `unit` of the expert map (_expert_units): the
-    experts' tile-rows one after the other, walked in grouped order; rows are x's (sorted) rows, the end at
-    most M (unchecked offsets past the rows store none past them)."""
+    experts' tile-rows one after the other, walked in grouped order; rows are x's (sorted) rows, clamped to
+    [0, M] (unchecked offsets outside the rows read and store none outside them)."""
     pid_m, pid_n = _grouped_pid(unit, gl.max(cum, 0), gl.cdiv(N, BLOCK_N), GROUP_M)
     before = cum <= pid_m
     expert = gl.sum(before.to(gl.int32), 0)
     first_tile = gl.max(gl.where(before, cum, 0), 0)  # cum[expert - 1] (cum does not decrease)
-    lo = gl.load(expert_offsets + expert)
+    lo = gl.maximum(gl.load(expert_offsets + expert), 0)
     return expert, lo + (pid_m - first_tile) * BLOCK_M, pid_n * BLOCK_N, gl.minimum(
         gl.load(expert_offsets + expert + 1), M)
 
@@ -180,7 +180,7 @@ def _work_units(M, N, batch, splits, expert_offsets, num_experts, BLOCK_M: gl.co
     """(the map's state, work units of the launch) of the tile map the producer and the consumers walk: the expert
     map's running sum (EXPERTS > 0: _expert_units), else the tiles of a batch entry (_units)."""
     if EXPERTS > 0:
-        state, units = _expert_units(expert_offsets, num_experts, N, BLOCK_M, BLOCK_N, EXPERTS, NW)
+        state, units = _expert_units(expert_offsets, num_experts, M, N, BLOCK_M, BLOCK_N, EXPERTS, NW)
     else:
         state, units = _units(M, N, batch, splits, BLOCK_M, BLOCK_N)
     return state, units

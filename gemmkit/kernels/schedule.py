@@ -73,8 +73,8 @@ def group_grid(M, N, num_groups, group_offsets, BLOCK_M: tl.constexpr, BLOCK_N: 
     num_pid_n = tl.cdiv(N, BLOCK_N)
     if TILE_MAP == MAP_GROUPED:
         g = tl.arange(0, NUM_GROUPS_P2)
-        lo = tl.load(group_offsets + g, mask=g < num_groups, other=0)
-        hi = tl.load(group_offsets + g + 1, mask=g < num_groups, other=0)
+        lo = tl.maximum(tl.load(group_offsets + g, mask=g < num_groups, other=0), 0)  # (as group_rows clamps)
+        hi = tl.minimum(tl.load(group_offsets + g + 1, mask=g < num_groups, other=0), M)
         rows = tl.maximum(hi - lo, 0)
         cum = tl.cumsum((rows + BLOCK_M - 1) // BLOCK_M, 0)
         num_pid_m = tl.max(cum, 0)
@@ -88,14 +88,14 @@ def group_grid(M, N, num_groups, group_offsets, BLOCK_M: tl.constexpr, BLOCK_N: 
 @triton.jit
 def group_rows(pid_m, cum, group_offsets, M, BLOCK_M: tl.constexpr, TILE_MAP: tl.constexpr):
     """(group, first row, row end) of virtual tile-row pid_m: MAP_GROUPED rows are A's / C's
-    (sorted) rows, the end at most M (offsets are not checked without GEMMKIT_DEBUG: bad ones never store
-    past the output); MAP_BATCHED rows are the group's own [0, M)."""
+    (sorted) rows, clamped to [0, M] (offsets are not checked without GEMMKIT_DEBUG: bad ones never
+    read or store outside the rows); MAP_BATCHED rows are the group's own [0, M)."""
     if TILE_MAP == MAP_GROUPED:
         before = cum <= pid_m
         g = tl.sum(before.to(tl.int32), 0)
         first_tile = tl.max(tl.where(before, cum, 0), 0)  # cum[g - 1] (cum is non-decreasing)
-        lo = tl.load(group_offsets + g)
-        hi = tl.minimum(tl.load(group_offsets + g + 1), M)  # (offsets past the M rows store none past them)
+        lo = tl.maximum(tl.load(group_offsets + g), 0)  # (unchecked offsets outside [0, M]: no row outside)
+        hi = tl.minimum(tl.load(group_offsets + g + 1), M)
         off_m = lo + (pid_m - first_tile) * BLOCK_M
     else:
         tiles_m = tl.cdiv(M, BLOCK_M)

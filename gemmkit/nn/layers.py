@@ -20,7 +20,7 @@ from ..core.rows import align_rows, dense_state, empty_aligned, rows_aligned
 from ..ops.a8w8 import gemm_a8w8
 from ..ops.a8w8_blockscale import gemm_a8w8_blockscale
 from ..ops.a16w16 import gemm_a16w16
-from ..ops.a16w4 import gemm_a16w4
+from ..ops.a16w4 import check_group_size, gemm_a16w4
 from ..ops.fp4 import gemm_a16wfp4
 
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -299,7 +299,7 @@ class Int4Linear(GemmLayer):
         super().__init__(in_features, out_features, bias, dtype=dtype, device=device)
         if in_features % 2:
             raise ValueError(f"in_features={in_features} must be even (two 4-bit values per byte)")
-        g = quant._group_size(group_size, in_features)
+        g = check_group_size(group_size, in_features)  # (what gemm_a16w4 runs: refused here, not at forward)
         self.group_size, self.symmetric = (None if g == in_features else g), symmetric
         groups = in_features // g
         self.register_buffer("weight", torch.zeros(out_features, in_features // 2, dtype=torch.uint8, device=device))
@@ -318,8 +318,12 @@ class Int4Linear(GemmLayer):
     @classmethod
     def unsupported(cls, linear, group_size=128, **options):
         K = linear.in_features
-        if K % 2 or (group_size not in (None, -1) and K % group_size):
-            return f"in_features={K} is not a multiple of the group size {group_size} (and even)"
+        if K % 2:
+            return f"in_features={K} is odd (two 4-bit values per byte)"
+        try:
+            check_group_size(group_size, K)
+        except ValueError as e:
+            return f"in_features={K} and the group size {group_size!r}: {e}"
         return None
 
     @classmethod

@@ -74,6 +74,8 @@ class GatedMLP(PaddedRowsModule):
             if scheme == "fp8" and n % ALIGN:
                 raise ValueError(f"{name}={n}: fp8 needs multiples of {ALIGN}")
         self.hidden, self.intermediate, self.out_features = hidden, intermediate, out_features
+        if activation not in ("silu", "gelu_tanh", "relu"):  # (what the gated kernels apply to the gate)
+            raise ValueError(f"activation={activation!r} must be 'silu', 'gelu_tanh' or 'relu'")
         self.activation, self.scheme, self.dtype = activation, scheme, dtype
         wdt = torch.float8_e4m3fn if scheme == "fp8" else dtype
         # (rows padded to 32 bytes where the row's bytes are not a multiple: gemmkit.align_rows)
@@ -95,6 +97,8 @@ class GatedMLP(PaddedRowsModule):
                 gate, up = gate_up.chunk(2)
             else:
                 raise ValueError(f"layout={layout!r} must be 'concat' or 'interleaved'")
+        elif gate is None or up is None:
+            raise ValueError("load_gate_up takes one (2I, H) gate_up tensor, or both gate= and up= (I, H)")
         w = torch.cat([gate, up])
         if tuple(w.shape) != tuple(self.gate_up_weight.shape):
             raise ValueError(f"gate/up weights have shape {tuple(w.shape)} together, expected "

@@ -112,6 +112,23 @@ def w4_route(table: str, M: int, N: int, K: int, dev: DeviceInfo) -> str | None:
             + ("" if mxfp4 else " (INT4 groups of 128; groups of 32 / 64 up to 16 rows)"))
 
 
+def op_config(table: str, M: int, N: int, K: int, dev: DeviceInfo, formats, out_bytes: int) -> GemmConfig:
+    """The config the op of `table` resolves for this problem, through the op's own rules where it has them: the
+    gated feed-forward's whole tiles (ops/fused._gated_config), the grouped GEMMs' (ops/grouped.grouped_config, M
+    the rows per expert the grouped tables are keyed by); else select_config."""
+    if table.startswith("ff_gated_"):
+        from ..ops.fused import _gated_config
+
+        return _gated_config(None, table, M, N, K, dev, *formats, out_bytes)
+    if table.startswith("grouped_"):
+        from ..core.grouped import family_config
+        from ..ops.grouped import grouped_config
+
+        # (as GroupedPlan runs it: one piece per tile)
+        return family_config(grouped_config(table[len("grouped_"):], False, None, M, N, K, dev, *formats, out_bytes))
+    return select_config(table, M, N, K, dev, *formats, out_bytes)
+
+
 def show_lines(ops, shapes, dev: DeviceInfo, dtype: str | None, out_dtype: str) -> list[str]:
     out_bytes = DTYPES[out_dtype].itemsize
     lines = []
@@ -122,7 +139,7 @@ def show_lines(ops, shapes, dev: DeviceInfo, dtype: str | None, out_dtype: str) 
             path = table_path(dev.name, op.table, layer, read=True)
             lines.append(f"  {layer} table: {path}{'' if path.is_file() else ' (none)'}")
         for M, N, K in shapes:
-            cfg = select_config(op.table, M, N, K, dev, *op.formats, out_bytes)
+            cfg = op_config(op.table, M, N, K, dev, op.formats, out_bytes)
             entry, source = config_source(op.table, M, N, K, dev)
             notes = []
             if entry is not None:
@@ -135,7 +152,8 @@ def show_lines(ops, shapes, dev: DeviceInfo, dtype: str | None, out_dtype: str) 
                     notes.append(f"BLOCK_M {given.BLOCK_M} -> {cfg.BLOCK_M}: M's rows")
                 if dataclasses.replace(given, STREAM_K=cfg.STREAM_K, SPLIT_K=cfg.SPLIT_K, BLOCK_M=cfg.BLOCK_M) != cfg:
                     notes.append("fitted to the shared memory")
-            lines.append(f"  M={M} N={N} K={K}: {describe(cfg)}  [{', '.join([source] + notes)}]")
+            rows = " rows per expert" if op.table.startswith("grouped_") else ""
+            lines.append(f"  M={M}{rows} N={N} K={K}: {describe(cfg)}  [{', '.join([source] + notes)}]")
             route = gluon_route(op.table, M, N, K, dev)
             if route is not None:
                 lines.append(f"    on sm_90 the warp-specialized Gluon kernel runs it instead: {route} "
@@ -177,7 +195,9 @@ def main(argv=None):
     shapes = [tuple(s) for s in args.shape] if args.shape else DEFAULT_SHAPES
     if min(min(s) for s in shapes) < 1:
         raise SystemExit("--shape takes sizes >= 1")
-    if args.device_name:
+    for op in ops:  # (a bad --dtype refused before anything is printed)
+        op_dtype(op, args.dtype)
+    if args.device_name is not None:
         try:
             dev = known_device(args.device_name)
         except ValueError as e:
