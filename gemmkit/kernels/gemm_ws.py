@@ -147,8 +147,8 @@ def _expert_units(expert_offsets, num_experts, M, N, BLOCK_M: gl.constexpr, BLOC
     group_grid / group_rows for the tl kernel: a Gluon kernel cannot call those)."""
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
     e = gl.arange(0, EXPERTS, layout=lay)
-    lo = gl.maximum(gl.load(expert_offsets + e, mask=e < num_experts, other=0), 0)  # (as _expert_unit clamps)
-    hi = gl.minimum(gl.load(expert_offsets + e + 1, mask=e < num_experts, other=0), M)
+    lo = gl.load(expert_offsets + e, mask=e < num_experts, other=0)
+    hi = gl.minimum(gl.load(expert_offsets + e + 1, mask=e < num_experts, other=0), M)  # (as _expert_unit)
     tiles_m = (gl.maximum(hi - lo, 0) + BLOCK_M - 1) // BLOCK_M
     cum = gl.associative_scan(tiles_m, 0, _add)  # (Triton 3.6's Gluon has no cumsum)
     return cum, gl.max(cum, 0) * gl.cdiv(N, BLOCK_N)
@@ -163,13 +163,14 @@ def _add(a, b):
 def _expert_unit(unit, cum, expert_offsets, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  GROUP_M: gl.constexpr):
     """(expert, first row, off_n, end row) of work unit `unit` of the expert map (_expert_units): the
-    experts' tile-rows one after the other, walked in grouped order; rows are x's (sorted) rows, clamped to
-    [0, M] (unchecked offsets outside the rows read and store none outside them)."""
+    experts' tile-rows one after the other, walked in grouped order; rows are x's (sorted) rows, the end at most
+    M (unchecked offsets past the rows store none past them)."""
     pid_m, pid_n = _grouped_pid(unit, gl.max(cum, 0), gl.cdiv(N, BLOCK_N), GROUP_M)
     before = cum <= pid_m
     expert = gl.sum(before.to(gl.int32), 0)
     first_tile = gl.max(gl.where(before, cum, 0), 0)  # cum[expert - 1] (cum does not decrease)
-    lo = gl.maximum(gl.load(expert_offsets + expert), 0)
+    lo = gl.load(expert_offsets + expert)  # (not clamped at 0 as the tl map does: the FP8 gathering variant then
+    # spilled with Triton 3.6; a negative offset is unchecked here, GEMMKIT_DEBUG=1 checks it)
     return expert, lo + (pid_m - first_tile) * BLOCK_M, pid_n * BLOCK_N, gl.minimum(
         gl.load(expert_offsets + expert + 1), M)
 

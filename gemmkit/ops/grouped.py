@@ -4,8 +4,9 @@ Rows are grouped by expert: expert e owns rows [offsets[e], offsets[e + 1]) of t
 problem. The offsets stay on the device (no host synchronization: CUDA-graph capturable, the
 same plan for every routing of the same token count); the kernel reads the tile count from them.
 Monotonicity of the offsets cannot be checked without a synchronization: it is unchecked (an
-empty or negative range owns no row; rows past the problem's are never stored, whatever the offsets say) unless
-GEMMKIT_DEBUG=1, which checks offsets and indices.
+empty or negative range owns no row; offsets past the problem's rows never store past them; negative offsets are
+clamped to 0 by the tl kernel, not by the warp-specialized one) unless GEMMKIT_DEBUG=1, which checks offsets and
+indices.
 Rows of the output that no expert's range covers are left unwritten.
 """
 
