@@ -432,6 +432,67 @@ def test_heldout_shapes_are_in_no_shipped_table():
         assert not heldout & shapes, path
 
 
+@pytest.mark.parametrize("table,match", [
+    ("{not json", "cannot be read as JSON"), ("", "cannot be read as JSON"), ([1, 2], "expected an object"),
+    ({"shapes": None}, "shapes: expected an object"), ({"rows": {}}, "unknown keys"),
+    ({"shapes": {"32x64": {"M_LEQ_16": entry(16)}}}, "is not \"N,K\""),
+    ({"shapes": {"4096,4096": {"M<=16": entry(16)}}}, "bucket key 'M<=16'"),
+    ({"shapes": {"4096,4096": {"M_LEQ_48": entry(16)}}}, "bucket key 'M_LEQ_48'"),
+    ({"buckets": {"M_LEQ_16": dict(entry(16), num_warps=3)}}, "buckets M_LEQ_16: config: num_warps=3"),
+    ({"shapes": {"4096,4096": {"any": dict(entry(16), FOO=1)}}}, "shapes 4096,4096 any: config: unknown keys"),
+    ({"shapes": {"4096,4096": {"any": "16x64x64"}}}, "shapes 4096,4096 any: config must be")])
+def test_bad_user_table_named_in_the_error(tables, table, match):
+    """A hand-edited or truncated user table: one ValueError naming the file and the entry, at the first lookup
+    (not a JSONDecodeError / AttributeError / IndexError from deep inside, nor a silently ignored entry)."""
+    path = tables("user", {})
+    path.write_text(table if isinstance(table, str) else json.dumps(table))
+    cfgmod.clear_caches()
+    f = dense(torch.bfloat16)
+    with pytest.raises(ValueError, match=match) as e:
+        select_config("a16w16", 16, 4096, 4096, H100, f, f, 2)
+    assert str(path) in str(e.value)
+
+
+def test_table_entry_below_the_operands_block_k(tables):
+    """A user table entry the operands cannot take (8-bit dots need BLOCK_K >= 32): refused naming the table, as a
+    config= argument is, not compiled."""
+    tables("user", {"shapes": {"256,64": {"M_LEQ_32": {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}}}}, op="a8w8_fp8")
+    f8 = dense(torch.float8_e4m3fn, cfgmod.Scale.ROW)
+    with pytest.raises(ValueError, match="a8w8_fp8 .*BLOCK_K=16 is below 32"):
+        select_config("a8w8_fp8", 32, 256, 64, H100, f8, f8, 2)
+
+
+def test_shipped_tables_valid_for_their_ops():
+    """Every shipped table reads as a valid table, and each entry suits its op's operands once fitted to the
+    device's shared memory (what the ops' lookups now check)."""
+    from gemmkit.core.formats import check_block_k
+
+    paths = sorted(cfgmod.CONFIG_DIR.glob("*/*.json"))
+    assert paths
+    for path in paths:
+        dev, table = known_device(path.parent.name), cfgmod.read_table(path)
+        a, b = registry.table_op(path.stem).formats
+        entries = list(table.get("buckets", {}).values()) + [e for es in table.get("shapes", {}).values()
+                                                             for e in es.values()]
+        for e in entries:
+            assert check_block_k(cfgmod.fit_to_smem(cfgmod.GemmConfig.from_dict(e), dev, a, b, 2).BLOCK_K, a, b) is None
+
+
+def test_autotune_is_asked_for_the_quantized_dtype(monkeypatch):
+    """x quantized in the kernel (the dynamic FP8 tables): GEMMKIT_AUTOTUNE's tuner is named by the quantized dtype
+    (its tool op takes e4m3), not x's storage dtype."""
+    from gemmkit.core.formats import quantized_in_kernel
+    from gemmkit.tools import autotune as at
+
+    asked = []
+    monkeypatch.setattr(at, "maybe_autotune", lambda table, M, N, K, dev, dtype=None: asked.append(dtype) or False)
+    a = quantized_in_kernel(torch.bfloat16, torch.float8_e4m3fn, "row")
+    select_config("a8w8_fp8_dynamic", 16, 4096, 4096, H100, a, dense(torch.float8_e4m3fn, cfgmod.Scale.ROW), 2)
+    f = dense(torch.bfloat16)
+    select_config("a16w16", 16, 4096, 4096, H100, f, f, 2)
+    assert asked == [torch.float8_e4m3fn, torch.bfloat16]
+
+
 def test_nearest_shape_entry(tables):
     tables("shipped", {"shapes": {"4096,4096": {"M_LEQ_16": entry(16)}, "8192,8192": {"M_LEQ_16": entry(32),
                                                                                      "M_LEQ_256": entry(64)}}})

@@ -261,8 +261,7 @@ def load_table(device_name: str, op: str, layer: str | None = None) -> dict | No
         path = table_path(device_name, op, layer, read=True)
         if not path.is_file():
             return None
-        with open(path) as f:
-            return json.load(f)
+        return read_table(path)
     user, shipped = (load_table(device_name, op, name) for name in TABLE_LAYERS)
     if user is None or shipped is None:
         return user or shipped
@@ -270,6 +269,49 @@ def load_table(device_name: str, op: str, layer: str | None = None) -> dict | No
     for nk, entries in user.get("shapes", {}).items():
         shapes.setdefault(nk, {}).update(entries)
     return {"buckets": {**shipped.get("buckets", {}), **user.get("buckets", {})}, "shapes": shapes}
+
+
+BUCKET_KEYS = tuple(f"M_LEQ_{b}" for b in M_BUCKETS) + ("any",)
+
+
+def read_table(path: Path) -> dict:
+    """A config table file, checked: a JSON object whose "buckets" map bucket keys (BUCKET_KEYS) to configs and
+    whose "shapes" map "N,K" to such maps (keys starting with "_": metadata); every config a valid GemmConfig.
+    ValueError naming the file and the entry otherwise (a hand-edited or truncated user table)."""
+    try:
+        table = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"config table {path}: cannot be read as JSON ({e})") from None
+
+    def bad(where, why):
+        return ValueError(f"config table {path}: {where}: {why}")
+
+    def check_entries(where, entries):
+        if not isinstance(entries, dict):
+            raise bad(where, f"expected an object of bucket keys, got {type(entries).__name__}")
+        for key, entry in entries.items():
+            if key not in BUCKET_KEYS:
+                raise bad(where, f"bucket key {key!r} is not one of {', '.join(BUCKET_KEYS)}")
+            try:
+                GemmConfig.from_dict(entry)
+            except (TypeError, ValueError) as e:
+                raise bad(f"{where} {key}", e) from None
+
+    if not isinstance(table, dict):
+        raise bad("top level", f"expected an object, got {type(table).__name__}")
+    unknown = [k for k in table if k not in ("buckets", "shapes") and not k.startswith("_")]
+    if unknown:
+        raise bad("top level", f"unknown keys {unknown} (tables hold \"buckets\" and \"shapes\")")
+    check_entries("buckets", table.get("buckets", {}))
+    shapes = table.get("shapes", {})
+    if not isinstance(shapes, dict):
+        raise bad("shapes", f"expected an object of \"N,K\" keys, got {type(shapes).__name__}")
+    for nk, entries in shapes.items():
+        parts = nk.split(",")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            raise bad("shapes", f"key {nk!r} is not \"N,K\"")
+        check_entries(f"shapes {nk}", entries)
+    return table
 
 
 def _bucket_key(entries: dict | None, M: int) -> str | None:
@@ -546,6 +588,9 @@ def _select(op: str, bucket: str, below_tma: bool, N: int, K: int, dev: DeviceIn
     cfg, source = lookup_entry(dev.name, op, M, N, K)
     if cfg is not None:
         cfg = fit_to_smem(GemmConfig.from_dict(cfg), dev, a, b, out_bytes)
+        why = check_block_k(cfg.BLOCK_K, a, b)
+        if why:  # (an entry of another op's operands: a hand-edited user table)
+            raise ValueError(f"config table {op} ({source}) for N={N} K={K}, {bucket}: {why}")
         # (not where x is quantized in the kernel: each K slice would quantize its own range)
         if NEAREST in source and not a.quantize:
             cfg = fit_waves(cfg, M, N, K, dev)
@@ -565,7 +610,9 @@ def select_config(op: str, M: int, N: int, K: int, dev: DeviceInfo, a: OperandFo
         raise ValueError(f"select_config: M, N, K must be >= 0, got {(M, N, K)}")
     from ..tools.autotune import maybe_autotune  # returns at once unless GEMMKIT_AUTOTUNE is set
 
-    maybe_autotune(op, M, N, K, dev, a.stored or a.dtype)  # (clears the caches when it wrote an entry)
+    # (x quantized in the kernel: the table's tool op is named by the quantized dtype)
+    maybe_autotune(op, M, N, K, dev, a.dtype if a.quantize else (a.stored or a.dtype))  # (clears the caches when
+    # it wrote an entry)
     return _select(op, m_bucket(M), M < TMA_MIN_M, N, K, dev, a, b, out_bytes)
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ..core.config import GemmConfig, clear_caches, m_bucket, table_path, user_config_dir
+from ..core.config import GemmConfig, clear_caches, m_bucket, read_table, table_path, user_config_dir
 from ..core.device import device_info
 from .registry import get_op, import_model_shapes, load_models, model_shapes, op_dtype, search_space
 from .timing import rotation_count, time_graph_us, time_graphs_us
@@ -246,6 +246,8 @@ def tune(op_name, problems, dtype, out_path: Path, cache_path: Path, workers: in
     tuned over its `seed_top` fastest configs there instead of the whole search space."""
     op = get_op(op_name)
     dev = device_info()
+    if out_path.is_file():  # (a table the measurements would be merged into: refused now, not after them)
+        read_table(out_path)
     cache = load_cache(cache_path)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
@@ -370,7 +372,7 @@ def write_table(op_name, dtype, cache, out_path: Path, command: str, device_name
     """
     table_m = get_op(op_name).table_m  # the M the op's table is keyed by (MoE: rows per expert)
     cache = {(table_m(M), N, K, dt, ck): rec for (M, N, K, dt, ck), rec in cache.items()}
-    table = json.loads(out_path.read_text()) if out_path.is_file() else {}
+    table = read_table(out_path) if out_path.is_file() else {}
     table.setdefault("buckets", {})
     table.setdefault("shapes", {})
     by_problem, sustained, latest = {}, {}, {}
