@@ -330,6 +330,11 @@ def test_convert_fuse_mlp(scheme):
     assert_close(model(x), expect, tol=3e-2 if scheme == "bf16" else 1.5e-1)
     with pytest.raises(ValueError, match="fuse_mlp"):
         gemmkit.nn.convert(Block(H, I), "int8", fuse_mlp=True)
+    shared = Block(H, I)  # (one MLP object held by two blocks: one GatedMLP at both paths)
+    blocks = nn.ModuleList([shared, nn.Module()])
+    blocks[1].mlp = shared.mlp
+    report = gemmkit.nn.convert(blocks, scheme, fuse_mlp=True, skip=["*.other.*"])
+    assert report.fused == ["0.mlp", "1.mlp"] and blocks[0].mlp is blocks[1].mlp
 
 
 # ---------------------------------------------------------------------------------------------

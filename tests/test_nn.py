@@ -161,6 +161,63 @@ def test_convert_float32_layers_left_alone():
     assert gnn.convert(model, "int8", dtype=DT).converted == ["0", "1"]
 
 
+def test_convert_shared_linear_stays_shared():
+    """A linear held at two paths (tied / shared): one converted layer at both, skipped if either path is."""
+    lin = _linear(K, 32)
+    model = nn.ModuleDict({"a": lin, "b": lin, "c": _linear(K, 32)})
+    report = gnn.convert(model, "int8")
+    assert report.converted == ["a", "b", "c"] and model["a"] is model["b"] and type(model["a"]) is gnn.Int8Linear
+    x = randn(3, K, dtype=DT)
+    assert torch.equal(model["a"](x), model["b"](x))
+    model = nn.ModuleDict({"a": lin, "b": lin})
+    assert gnn.convert(model, "int8", skip=["b"]).skipped == ["a", "b"] and model["a"] is lin and model["b"] is lin
+
+
+def test_convert_a_model_built_on_meta():
+    """Built under torch.device("meta"), converted (the layers' form only: nothing to quantize), materialized with
+    to_empty and loaded from the state_dict of the same model converted on a real device: the same results."""
+    torch.manual_seed(0)
+    real = nn.Sequential(_linear(K, 32), _linear(32, 16, bias=False))
+    for scheme in ("fp8", "int8", "int4"):
+        with torch.device("meta"):
+            meta = nn.Sequential(nn.Linear(K, 32, dtype=DT), nn.Linear(32, 16, bias=False, dtype=DT))
+        ref = copy.deepcopy(real)
+        gnn.convert(ref, scheme, group_size=32) if scheme == "int4" else gnn.convert(ref, scheme)
+        gnn.convert(meta, scheme, group_size=32) if scheme == "int4" else gnn.convert(meta, scheme)
+        meta.to_empty(device=DEVICE)
+        meta.load_state_dict(ref.state_dict())
+        x = randn(3, K, dtype=DT)
+        with torch.no_grad():
+            assert torch.equal(meta(x), ref(x)), scheme
+    with torch.device("meta"):
+        static = gnn.FP8Linear(K, 32, act_scale=0.02)  # (its scale checked on the host)
+    assert static.act_scale.is_meta
+
+
+def test_state_dict_of_another_scheme_refused():
+    """Keys and shapes match across schemes; the codes do not: loading an FP8 state_dict into an Int8Linear (or INT4
+    into MXFP4) is an error, not a silent cast of the codes."""
+    lin = _linear(K, 32)
+    fp8 = gnn.FP8Linear.from_linear(lin)
+    with pytest.raises(RuntimeError, match="codes"):
+        gnn.Int8Linear(K, 32).load_state_dict(fp8.state_dict())
+    int4 = gnn.Int4Linear.from_linear(lin, group_size=32, symmetric=True)
+    with pytest.raises(RuntimeError, match="codes"):
+        gnn.MXFP4Linear(K, 32).load_state_dict(int4.state_dict())
+    again = gnn.FP8Linear(K, 32)  # (the bias may come in another float dtype: cast as usual)
+    state = dict(fp8.state_dict(), bias=fp8.bias.float())
+    again.load_state_dict(state)
+    x = randn(3, K, dtype=DT)
+    assert torch.equal(again(x), fp8(x))
+
+
+def test_fuse_mlp_refuses_options_it_cannot_apply():
+    model = nn.Sequential(_linear(K, 32))
+    with pytest.raises(ValueError, match="fuse_mlp=True takes no options"):
+        gnn.convert(model, "fp8", fuse_mlp=True, act_scale=0.02)
+    assert type(model[0]) is nn.Linear
+
+
 ALL_LAYERS = {"bf16": (gnn.Linear, {}), "fp8": (gnn.FP8Linear, {}), "fp8_static": (gnn.FP8Linear, {"act_scale": 0.02}),
               "int8": (gnn.Int8Linear, {}), "fp8_block": (gnn.BlockFP8Linear, {}),
               "int4": (gnn.Int4Linear, {"group_size": 32}), "mxfp4": (gnn.MXFP4Linear, {})}
@@ -186,6 +243,9 @@ def test_dtype_moves_keep_the_formats(kind):
         assert_close(layer(x.half()), ref.double(), tol=2e-2)
         layer.float()
         assert layer.dtype == torch.float16 and {n: b.dtype for n, b in layer.named_buffers()}["bias"] == torch.float16
+        half = {n: b.clone() for n, b in layer.named_buffers()}
+        layer.to(torch.float8_e4m3fn)  # (a target the kernels do not take: nothing changes, no value rounded)
+        assert all(torch.equal(b, half[n]) for n, b in layer.named_buffers())
         layer.bfloat16()
         assert {n: b.dtype for n, b in layer.named_buffers()} == dtypes and torch.equal(layer(x), ref)
 

@@ -65,15 +65,33 @@ def _dtype_unsupported(linear: nn.Linear, dtype) -> str | None:
     return None
 
 
+def _by_object(model, cls) -> list:
+    """(module, every qualified name it has) of the model's modules of `cls`: a module held at several paths (tied,
+    shared) once, with all of them."""
+    found = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if name and isinstance(module, cls):
+            found.setdefault(id(module), (module, []))[1].append(name)
+    return list(found.values())
+
+
+def _replace(model, names, layer) -> None:
+    """`layer` at each of the qualified names (one object: a shared module stays shared)."""
+    for name in names:
+        parent_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), attr, layer)
+
+
 def _fuse_mlps(model, scheme, skipped, report, dtype=None) -> None:
     """Replace each gated MLP module (gate_proj/up_proj or gate_up_proj, down_proj, act_fn) by a
-    GatedMLP of the scheme, unless skipped (the module or one of its linears) or unsupported."""
-    for name, module in list(model.named_modules()):
-        if not name or not hasattr(module, "down_proj") or not hasattr(module, "act_fn"):
+    GatedMLP of the scheme, unless skipped (the module or one of its linears, at any of its paths) or unsupported."""
+    for module, names in _by_object(model, nn.Module):
+        if not hasattr(module, "down_proj") or not hasattr(module, "act_fn"):
             continue
         if not (hasattr(module, "gate_up_proj") or (hasattr(module, "gate_proj") and hasattr(module, "up_proj"))):
             continue
-        if skipped(name, module) or any(skipped(f"{name}.{n}", m) for n, m in module.named_children()):
+        if any(skipped(name, module) or any(skipped(f"{name}.{n}", m) for n, m in module.named_children())
+               for name in names):
             continue
         found = mlp_linears(module)
         if isinstance(found, str):
@@ -82,9 +100,8 @@ def _fuse_mlps(model, scheme, skipped, report, dtype=None) -> None:
             layer = GatedMLP.from_module(module, scheme=scheme, dtype=dtype)
         except (TypeError, ValueError):
             continue
-        parent_name, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), attr, layer)
-        report.fused.append(name)
+        _replace(model, names, layer)
+        report.fused.extend(names)
 
 
 def convert(model: nn.Module, scheme: str = "fp8", skip=None, fuse_mlp: bool = False, **options) -> ConversionReport:
@@ -114,23 +131,24 @@ def convert(model: nn.Module, scheme: str = "fp8", skip=None, fuse_mlp: bool = F
     if fuse_mlp:
         if scheme not in MLP_SCHEMES:
             raise ValueError(f"fuse_mlp=True takes scheme {' or '.join(map(repr, MLP_SCHEMES))}, got {scheme!r}")
+        if set(options) - {"dtype"}:  # (GatedMLP would not apply them: the fused and unfused layers would differ)
+            extra = sorted(set(options) - {"dtype"})
+            raise ValueError(f"fuse_mlp=True takes no options but dtype= (GatedMLP has no {extra}); convert the MLPs "
+                             "and the other linears in two calls")
         _fuse_mlps(model, scheme, skipped, report, options.get("dtype"))
     todo = []  # (every layer decided before any is replaced: a refusal leaves the model as it was)
-    for name, module in list(model.named_modules()):
-        if not isinstance(module, nn.Linear):
-            continue
-        if skipped(name, module):
-            report.skipped.append(name)
+    for module, names in _by_object(model, nn.Linear):
+        if any(skipped(name, module) for name in names):
+            report.skipped.extend(names)
         elif type(module) is not nn.Linear:
-            report.unsupported[name] = f"{type(module).__name__} is a subclass of nn.Linear"
+            report.unsupported.update(dict.fromkeys(names, f"{type(module).__name__} is a subclass of nn.Linear"))
         elif why := layer_cls.unsupported(module, **options) or _dtype_unsupported(module, options.get("dtype")):
-            report.unsupported[name] = why
+            report.unsupported.update(dict.fromkeys(names, why))
         else:
-            todo.append((name, module))
-    for name, module in todo:
-        parent_name, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), attr, layer_cls.from_linear(module, **options))
-        report.converted.append(name)
+            todo.append((module, names))
+    for module, names in todo:
+        _replace(model, names, layer_cls.from_linear(module, **options))
+        report.converted.extend(names)
     if report.unsupported:
         warnings.warn(f"gemmkit.nn.convert(scheme={scheme!r}) left {len(report.unsupported)} layer(s) as "
                       "nn.Linear: " + "; ".join(f"{n} ({why})" for n, why in report.unsupported.items()),

@@ -57,8 +57,8 @@ class PaddedRowsModule(nn.Module):
         for name, old in before.items():
             new = self._buffers[name]
             want = target if name in follows else old.dtype
-            if new.dtype != want:  # (from the buffer before the cast where torch changed a fixed format)
-                self._buffers[name] = (new if name in follows else old).to(device=new.device, dtype=want)
+            if new.dtype != want:  # (from the buffer before the cast: torch's cast may have lost values)
+                self._buffers[name] = old.to(device=new.device, dtype=want)
         self.dtype = target
         for name in self.padded_weights:
             w = self._buffers.get(name)
@@ -69,6 +69,31 @@ class PaddedRowsModule(nn.Module):
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         super()._save_to_state_dict(destination, prefix, keep_vars)
         dense_state(destination, [prefix + name for name in self.padded_weights])
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """As nn.Module's, but codes (integer, FP8 or packed buffers) load only from the same dtype: copy_ would cast
+        another scheme's codes (an FP8 state_dict into an Int8Linear, MXFP4 scales into INT4 ones) into wrong values;
+        16-bit and float32 values (bias, scales) cast as usual. Padded rows realigned after assign=True."""
+        for name, buf in self._buffers.items():
+            t = state_dict.get(prefix + name)
+            if buf is None or not isinstance(t, torch.Tensor) or t.dtype == buf.dtype:
+                continue
+            if _is_code(t.dtype) or _is_code(buf.dtype):
+                error_msgs.append(f"{prefix + name}: the state_dict holds {_name(t.dtype)}, this "
+                                  f"{type(self).__name__} stores {_name(buf.dtype)} codes (a state_dict of another "
+                                  f"scheme or format)")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        for name in self.padded_weights:
+            w = self._buffers.get(name)
+            if w is not None and not w.is_meta and not rows_aligned(w):
+                self._buffers[name] = align_rows(w)
+
+
+def _is_code(dtype) -> bool:
+    """Integer and 8-bit float dtypes: quantized codes, whose values mean nothing in another dtype."""
+    return not dtype.is_floating_point or torch.finfo(dtype).bits <= 8
 
 
 class GemmLayer(PaddedRowsModule):
@@ -124,6 +149,8 @@ class GemmLayer(PaddedRowsModule):
                             "torch.float16 (the activations' dtype)")
         layer = cls(linear.in_features, linear.out_features, linear.bias is not None, dtype=dtype,
                     device=linear.weight.device, **options)
+        if linear.weight.is_meta:  # (a model built on the meta device: the layer's form only, its values loaded later)
+            return layer
         with torch.no_grad():
             layer._set_weight(linear.weight.detach())
             if linear.bias is not None:
@@ -188,9 +215,10 @@ class FP8Linear(_QuantizedLayer):
 
     def __init__(self, in_features, out_features, bias=True, *, dtype=torch.bfloat16, device=None, act_scale=None):
         super().__init__(in_features, out_features, bias, dtype=dtype, device=device)
-        if act_scale is not None:
-            s = torch.as_tensor(act_scale, dtype=torch.float32).detach().reshape(-1)
-            if s.numel() != 1 or not bool(torch.isfinite(s).all() and (s > 0).all()):
+        if act_scale is not None:  # (checked on the host: the layer may be built under torch.device("meta"))
+            meta = isinstance(act_scale, torch.Tensor) and act_scale.is_meta  # (its value comes with a state_dict)
+            s = torch.as_tensor(act_scale, dtype=torch.float32, device="meta" if meta else "cpu").detach().reshape(-1)
+            if s.numel() != 1 or (not meta and not bool(torch.isfinite(s).all() and (s > 0).all())):
                 raise ValueError(f"act_scale must be one finite positive value, got {act_scale!r}")
             self.register_buffer("act_scale", s.to(device=self.weight.device))
         else:

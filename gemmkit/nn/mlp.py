@@ -135,6 +135,8 @@ class GatedMLP(PaddedRowsModule):
         inter = down.in_features
         layer = cls(first.in_features, inter, out_features=down.out_features, activation=act, scheme=scheme,
                     dtype=dtype, device=first.weight.device)
+        if first.weight.is_meta:  # (a model built on the meta device: the form only, its values loaded later)
+            return layer
         if fused is not None:
             layer.load_gate_up(fused.weight.detach())
         else:
