@@ -200,11 +200,11 @@ def test_state_dict_of_another_scheme_refused():
     lin = _linear(K, 32)
     fp8 = gnn.FP8Linear.from_linear(lin)
     with pytest.raises(RuntimeError, match="codes"):
-        gnn.Int8Linear(K, 32).load_state_dict(fp8.state_dict())
+        gnn.Int8Linear(K, 32, device=DEVICE).load_state_dict(fp8.state_dict())
     int4 = gnn.Int4Linear.from_linear(lin, group_size=32, symmetric=True)
     with pytest.raises(RuntimeError, match="codes"):
-        gnn.MXFP4Linear(K, 32).load_state_dict(int4.state_dict())
-    again = gnn.FP8Linear(K, 32)  # (the bias may come in another float dtype: cast as usual)
+        gnn.MXFP4Linear(K, 32, device=DEVICE).load_state_dict(int4.state_dict())
+    again = gnn.FP8Linear(K, 32, device=DEVICE)  # (the bias may come in another float dtype: cast as usual)
     state = dict(fp8.state_dict(), bias=fp8.bias.float())
     again.load_state_dict(state)
     x = randn(3, K, dtype=DT)
