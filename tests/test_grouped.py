@@ -144,6 +144,21 @@ def test_moe_mlp(fused, cfg):
     assert_close(y, ref, tol=2e-2)
 
 
+def test_scales_requiring_grad_refused():
+    """gemmkit ops have no backward: scales that require grad are refused, as x and w are (the dense ops did)."""
+    E = 3
+    x, w = randn(T, K, dtype=torch.float8_e4m3fn), randn(E, N, K, dtype=torch.float8_e4m3fn)
+    o = torch.tensor([0, 5, 9, T], dtype=torch.int32, device=DEVICE)
+    xs, ws = torch.rand(T, 1, device=DEVICE), torch.rand(E, N, device=DEVICE)
+    for bad in ((xs.clone().requires_grad_(), ws), (xs, ws.clone().requires_grad_())):
+        with pytest.raises(ValueError, match="requires grad"):
+            gemmkit.grouped_gemm_a8w8(x, w, *bad, o)
+    xb, wb = randn(2, 4, K, dtype=torch.float8_e4m3fn), randn(2, N, K, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="requires grad"):
+        gemmkit.batched_gemm_a8w8(xb, wb, torch.rand(2, 4, 1, device=DEVICE), torch.rand(2, N, device=DEVICE,
+                                                                                          requires_grad=True))
+
+
 def test_moe_mlp_bad_routing(monkeypatch):
     """Expert ids outside [0, E) cannot be checked without a host sync: GEMMKIT_DEBUG=1 raises for them; topk_weights
     of another dtype are refused by name."""

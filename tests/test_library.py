@@ -106,6 +106,18 @@ def test_fakes_refuse_what_the_ops_refuse():
            "mixed": (OPS.gemm_a16w16.default, (x, w.half(), None, None, None), TypeError),
            "a8w8 bias": (OPS.gemm_a8w8.default, (x, wq, None, ws, torch.zeros(2, N, device=DEVICE), None, None),
                          ValueError)}
+    xq3 = randn(2, 3, K, dtype=torch.bfloat16)
+    bad.update({
+        "static row": (OPS.quantize_fp8.default, (x, "row", torch.float8_e4m3fn, torch.ones(1, device=DEVICE)),
+                       ValueError),
+        "block layout": (OPS.quantize_fp8_blockwise.default, (x, 1, torch.float8_e4m3fn, "float32", "column"),
+                         ValueError),
+        "block rows": (OPS.quantize_fp8_blockwise.default, (x, 64, torch.float8_e4m3fn, "float32", "row"), ValueError),
+        "block 3-D weight": (OPS.quantize_fp8_blockwise.default, (xq3, 128, torch.float8_e4m3fn, "float32", "row"),
+                             ValueError),
+        "mul_add broadcast": (OPS.fused_gemm_a16w16_mul_add.default,
+                              (xq3, w, torch.ones(6, 1, device=DEVICE), torch.zeros(1, device=DEVICE), None),
+                              ValueError)})
     for name, (op, args, err) in bad.items():
         with pytest.raises(err):
             op(*args)

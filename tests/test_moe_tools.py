@@ -52,6 +52,20 @@ def test_routing_flops_bytes():
     assert b.flops(8, 16, 32) == 4 * 2 * 8 * 16 * 32
 
 
+def test_moe_rotation_sized_on_the_touched_experts():
+    """One call reads only the experts its routing touches (the same in every input set): the timing rotation is
+    sized on those bytes, so that at few tokens the sets still exceed the L2 three times."""
+    import dataclasses
+
+    from gemmkit.core.device import INTERPRETER_DEVICE
+
+    op = registry.get_op("grouped_a16w16@mixtral-8x7b-moe")
+    M, N, K = 1, 256, 128
+    dev = dataclasses.replace(INTERPRETER_DEVICE, l2_bytes=3 * op.nbytes(M, N, K))
+    sets = tune.input_sets(op, M, N, K, "bf16", dev, device=DEVICE)
+    assert len(sets) * op.rotation_bytes(M, N, K) >= 3 * dev.l2_bytes and len(sets) == 9
+
+
 @pytest.mark.parametrize("name", ["grouped_a16w16@qwen3-30b-a3b-moe:zipf", "grouped_a8w8@mixtral-8x7b-moe:zipf",
                                   "grouped_a8w8_blockscale@mixtral-8x7b-moe", "moe_mlp@mixtral-8x7b-moe-mlp:zipf",
                                   "moe_mlp_unfused@mixtral-8x7b-moe-mlp", "moe_mlp_fp8@mixtral-8x7b-moe-mlp:zipf",

@@ -208,6 +208,16 @@ def test_cli_help_and_cpu_fallback(capsys):
     assert cli.main(["bench"]) == 0
     out = capsys.readouterr().out
     assert "No CUDA GPU found" in out and "12/12 correct" in out
+    assert cli.main(["bench", "a8w8", "--markdown", "t.md"]) == 0  # (said, not silently skipped)
+    assert "nothing is written for --markdown t.md" in capsys.readouterr().out
+
+
+def test_feed_forward_bytes():
+    """The gated FFN reads x once, its three (I, H) weights, and writes the output (the intermediate uncounted)."""
+    op = registry.get_op("ff_gated")
+    M, N, K = 64, 256, 128  # (tokens, I, H)
+    assert op.nbytes(M, N, K) == M * K * 2 + 3 * N * K * 2 + M * K * 2
+    assert op.flops(M, N, K) == 2 * M * 3 * N * K
 
 
 def test_tuner_compile_workers_fit_device_memory():

@@ -66,7 +66,7 @@ def _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind
         raise TypeError(f"x is {x.dtype} but w is {w.dtype}: int8 pairs only with int8, fp8 only with fp8")
     activation = v.check_activation(activation)
     device = v.check_devices(x=x, w=w, bias=bias, x_scale=x_scale, w_scale=w_scale)
-    v.check_no_autograd(x=x, w=w, bias=bias)
+    v.check_no_autograd(x=x, w=w, bias=bias, x_scale=x_scale, w_scale=w_scale)
     if x.ndim != 3:
         raise ValueError(f"x must be 3-D (B, M, K), got shape {tuple(x.shape)}")
     B, M, K = x.shape

@@ -242,7 +242,7 @@ def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_
     v.check_tensor("expert_offsets", offsets, (torch.int32,))
     device = v.check_devices(x=x, w=w, expert_offsets=offsets, bias=bias, x_scale=x_scale, w_scale=w_scale,
                              routing_weights=routing_weights)
-    v.check_no_autograd(x=x, w=w, bias=bias, routing_weights=routing_weights)
+    v.check_no_autograd(x=x, w=w, bias=bias, routing_weights=routing_weights, x_scale=x_scale, w_scale=w_scale)
     if x.ndim != 2:
         raise ValueError(f"x must be 2-D (T, K), got shape {tuple(x.shape)}")
     if w.ndim != 3:

@@ -270,6 +270,10 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("No CUDA GPU found: gemmkit bench times kernels on an NVIDIA GPU. Running a small CPU demo "
               "of the same kernels under the Triton interpreter instead (correctness only, no timing).\n")
+        skipped = [f"--{name} {getattr(args, name)}" for name in ("csv", "plot", "markdown") if getattr(args, name)]
+        if skipped or args.op != "a16w16":
+            print(f"(the demo runs a16w16; not {args.op}'s timing, and nothing is written"
+                  + (f" for {', '.join(skipped)}" if skipped else "") + ")\n")
         return run_demo()
 
     dev = device_info()

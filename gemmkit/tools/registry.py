@@ -235,7 +235,9 @@ def _blockscale_op(name, baseline, baseline_name, reads):
                   _blockscale_reference, 1e-2, 1, 2, 8, "a8w8_blockscale",
                   formats=(dense(torch.float8_e4m3fn, Scale.KBLOCK, 128),
                            dense(torch.float8_e4m3fn, Scale.KBLOCK, 128, 128)),
-                  reads=(("x", "xs", "w", "ws"), reads))
+                  reads=(("x", "xs", "w", "ws"), reads),
+                  # (float32 scales: x's one per row and 128 K, w's one per 128 x 128 block)
+                  scale_bytes=lambda M, N, K: 4 * (M * -(-K // 128) + -(-N // 128) * -(-K // 128)))
 
 
 # quantizer -----------------------------------------------------------------------------------
@@ -453,8 +455,10 @@ class FeedForwardToolOp(ToolOp):
         return 2.0 * M * 3 * N * K
 
     def nbytes(self, M, N, K) -> float:
+        """x read once, the three weights, the output written (the (M, I) intermediate is not counted: a single
+        fused pass need not write it; the two-launch form writes and reads it)."""
         a, b = self.formats
-        return 2 * M * K * a.bytes + 3 * N * K * b.bytes + M * K * self.out_bytes
+        return M * K * a.bytes + 3 * N * K * b.bytes + M * K * self.out_bytes
 
 
 def _ff_inputs(M, N, K, dtype, device):
