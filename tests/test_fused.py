@@ -146,6 +146,9 @@ def test_ff_bad_inputs():
         gemmkit.ff_a16w16_gated(x, w[:63], wd)
     with pytest.raises(ValueError, match="layout"):
         gemmkit.ff_a16w16_gated(x, w, wd, layout="blocked")
+    for lay in ("blocked", "interleaved"):  # (separate gate and up weights: no layout to describe, checked anyway)
+        with pytest.raises(ValueError, match="layout"):
+            gemmkit.ff_a16w16_gated(x, w[:32], wd, w_up=w[32:], layout=lay)
     with pytest.raises(ValueError, match="w_up"):
         gemmkit.ff_a16w16_gated(x, w[:32], wd, w_up=w[:16])
     with pytest.raises(ValueError, match="w_up"):

@@ -34,7 +34,8 @@ def gemm_a16w4(x, w_q, w_scale, w_zero=None, *, group_size=128, bias=None, activ
     byte: element 2j in the low nibble of byte j, 2j + 1 in the high one (gemmkit.quant.quantize_int4,
     from_gptq, from_awq). group_size: a power of two >= 32 dividing K (32, 64, 128 as GPTQ/AWQ
     use), or None / -1: one group per output channel. w_scale: (N, K // group_size) bf16/fp16/fp32,
-    any layout. w_zero: uint8 (N, K // group_size) zero points, or None: symmetric, zero point 8;
+    any layout, used in x's dtype (a float32 scale is rounded to it first: the weight is x's dtype((q - z) *
+    x's dtype(s)), as a dequantization to x's dtype with scales stored in it). w_zero: uint8 (N, K // group_size) zero points, or None: symmetric, zero point 8;
     exact up to 127 with bf16 x, 255 with fp16 x (4-bit formats use 0..16: GPTQ's reach 16). bias: (N,) bf16/fp16/fp32. activation: None, "relu",
     "gelu_tanh", "silu". out_dtype: bf16/fp16/fp32 (default y's, else x's). y: optional output.
     config: None (on sm_90 at decode sizes the Hopper decode kernel and from 65 to 511 rows (1023 on

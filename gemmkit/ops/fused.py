@@ -50,15 +50,18 @@ def gate_up_views(w_gate_up, w_up=None, layout: str = "concat"):
     v.check_tensor("w_gate_up", w_gate_up)
     if w_gate_up.ndim != 2:
         raise ValueError(f"w_gate_up must be 2-D, got shape {tuple(w_gate_up.shape)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r} must be one of {LAYOUTS}")
     if w_up is not None:
+        if layout != "concat":  # (separate weights have no layout; their scales are [gate; up])
+            raise ValueError(f"layout={layout!r} describes one (2I, K) gate/up weight; with w_up (separate gate and "
+                             "up weights) leave it 'concat' (the per-channel scales are then [gate; up])")
         v.check_tensor("w_up", w_up)
         if (w_up.shape, w_up.stride(), w_up.dtype) != (w_gate_up.shape, w_gate_up.stride(), w_gate_up.dtype):
             raise ValueError(f"w_up {tuple(w_up.shape)} {w_up.stride()} {w_up.dtype} must have the gate weight's "
                              f"shape, strides and dtype {tuple(w_gate_up.shape)} {w_gate_up.stride()} "
                              f"{w_gate_up.dtype}")
         return w_gate_up, w_up
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r} must be one of {LAYOUTS}")
     rows = w_gate_up.shape[0]
     if rows % 2:
         raise ValueError(f"w_gate_up has {rows} rows: [gate; up] needs an even count (2 * intermediate size)")
