@@ -34,6 +34,7 @@ a copy. `config=` is refused while tracing (pass it to eager calls or tune the t
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -71,8 +72,7 @@ def _a16w16_out(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], 
 def _a16w16_output(x, w, out_dtype):
     v.check_tensor("x", x, a16w16._IN_DTYPES)
     v.check_tensor("w", w, a16w16._IN_DTYPES)
-    if w.dtype != x.dtype:
-        raise TypeError(f"w has dtype {w.dtype} but x has {x.dtype}; both must be the same 16-bit type")
+    v.check_same_dtype("w", w, x)
     return gemm_output(x.shape, w.shape, v.check_out_dtype(out_dtype, None, x.dtype), x.dtype)
 
 
@@ -228,8 +228,7 @@ def _quantize_int8(t: torch.Tensor, granularity: str,
 
 def _fake_quantized(t, granularity, qdtype, scale):
     v.check_tensor("t", t, quant._IN_DTYPES)
-    if scale is not None and (granularity != "tensor" or scale.numel() != 1):  # (as quant._make_plan)
-        raise ValueError("scale= (static quantization) must be a 1-element float32 tensor, with granularity='tensor'")
+    quant.check_static_scale(granularity, scale)
     q, s = quantize_output(t.shape, granularity, qdtype)
     return _fake_output(q, t), _fake_output(s, t)
 
@@ -257,15 +256,7 @@ def _(t, block_rows, dtype, scale_format, scale_layout):
     v.check_tensor("t", t, quant._IN_DTYPES)
     if dtype not in quant.FP8_TARGETS:
         raise TypeError(f"dtype must be torch.float8_e4m3fn or torch.float8_e5m2, got {dtype}")
-    # (the real op's argument checks, so that a traced program fails where the eager one does)
-    if (block_rows, 128) not in quant._BLOCKS:
-        raise ValueError(f"block must be (1, 128) (activations) or (128, 128) (weights), got {(block_rows, 128)!r}")
-    if scale_format not in quant._SCALE_FORMATS:
-        raise ValueError(f"scale_format={scale_format!r} must be one of {quant._SCALE_FORMATS}")
-    if scale_layout not in quant._SCALE_LAYOUTS:
-        raise ValueError(f"scale_layout={scale_layout!r} must be one of {quant._SCALE_LAYOUTS}")
-    if block_rows > 1 and t.ndim != 2:
-        raise ValueError(f"(128, 128) blocks quantize a 2-D weight, got shape {tuple(t.shape)}")
+    quant.check_block_args(t, (block_rows, 128), scale_format, scale_layout)  # (where the eager op would fail)
     (q_shape, q_dtype), (s_shape, s_dtype, s_strides) = blockwise_output(t.shape, block_rows, dtype, scale_layout)
     return t.new_empty(q_shape, dtype=q_dtype), t.new_empty_strided(s_shape, s_strides, dtype=s_dtype)
 
@@ -341,15 +332,9 @@ def _mul_add(x: torch.Tensor, w: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
 @_mul_add.register_fake
 def _(x, w, a, b, out_dtype):
     shape_dtype = gemm_output(x.shape, w.shape, out_dtype, x.dtype)
-    for name, t in (("a", a), ("b", b)):  # (broadcastable to the output as the op requires)
-        try:  # (one element: a scalar whatever its shape, as the op takes it)
-            fits = t.numel() == 1 or torch.broadcast_shapes(tuple(t.shape), tuple(shape_dtype[0])) == tuple(
-                shape_dtype[0])
-        except RuntimeError:
-            fits = False
-        if not fits:
-            raise ValueError(f"{name} has shape {tuple(t.shape)}: not broadcastable to the output "
-                             f"{tuple(shape_dtype[0])}")
+    lead = tuple(x.shape[:-1])
+    for name, t in (("a", a), ("b", b)):  # (the op's own check: broadcastable to the output)
+        fused._operand(name, t, x.device, math.prod(lead), w.shape[0], lead)
     return _fake_output(shape_dtype, x)
 
 

@@ -75,8 +75,7 @@ def _make_plan(t, granularity, qdtype, quant, scale, aligned_rows=False):
         raise ValueError(f"granularity={granularity!r} must be 'row' or 'tensor'")
     if scale is not None:
         v.check_tensor("scale", scale, (torch.float32,))
-        if granularity != "tensor" or scale.numel() != 1:
-            raise ValueError("scale= (static quantization) must be a 1-element float32 tensor, with granularity='tensor'")
+    check_static_scale(granularity, scale)
     device = v.check_devices(t=t, scale=scale)
     v.check_no_autograd(t=t, scale=scale)
     if t.ndim == 0:
@@ -84,6 +83,12 @@ def _make_plan(t, granularity, qdtype, quant, scale, aligned_rows=False):
     if aligned_rows and t.ndim != 2:
         raise ValueError("aligned_rows: t must be 2-D (M, K)")
     return QuantizePlan(t, granularity, qdtype, quant, scale is not None, device, aligned_rows)
+
+
+def check_static_scale(granularity, scale) -> None:
+    """A static scale (scale= given): one element, with granularity "tensor" (the quantizers and their fakes)."""
+    if scale is not None and (granularity != "tensor" or scale.numel() != 1):
+        raise ValueError("scale= (static quantization) must be a 1-element float32 tensor, with granularity='tensor'")
 
 
 def _row_strides(t, R: int, C: int):
@@ -198,6 +203,14 @@ def quantize_fp8_blockwise(t, block=(1, 128), dtype=torch.float8_e4m3fn, scale_f
 
 def _make_block_plan(t, block, dtype, scale_format, scale_layout):
     v.check_tensor("t", t, _IN_DTYPES)
+    block = check_block_args(t, block, scale_format, scale_layout)
+    device = v.check_devices(t=t)
+    v.check_no_autograd(t=t)
+    return BlockQuantizePlan(t, block, dtype, scale_format == "ue8m0", scale_layout == "col", device)
+
+
+def check_block_args(t, block, scale_format, scale_layout) -> tuple:
+    """quantize_fp8_blockwise's arguments checked (the op and its fake): the block as a tuple of ints."""
     try:
         block = tuple(int(b) for b in block)
     except (TypeError, ValueError):
@@ -208,13 +221,11 @@ def _make_block_plan(t, block, dtype, scale_format, scale_layout):
         raise ValueError(f"scale_format={scale_format!r} must be one of {_SCALE_FORMATS}")
     if scale_layout not in _SCALE_LAYOUTS:
         raise ValueError(f"scale_layout={scale_layout!r} must be one of {_SCALE_LAYOUTS}")
-    device = v.check_devices(t=t)
-    v.check_no_autograd(t=t)
     if t.ndim == 0:
         raise ValueError("t must have at least 1 dimension, got a 0-d tensor")
     if block[0] > 1 and t.ndim != 2:
         raise ValueError(f"t must be 2-D (N, K) for block={block}, got shape {tuple(t.shape)}")
-    return BlockQuantizePlan(t, block, dtype, scale_format == "ue8m0", scale_layout == "col", device)
+    return block
 
 
 class BlockQuantizePlan:

@@ -610,9 +610,8 @@ def select_config(op: str, M: int, N: int, K: int, dev: DeviceInfo, a: OperandFo
         raise ValueError(f"select_config: M, N, K must be >= 0, got {(M, N, K)}")
     from ..tools.autotune import maybe_autotune  # returns at once unless GEMMKIT_AUTOTUNE is set
 
-    # (x quantized in the kernel: the table's tool op is named by the quantized dtype)
-    maybe_autotune(op, M, N, K, dev, a.dtype if a.quantize else (a.stored or a.dtype))  # (clears the caches when
-    # it wrote an entry)
+    # (clears the caches when it wrote an entry; x quantized in the kernel: its tool op is named by the target dtype)
+    maybe_autotune(op, M, N, K, dev, a.dtype if a.quantize else (a.stored or a.dtype))
     return _select(op, m_bucket(M), M < TMA_MIN_M, N, K, dev, a, b, out_bytes)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 
@@ -113,6 +114,17 @@ def check_no_overlap(name: str, t: torch.Tensor) -> None:
     if (n_small > 1 and s_small == 0) or (n_big > 1 and n_small > 1 and s_big < s_small * n_small):
         raise ValueError(f"{name} has elements that share memory (strides {tuple(t.stride())} for shape "
                          f"{tuple(t.shape)}): every output element needs its own location")
+
+
+def debug_checks() -> bool:
+    """GEMMKIT_DEBUG=1: also the checks that read values (a host synchronization), e.g. expert offsets and ids."""
+    return os.environ.get("GEMMKIT_DEBUG", "") not in ("", "0")
+
+
+def check_same_dtype(name: str, t, x) -> None:
+    """`t` in x's (16-bit) dtype: the 16-bit ops take one type for both operands."""
+    if t.dtype != x.dtype:
+        raise TypeError(f"{name} has dtype {t.dtype} but x has {x.dtype}; both must be the same 16-bit type")
 
 
 def check_no_autograd(**tensors) -> None:

@@ -47,8 +47,7 @@ def _make_plan(x, w, bias, y, activation, out_dtype, config, mul=None, add=None)
     broadcast; gemmkit.ops.fused.fused_gemm_a16w16_mul_add), checked by the caller."""
     v.check_tensor("x", x, _IN_DTYPES)
     v.check_tensor("w", w, _IN_DTYPES)
-    if w.dtype != x.dtype:
-        raise TypeError(f"w has dtype {w.dtype} but x has {x.dtype}; both must be the same 16-bit type")
+    v.check_same_dtype("w", w, x)
     activation, device, x2, lead, M, N, K = v.check_inputs(x, w, activation, bias=bias, y=y)
     out_dtype, y2, degenerate = v.check_output(y, lead, M, N, K, out_dtype, x.dtype, device, activation, bias)
     if degenerate:

@@ -60,8 +60,8 @@ def _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind
     dtypes = _IN_DTYPES if kind == "a16w16" else FP8 + (torch.int8,)
     v.check_tensor("x", x, dtypes)
     v.check_tensor("w", w, dtypes)
-    if kind == "a16w16" and w.dtype != x.dtype:
-        raise TypeError(f"w has dtype {w.dtype} but x has {x.dtype}; both must be the same 16-bit type")
+    if kind == "a16w16":
+        v.check_same_dtype("w", w, x)
     if kind == "a8w8" and (x.dtype == torch.int8) != (w.dtype == torch.int8):
         raise TypeError(f"x is {x.dtype} but w is {w.dtype}: int8 pairs only with int8, fp8 only with fp8")
     activation = v.check_activation(activation)

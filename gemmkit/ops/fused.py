@@ -139,8 +139,8 @@ def _make_gated(x, gate, up, w_scale, up_scale, y, activation, out_dtype, config
     fp8 = gate.dtype in _FP8
     v.check_tensor("x", x, a16w16._IN_DTYPES)
     v.check_tensor("w_gate_up", gate, _FP8 if fp8 else a16w16._IN_DTYPES)
-    if not fp8 and gate.dtype != x.dtype:
-        raise TypeError(f"w_gate_up has dtype {gate.dtype} but x has {x.dtype}; both must be the same 16-bit type")
+    if not fp8:
+        v.check_same_dtype("w_gate_up", gate, x)
     activation = v.check_activation(activation)
     device = v.check_devices(x=x, w_gate_up=gate, w_up=up, w_scale=w_scale, y=y)
     v.check_no_autograd(x=x, w_gate_up=gate, w_up=up, w_scale=w_scale, y=y)
@@ -399,8 +399,7 @@ def _make_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config)
     else:
         v.check_tensor("x", x, a16w16._IN_DTYPES)
         v.check_tensor("w", w, a16w16._IN_DTYPES)
-        if w.dtype != x.dtype:
-            raise TypeError(f"w has dtype {w.dtype} but x has {x.dtype}; both must be the same 16-bit type")
+        v.check_same_dtype("w", w, x)
     v.check_tensor("y", y, (torch.bfloat16, torch.float16, torch.float32))
     device = v.check_devices(x=x, w=w, x_scale=x_scale, w_scale=w_scale, y=y)
     v.check_no_autograd(x=x, w=w, x_scale=x_scale, w_scale=w_scale, y=y)

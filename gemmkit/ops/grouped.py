@@ -13,7 +13,6 @@ Rows of the output that no expert's range covers are left unwritten.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 
@@ -157,13 +156,9 @@ def _grouped(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_sc
     except (KeyError, TypeError):
         plan = _plans.plan_for(key, _make_plan, x, w, offsets, gather_idx, scatter_idx, routing_weights, bias,
                                x_scale, w_scale, activation, out_dtype, config, kind)
-    if _debug():
+    if v.debug_checks():
         debug_check(x, offsets, gather_idx, scatter_idx, plan.rows)
     return plan.run(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_scale, w_scale)
-
-
-def _debug() -> bool:
-    return os.environ.get("GEMMKIT_DEBUG", "") not in ("", "0")
 
 
 def debug_check(x, offsets, gather_idx, scatter_idx, rows: int) -> None:
@@ -208,7 +203,7 @@ def grouped_gated_a16w16(x, w_gate_up, offsets, *, gather_idx=None, activation="
     except (KeyError, TypeError):
         plan = _plans.plan_for(key, _make_plan, x, gate, offsets, gather_idx, None, None, None, None, None, activation,
                                None, config, "a16w16", True)
-    if _debug():
+    if v.debug_checks():
         debug_check(x, offsets, gather_idx, None, plan.rows)
     if isinstance(plan, _Degenerate):
         return plan(x, gate, offsets, gather_idx, None, None, None, None, None).to(x.dtype)
@@ -228,8 +223,7 @@ def _make_plan(x, w, offsets, gather_idx, scatter_idx, routing_weights, bias, x_
     if kind == "a16w16":
         v.check_tensor("x", x, _IN_DTYPES)
         v.check_tensor("w", w, _IN_DTYPES)
-        if w.dtype != x.dtype:
-            raise TypeError(f"w has dtype {w.dtype} but x has {x.dtype}; both must be the same 16-bit type")
+        v.check_same_dtype("w", w, x)
     elif kind == "a8w8_blockscale":
         v.check_tensor("x", x, FP8)
         v.check_tensor("w", w, FP8)

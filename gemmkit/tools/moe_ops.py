@@ -84,8 +84,7 @@ class MoEToolOp(ToolOp):
         return 2.0 * M * self.top_k * N * K * (3 if self.block else 1)
 
     def rotation_bytes(self, M, N, K) -> float:
-        """What one call reads (the timing's input rotation must exceed the L2 by it): the touched experts' weights,
-        not every expert's (the routing is the same in every input set)."""
+        """The touched experts' weights, not every expert's (the routing is the same in every input set)."""
         return self.nbytes(M, N, K)
 
     def nbytes(self, M, N, K) -> float:

@@ -62,6 +62,11 @@ class ToolOp:
         """The M its config table is keyed by (the MoE ops: average rows per expert)."""
         return M
 
+    def rotation_bytes(self, M, N, K) -> float | None:
+        """The bytes one call reads, where a call reads less than its input set (the MoE ops: the touched experts'
+        weights); None: every input of the set (tune.input_sets sizes the timing's rotation by it)."""
+        return None
+
     def problem_m(self, table_m: int) -> int:
         """An M of this op's problems whose table_m is table_m (the autotune hook's problem)."""
         return table_m

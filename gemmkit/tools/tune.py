@@ -81,8 +81,9 @@ def input_sets(op, M, N, K, dtype, dev, device="cuda"):
     call and for the baseline's (op.reads: which inputs each side reads)."""
     first = op.make_inputs(M, N, K, dtype, device)
     sides = op.reads or (tuple(first),)
-    if hasattr(op, "rotation_bytes"):  # (the MoE ops: a call reads only the experts its routing touches)
-        n = rotation_count(int(op.rotation_bytes(M, N, K)), dev.l2_bytes)
+    per_call = op.rotation_bytes(M, N, K)  # (the MoE ops: a call reads only the experts its routing touches)
+    if per_call is not None:
+        n = rotation_count(int(per_call), dev.l2_bytes)
     else:
         n = max(rotation_count(sum(first[k].numel() * first[k].element_size() for k in keys
                                    if isinstance(first[k], torch.Tensor)), dev.l2_bytes) for keys in sides)
