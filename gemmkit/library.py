@@ -27,6 +27,7 @@ gemmkit.core.outputs):
   quantize_fp8(t, granularity, dtype, scale) -> (q, scale)
   quantize_fp8_blockwise(t, block_rows, dtype, scale_format, scale_layout) -> (q, scale)
   quantize_int8(t, granularity, scale) -> (q, scale)
+gemm_a16w16 and batched_gemm_a16w16 have a backward (gemmkit.autograd, registered at the end of this module).
 A custom op may not return an alias of an input, so a preallocated y goes through the `_out`
 variant (which mutates y and returns nothing), and a static quantization scale is returned as
 a copy. `config=` is refused while tracing (pass it to eager calls or tune the table instead).
@@ -39,7 +40,7 @@ from typing import Optional
 
 import torch
 
-from . import quant
+from . import autograd, quant
 from .core import validate as v
 from .core.outputs import blockwise_output, gemm_output, packed_gemm_output, quantize_output
 from .ops import a8w8, a8w8_blockscale, a16w4, a16w16, fp4
@@ -117,6 +118,9 @@ _register_gemm_fakes(_a16w16, _a16w16_out, _a16w16_output)
 
 def traced_gemm_a16w16(x, w, bias, activation, out_dtype, y, config):
     """gemm_a16w16 through torch.ops.gemmkit (what the public op calls while being traced)."""
+    if v.needs_grad(x, w, bias):
+        autograd.check_grad_call("gemm_a16w16", y, config)
+        return autograd.gemm_a16w16(x, w, bias, activation, out_dtype)
     _check_no_config(config)
     if y is None:
         return torch.ops.gemmkit.gemm_a16w16(x, w, bias, activation, out_dtype)
@@ -346,6 +350,10 @@ def _filled(out, y):
 
 
 def traced_ff_a16w16_gated(x, w_gate_up, w_down, activation, w_up, layout, out_dtype, y, config, down_config):
+    if v.needs_grad(x, w_gate_up, w_up, w_down):
+        fused.gate_up_views(w_gate_up, w_up, layout)
+        autograd.check_grad_call("ff_a16w16_gated", y, config if config is not None else down_config)
+        return autograd.ff_a16w16_gated(x, w_gate_up, w_up, w_down, activation, layout, out_dtype)
     _check_no_config(config)
     _check_no_config(down_config)
     out_dtype = y.dtype if out_dtype is None and y is not None else out_dtype
@@ -353,6 +361,9 @@ def traced_ff_a16w16_gated(x, w_gate_up, w_down, activation, w_up, layout, out_d
 
 
 def traced_ff_a16w16(x, w_up, w_down, activation, out_dtype, y, config, down_config):
+    if v.needs_grad(x, w_up, w_down):
+        autograd.check_grad_call("ff_a16w16", y, config if config is not None else down_config)
+        return autograd.ff_a16w16(x, w_up, w_down, activation, out_dtype)
     _check_no_config(config)
     _check_no_config(down_config)
     out_dtype = y.dtype if out_dtype is None and y is not None else out_dtype
@@ -368,8 +379,14 @@ def traced_ff_a8w8_gated(x, w_gate_up, w_gate_up_scale, w_down, w_down_scale, ac
 
 
 def traced_fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype, y, config):
-    _check_no_config(config)
     a, b = (t if isinstance(t, torch.Tensor) else torch.full((1,), float(t), device=x.device) for t in (a, b))
+    if v.needs_grad(x, w, a, b):
+        autograd.check_grad_call("fused_gemm_a16w16_mul_add", y, config)
+        lead = tuple(x.shape[:-1])
+        M, N = math.prod(lead), w.shape[0]
+        a2, b2 = (fused._operand(name, t, x.device, M, N, lead) for name, t in (("a", a), ("b", b)))
+        return autograd.fused_gemm_a16w16_mul_add(x, w, a2, b2, out_dtype)
+    _check_no_config(config)
     out_dtype = y.dtype if out_dtype is None and y is not None else out_dtype
     return _filled(torch.ops.gemmkit.fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype), y)
 
@@ -636,6 +653,9 @@ def _(x, w, x_scale, w_scale, bias, activation, out_dtype):
 
 
 def traced_batched_gemm_a16w16(x, w, bias, activation, out_dtype, config):
+    if v.needs_grad(x, w, bias):
+        autograd.check_grad_call("batched_gemm_a16w16", None, config)
+        return autograd.batched_gemm_a16w16(x, w, bias, activation, out_dtype)
     _check_no_config(config)
     return torch.ops.gemmkit.batched_gemm_a16w16(x, w, bias, activation, out_dtype)
 
@@ -643,3 +663,6 @@ def traced_batched_gemm_a16w16(x, w, bias, activation, out_dtype, config):
 def traced_batched_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, config):
     _check_no_config(config)
     return torch.ops.gemmkit.batched_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype)
+
+
+autograd.register()

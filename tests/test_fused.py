@@ -9,7 +9,7 @@ import gemmkit.nn
 from gemmkit import quant
 from gemmkit.core.outputs import ff_output
 from gemmkit.ops import fused
-from conftest import ACT_REF, DEVICE, ON_GPU, assert_close, kernel_paths, poisoned, randn, sizes
+from conftest import ACT_REF, DEVICE, ON_GPU, assert_close, check_refused, kernel_paths, poisoned, randn, sizes
 
 BF16, FP16, FP32, E4M3 = torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn
 # the gated GEMM computes whole tiles: no split-K / stream-K paths
@@ -164,6 +164,20 @@ def test_ff_bad_inputs():
         gemmkit.ff_a8w8_gated(x, wq, ws[:32], wq[:32], ws[:32])
     with pytest.raises(TypeError, match="w_gate_up"):
         gemmkit.ff_a8w8_gated(x, w, ws, wq[:32], ws[:32])
+
+
+def test_ff_bad_down_weight_refused_before_the_first_gemm(monkeypatch):
+    x, w = randn(4, 32, dtype=BF16), randn(64, 32, dtype=BF16)
+    wq, ws = quant.quantize_fp8(w, "row")
+    for op, args, exc, word in (
+            (gemmkit.ff_a16w16_gated, (x, w, randn(32, 31, dtype=BF16)), ValueError, "w_down"),
+            (gemmkit.ff_a16w16_gated, (x, w, randn(32, 32, dtype=FP16)), TypeError, "w_down"),
+            (gemmkit.ff_a16w16_gated, (x, w, randn(32, dtype=BF16)), ValueError, "w_down"),
+            (gemmkit.ff_a16w16, (x, w, randn(32, 32, dtype=BF16)), ValueError, "w_down"),
+            (gemmkit.ff_a16w16, (x, w[:32], 3.0), TypeError, "w_down"),
+            (gemmkit.ff_a8w8_gated, (x, wq, ws, w[:, :32], ws[:32]), TypeError, "w_down"),
+            (gemmkit.ff_a8w8_gated, (x, wq, ws, wq[:, :16], ws[:32]), ValueError, "w_down")):
+        check_refused(monkeypatch, op, args, exc, word)
 
 
 # ---------------------------------------------------------------------------------------------

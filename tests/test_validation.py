@@ -102,12 +102,14 @@ def test_mismatched_devices():
 
 
 def test_autograd_inputs_refused():
-    with pytest.raises(ValueError, match="x requires grad"):
-        gemmkit.gemm_a16w16(_x().requires_grad_(), _w())
-    with pytest.raises(ValueError, match="w requires grad"):
-        gemmkit.gemm_a16w16(_x(), torch.nn.Parameter(_w()))
-    with pytest.raises(ValueError, match="y requires grad"):  # torch refuses out= tensors that require grad
+    """gemm_a16w16 is differentiable (tests/test_autograd.py), but not into a preallocated y, and y itself never
+    requires grad (torch refuses out= tensors that do)."""
+    with pytest.raises(ValueError, match="y= .*autograd"):
+        gemmkit.gemm_a16w16(_x().requires_grad_(), _w(), y=torch.zeros(4, 8, dtype=BF16, device=DEVICE))
+    with pytest.raises(ValueError, match="y requires grad"):
         gemmkit.gemm_a16w16(_x(), _w(), y=torch.zeros(4, 8, dtype=BF16, device=DEVICE, requires_grad=True))
+    with pytest.raises(ValueError, match="config= .*autograd"):
+        gemmkit.gemm_a16w16(_x(), torch.nn.Parameter(_w()), config=dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=16))
 
 
 def test_config_types_are_part_of_the_plan_key():

@@ -127,13 +127,20 @@ def check_same_dtype(name: str, t, x) -> None:
         raise TypeError(f"{name} has dtype {t.dtype} but x has {x.dtype}; both must be the same 16-bit type")
 
 
+def needs_grad(*tensors) -> bool:
+    """Grad mode on and one of `tensors` requiring grad: the call takes the op's differentiable form
+    (gemmkit.autograd)."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
 def check_no_autograd(**tensors) -> None:
     if torch.is_grad_enabled():
         for name, t in tensors.items():
             if t is not None and t.requires_grad:
                 raise ValueError(
-                    f"{name} requires grad, but gemmkit ops have no backward: call them under "
-                    "torch.no_grad() / torch.inference_mode(), or pass detached tensors"
+                    f"{name} requires grad, but this gemmkit op has no backward (gemmkit.autograd lists the "
+                    "ones that have): call it under torch.no_grad() / torch.inference_mode(), or pass detached "
+                    "tensors"
                 )
 
 

@@ -29,7 +29,8 @@ def gemm_a16w16(x, w, bias=None, *, activation=None, out_dtype=None, y=None, con
     y: optional preallocated output of shape (M, N) (or (*, N)), written and returned.
     config: None (tuned table, else derived from the device), a dict or a GemmConfig.
     Each operand needs one unit-stride dimension (row- or column-major, any other stride).
-    Accumulation is fp32; the result is rounded once to out_dtype. No autograd.
+    Accumulation is fp32; the result is rounded once to out_dtype. Differentiable (gemmkit.autograd:
+    x, w, bias; not with y or config).
     """
     if _is_compiling():  # torch.compile records torch.ops.gemmkit.gemm_a16w16 (gemmkit.library)
         return _library().traced_gemm_a16w16(x, w, bias, activation, out_dtype, y, config)
@@ -45,6 +46,8 @@ def gemm_a16w16(x, w, bias=None, *, activation=None, out_dtype=None, y=None, con
 def _make_plan(x, w, bias, y, activation, out_dtype, config, mul=None, add=None):
     """The plan of one call (validates). mul / add: (M, N) epilogue inputs (views, stride 0 where
     broadcast; gemmkit.ops.fused.fused_gemm_a16w16_mul_add), checked by the caller."""
+    if mul is None and add is None and v.needs_grad(x, w, bias):
+        return _grad_plan(x, w, bias, y, activation, out_dtype, config)
     v.check_tensor("x", x, _IN_DTYPES)
     v.check_tensor("w", w, _IN_DTYPES)
     v.check_same_dtype("w", w, x)
@@ -57,6 +60,16 @@ def _make_plan(x, w, bias, y, activation, out_dtype, config, mul=None, add=None)
     warn_unaligned_weight("gemm_a16w16", w)
     return plan_on_aligned_x(x2, w, M, N, device_info(device), x.ndim != 2, lambda xa, flat: _plan(
         xa, w, bias, y2, activation, out_dtype, config, mul, add, M, N, K, lead, flat, device))
+
+
+def _grad_plan(x, w, bias, y, activation, out_dtype, config):
+    """Calls whose inputs require grad: through gemmkit.autograd, after the checks of the same call without."""
+    from .. import autograd
+
+    autograd.check_grad_call("gemm_a16w16", y, config)
+    with torch.no_grad():
+        _make_plan(x, w, bias, None, activation, out_dtype, None)
+    return autograd.GradPlan(lambda x, w, bias, y, mul, add: autograd.gemm_a16w16(x, w, bias, activation, out_dtype))
 
 
 def _plan(x2, w, bias, y2, activation, out_dtype, config, mul, add, M, N, K, lead, flatten_x, device):

@@ -28,7 +28,7 @@ def batched_gemm_a16w16(x, w, bias=None, *, activation=None, out_dtype=None, con
     x: (B, M, K) bf16/fp16; w: (B, N, K) of x's dtype, or (N, K) / an expand()ed (B, N, K) with
     batch stride 0 (one weight for every batch entry: with x's entries evenly stacked, one GEMM of B * M
     rows). Each x[b], w[b] needs a unit-stride dimension. bias: (N,) or (B, N) contiguous. Output
-    (B, M, N) contiguous, out_dtype (default x's).
+    (B, M, N) contiguous, out_dtype (default x's). Differentiable (gemmkit.autograd: x, w, bias).
     """
     if _is_compiling():  # torch.compile records torch.ops.gemmkit.batched_gemm_a16w16 (gemmkit.library)
         return _library().traced_batched_gemm_a16w16(x, w, bias, activation, out_dtype, config)
@@ -57,6 +57,14 @@ def _batched(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind):
 
 
 def _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind):
+    if kind == "a16w16" and v.needs_grad(x, w, bias):  # (gemmkit.autograd, after the same call's checks without)
+        from .. import autograd
+
+        autograd.check_grad_call("batched_gemm_a16w16", None, config)
+        with torch.no_grad():
+            _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, None, kind)
+        return autograd.GradPlan(lambda x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale:
+                                 autograd.batched_gemm_a16w16(x, w, bias, activation, out_dtype))
     dtypes = _IN_DTYPES if kind == "a16w16" else FP8 + (torch.int8,)
     v.check_tensor("x", x, dtypes)
     v.check_tensor("w", w, dtypes)

@@ -234,6 +234,10 @@ def ff_a16w16_gated(x, w_gate_up, w_down, activation="silu", *, w_up=None, layou
         return _library().traced_ff_a16w16_gated(x, w_gate_up, w_down, activation, w_up, layout, out_dtype, y,
                                                  config, down_config)
     gate, up = gate_up_views(w_gate_up, w_up, layout)
+    _check_down(w_down, gate, x, a16w16._IN_DTYPES)
+    if v.needs_grad(x, w_gate_up, w_up, w_down):
+        return _ff_gated_grad(x, gate, up, w_gate_up, w_up, w_down, activation, layout, out_dtype, y, config,
+                              down_config)
     plan = _gated_plan(x, gate, up, None, (Scale.NONE, (0, 0)), activation, None, None, config, True)
     if (config is None and not plan.is_ws and isinstance(x, torch.Tensor) and x.ndim
             and x.numel() >= TWO_GEMMS_MIN_M * x.shape[-1]):
@@ -241,6 +245,31 @@ def ff_a16w16_gated(x, w_gate_up, w_down, activation="silu", *, w_up=None, layou
     else:
         h = plan.run(x, gate, up, None, None)
     return a16w16.gemm_a16w16(h, w_down, out_dtype=out_dtype, y=y, config=down_config)
+
+
+def _check_down(w_down, first, x, dtypes) -> None:
+    """w_down (H_out, I) against the first GEMM's (I, H) weight, before the first GEMM is launched."""
+    v.check_tensor("x", x, a16w16._IN_DTYPES)
+    v.check_tensor("w_down", w_down, dtypes)
+    if dtypes is a16w16._IN_DTYPES:
+        v.check_same_dtype("w_down", w_down, x)
+    if first.ndim == 2:
+        I = first.shape[0]
+        if w_down.ndim != 2 or w_down.shape[1] != I:
+            raise ValueError(f"w_down must be 2-D (H_out, I): its K must be the intermediate size I = {I}, got "
+                             f"shape {tuple(w_down.shape)}")
+    if w_down.device != x.device:
+        raise ValueError(f"w_down is on {w_down.device} but x is on {x.device}")
+
+
+def _ff_gated_grad(x, gate, up, w_gate_up, w_up, w_down, activation, layout, out_dtype, y, config, down_config):
+    """ff_a16w16_gated with inputs that require grad (gemmkit.autograd), after the gated GEMM's checks."""
+    from .. import autograd
+
+    autograd.check_grad_call("ff_a16w16_gated", y, config if config is not None else down_config)
+    with torch.no_grad():
+        _gated_plan(x, gate, up, None, (Scale.NONE, (0, 0)), activation, None, None, None, True)
+    return autograd.ff_a16w16_gated(x, w_gate_up, w_up, w_down, activation, layout, out_dtype)
 
 
 # From this many rows on, the gated product is two dense GEMMs through the tuned a16w16 tables:
@@ -271,6 +300,13 @@ def ff_a16w16(x, w_up, w_down, activation="silu", *, out_dtype=None, y=None, con
     x: (*, H) bf16/fp16; w_up: (I, H); w_down: (H_out, I). -> (*, H_out)."""
     if _is_compiling():
         return _library().traced_ff_a16w16(x, w_up, w_down, activation, out_dtype, y, config, down_config)
+    v.check_tensor("w_up", w_up)
+    _check_down(w_down, w_up, x, a16w16._IN_DTYPES)
+    if v.needs_grad(x, w_up, w_down):
+        from .. import autograd
+
+        autograd.check_grad_call("ff_a16w16", y, config if config is not None else down_config)
+        return autograd.ff_a16w16(x, w_up, w_down, activation, out_dtype)
     h = a16w16.gemm_a16w16(x, w_up, activation=activation, config=config)
     return a16w16.gemm_a16w16(h, w_down, out_dtype=out_dtype, y=y, config=down_config)
 
@@ -290,6 +326,7 @@ def ff_a8w8_gated(x, w_gate_up, w_gate_up_scale, w_down, w_down_scale, activatio
                                                w_up, layout, out_dtype, y, config, down_config, fast_accum)
     gate, up = gate_up_views(w_gate_up, w_up, layout)
     v.check_tensor("w_gate_up", gate, _FP8)
+    _check_down(w_down, gate, x, _FP8)
     up_scale = _up_scale(w_gate_up_scale, gate.shape[0], w_up is not None, layout)
     h = gated_gemm(x, gate, up, w_scale=w_gate_up_scale, up_scale=up_scale, activation=activation, config=config,
                    out_dtype=x.dtype if isinstance(x, torch.Tensor) else None, fast_accum=fast_accum)
@@ -370,6 +407,14 @@ class _DegenerateMulAdd:
 
 def _make_mul_add(x, w, a2, b2, y, out_dtype, config):
     """gemm_a16w16's plan with the mul / add epilogue inputs (K == 0: b broadcast, no kernel)."""
+    if v.needs_grad(x, w, a2, b2):  # (gemmkit.autograd, after the same call's checks without)
+        from .. import autograd
+
+        autograd.check_grad_call("fused_gemm_a16w16_mul_add", y, config)
+        with torch.no_grad():
+            _make_mul_add(x, w, a2, b2, None, out_dtype, None)
+        return autograd.GradPlan(lambda x, w, bias, y, a_scale, b_scale, a2, b2:
+                                 autograd.fused_gemm_a16w16_mul_add(x, w, a2, b2, out_dtype))
     v.check_devices(x=x, w=w, a=a2, b=b2, y=y)
     v.check_no_autograd(x=x, w=w, a=a2, b=b2, y=y)
     if x.shape[-1] == 0 and x.dtype == w.dtype:  # (y checked as every op's: shape, dtype, device)

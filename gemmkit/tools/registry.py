@@ -103,6 +103,41 @@ def _a16w16_run(inp, config=None):
     return gemm_a16w16(inp["x"], inp["w"], config=config)
 
 
+@dataclass(frozen=True)
+class TrainingToolOp(ToolOp):
+    """A training step of a linear layer: the forward and the backward's two GEMMs (dx = dy w, dw = dy^T x), three
+    (M, N, K) problems per call; run / baseline return (dx, dw)."""
+
+    def flops(self, M, N, K) -> float:
+        return 3 * ToolOp.flops(self, M, N, K)
+
+    def nbytes(self, M, N, K) -> float:
+        return 3 * ToolOp.nbytes(self, M, N, K)
+
+
+def _a16w16_train_inputs(M, N, K, dtype, device):
+    inp = _a16w16_inputs(M, N, K, dtype, device)
+    return {"x": inp["x"].requires_grad_(), "w": inp["w"].requires_grad_(),
+            "dy": _rand((M, N), device).to(DTYPES[dtype])}
+
+
+def _train_step(linear):
+    def step(inp, config=None):
+        return torch.autograd.grad(linear(inp["x"], inp["w"]), (inp["x"], inp["w"]), inp["dy"])
+    return step
+
+
+def _a16w16_train_run(inp, config=None):
+    from ..ops.a16w16 import gemm_a16w16
+
+    return _train_step(gemm_a16w16)(inp)
+
+
+def _a16w16_train_reference(inp):
+    dy, x, w = inp["dy"].float(), inp["x"].detach().float(), inp["w"].detach().float()
+    return dy @ w, dy.T @ x
+
+
 # a8w8 ----------------------------------------------------------------------------------------
 
 def _a8w8_inputs(granularity):
@@ -382,6 +417,10 @@ OPS = {
     "a16w16": ToolOp(
         "a16w16", ("bf16", "fp16"), _a16w16_inputs, _a16w16_run, lambda i: _F.linear(i["x"], i["w"]),
         "F.linear (cuBLAS)", lambda i: i["x"].float() @ i["w"].float().T, 1e-2, 2, 2, 16, "a16w16",
+        formats=(dense(torch.bfloat16), dense(torch.bfloat16))),
+    "a16w16_train": TrainingToolOp(
+        "a16w16_train", ("bf16", "fp16"), _a16w16_train_inputs, _a16w16_train_run, _train_step(_F.linear),
+        "F.linear forward + backward (cuBLAS)", _a16w16_train_reference, 1e-2, 2, 2, 16, None,
         formats=(dense(torch.bfloat16), dense(torch.bfloat16))),
     "a8w8": ToolOp(
         "a8w8", ("e4m3",), _a8w8_inputs("row"), _a8w8_run, _scaled_mm,

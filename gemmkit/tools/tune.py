@@ -91,6 +91,10 @@ def input_sets(op, M, N, K, dtype, dev, device="cuda"):
 
 
 def rel_error(out, ref) -> float:
+    """Relative Frobenius error of out against ref (tuples of tensors: over all of them together)."""
+    if isinstance(out, tuple):
+        diff = sum((o.float() - r).norm() ** 2 for o, r in zip(out, ref, strict=True))
+        return (diff.sqrt() / sum(r.norm() ** 2 for r in ref).sqrt().clamp_min(1e-30)).item()
     return ((out.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 

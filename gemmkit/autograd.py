@@ -1,0 +1,178 @@
+"""Gradients of the 16-bit GEMMs, computed by gemmkit's own kernels (training).
+
+Ops with a backward: gemm_a16w16, batched_gemm_a16w16, fused_gemm_a16w16_mul_add, ff_a16w16_gated,
+ff_a16w16. A call whose tensors require grad (grad mode on) goes through `torch.ops.gemmkit.gemm_a16w16` /
+`batched_gemm_a16w16`, whose backward is registered below (so it holds under torch.compile too, and with
+create_graph=True the backward's GEMMs are differentiable in turn). What the inference kernels fuse into the
+epilogue (the activation, `* a + b`, `act(gate) * up`) runs as torch ops on the GEMM's output while training,
+so that torch differentiates it from the saved pre-activation instead of a GEMM recomputing it: the
+pre-activation is rounded to the output dtype first (as with F.linear then the activation), where the fused
+inference epilogue rounds once.
+
+    y = x @ w.T + b    dx = dy @ w       gemm_a16w16(dy, w.T)       (w.T: a (K, N) view the kernels read N-major)
+                       dw = dy.T @ x     gemm_a16w16(dy.T, x.T)     (M is the reduction; both views, no copy)
+                       db = sum of dy over the rows, in float32
+The gradients have their inputs' dtypes; dy enters the GEMMs in x's dtype (16-bit operands: a float32
+output's gradient is rounded once). Not differentiable (they refuse inputs that require grad): the FP8 /
+INT8 / 4-bit ops, the grouped (mixture-of-experts) ops and split/cat; nor a preallocated `y=` or `config=`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+# the epilogue activations as torch ops (kernels/epilogue.py: relu, gelu with the tanh form, silu)
+ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+    "silu": F.silu,
+}
+
+
+def activate(z: torch.Tensor, activation) -> torch.Tensor:
+    return z if activation in (None, "none") else ACTIVATIONS[activation](z)
+
+
+def _ops():
+    from .core.tracing import library
+
+    library()  # (registers torch.ops.gemmkit.*, and the backward below)
+    return torch.ops.gemmkit
+
+
+class GradPlan:
+    """An op's plan for calls whose inputs require grad: run(...) forwards to `fn` with the op's own arguments."""
+
+    def __init__(self, fn):
+        self.run = fn
+
+
+def check_grad_call(op: str, y, config) -> None:
+    """The arguments an op's differentiable path does not take."""
+    if y is not None:
+        raise ValueError(f"{op}: y= (a preallocated output) cannot be used with autograd (inputs that require "
+                         "grad, grad mode on): leave y None, or call under torch.no_grad()")
+    if config is not None:
+        raise ValueError(f"{op}: config= applies to calls without autograd; differentiable calls (inputs that "
+                         "require grad, grad mode on) take the tuned or derived configs")
+
+
+# ---------------------------------------------------------------------------------------------
+# the differentiable forms of the public ops (their eager and traced calls with inputs that require grad)
+
+
+def gemm_a16w16(x, w, bias, activation, out_dtype):
+    return activate(_ops().gemm_a16w16(x, w, bias, None, out_dtype), activation)
+
+
+def batched_gemm_a16w16(x, w, bias, activation, out_dtype):
+    return activate(_ops().batched_gemm_a16w16(x, w, bias, None, out_dtype), activation)
+
+
+def fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype):
+    """(x @ w.T) * a + b: a and b as fused_gemm_a16w16_mul_add's _operand made them ((M, N) views of the
+    caller's tensors, or float32 scalars), the products and sums in float32."""
+    p = _ops().gemm_a16w16(x, w, None, None, torch.float32)
+    M, N = a.shape
+    out = (p.reshape(M, N) * a + b).to(x.dtype if out_dtype is None else out_dtype)
+    return out.view(*x.shape[:-1], N)
+
+
+def ff_a16w16_gated(x, w_gate_up, w_up, w_down, activation, layout, out_dtype):
+    """down(act(x @ gate.T) * (x @ up.T)): one GEMM over w_gate_up's 2I rows ([gate; up] or alternating, as
+    fused.gate_up_views reads them), or two with a separate w_up; the intermediate in x's dtype."""
+    ops = _ops()
+    if w_up is None:
+        gu = ops.gemm_a16w16(x, w_gate_up, None, None, None)
+        I = w_gate_up.shape[0] // 2
+        g, u = (gu[..., :I], gu[..., I:]) if layout == "concat" else (gu[..., 0::2], gu[..., 1::2])
+    else:
+        g, u = ops.gemm_a16w16(x, w_gate_up, None, None, None), ops.gemm_a16w16(x, w_up, None, None, None)
+    return ops.gemm_a16w16(activate(g, activation) * u, w_down, None, None, out_dtype)
+
+
+def ff_a16w16(x, w_up, w_down, activation, out_dtype):
+    return _ops().gemm_a16w16(gemm_a16w16(x, w_up, None, activation, None), w_down, None, None, out_dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# the backward of torch.ops.gemmkit.gemm_a16w16 / batched_gemm_a16w16
+
+
+def _setup(ctx, inputs, output):
+    x, w, bias, activation, out_dtype = inputs
+    ctx.save_for_backward(x, w, bias)
+    ctx.activation, ctx.out_dtype = activation, out_dtype
+
+
+def _through_activation(ctx, dy, forward):
+    """dy times the activation's derivative at the pre-activation, which a call of the op with an activation
+    did not keep (the public ops never pass one with autograd: `activate` runs in torch): recomputed."""
+    if ctx.activation in (None, "none"):
+        return dy
+    with torch.enable_grad():
+        z = forward().detach().requires_grad_()
+        return torch.autograd.grad(activate(z, ctx.activation), z, dy)[0]
+
+
+def _grad_operand(dy, x):
+    """dy in x's dtype, with a unit stride the kernels can use (an expanded gradient, e.g. of a sum, is copied)."""
+    dz = dy.to(x.dtype)
+    return dz if dz.is_contiguous() else dz.contiguous()
+
+
+def _rows(t):
+    """t (*, C) as (rows, C) (a view where its strides allow)."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
+def _bias_grad(dy, bias, dims):
+    return dy.float().sum(dims).to(bias.dtype)
+
+
+def _gemm_backward(ctx, dy):
+    gemm = torch.ops.gemmkit.gemm_a16w16
+    x, w, bias = ctx.saved_tensors
+    dy = _through_activation(ctx, dy, lambda: gemm(x, w, bias, None, dy.dtype))
+    dz = _rows(_grad_operand(dy, x))
+    dx = dw = db = None
+    if ctx.needs_input_grad[0]:
+        dx = gemm(dz, w.t(), None, None, x.dtype).view(x.shape)
+    if ctx.needs_input_grad[1]:
+        dw = gemm(dz.t(), _rows(x).t(), None, None, w.dtype)
+    if bias is not None and ctx.needs_input_grad[2]:
+        db = _bias_grad(_rows(dy), bias, 0)
+    return dx, dw, db, None, None
+
+
+def _batched_backward(ctx, dy):
+    gemm, batched = torch.ops.gemmkit.gemm_a16w16, torch.ops.gemmkit.batched_gemm_a16w16
+    x, w, bias = ctx.saved_tensors
+    dy = _through_activation(ctx, dy, lambda: batched(x, w, bias, None, dy.dtype))
+    B, M, K = x.shape
+    N = w.shape[-2]
+    dz = _grad_operand(dy, x)
+    dx = dw = db = None
+    if ctx.needs_input_grad[0]:
+        if w.ndim == 3:
+            dx = batched(dz, w.transpose(-1, -2), None, None, x.dtype)
+        else:
+            dx = gemm(dz.view(B * M, N), w.t(), None, None, x.dtype).view(B, M, K)
+    if ctx.needs_input_grad[1]:
+        if w.ndim == 3:  # (an expanded weight's gradient per entry: autograd sums them)
+            dw = batched(dz.transpose(1, 2), x.transpose(1, 2), None, None, w.dtype)
+        else:  # one weight: one GEMM over the B * M rows
+            dw = gemm(dz.view(B * M, N).t(), x.reshape(B * M, K).t(), None, None, w.dtype)
+    if bias is not None and ctx.needs_input_grad[2]:
+        db = _bias_grad(dy, bias, (0, 1) if bias.ndim == 1 else 1)
+    return dx, dw, db, None, None
+
+
+def register() -> None:
+    """Registers the backward of torch.ops.gemmkit.gemm_a16w16 and batched_gemm_a16w16 (gemmkit.library calls
+    it once, after defining the ops)."""
+    torch.library.register_autograd("gemmkit::gemm_a16w16", _gemm_backward, setup_context=_setup)
+    torch.library.register_autograd("gemmkit::batched_gemm_a16w16", _batched_backward, setup_context=_setup)

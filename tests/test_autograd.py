@@ -1,0 +1,263 @@
+"""Gradients of the 16-bit ops (gemmkit.autograd) against float64 torch references: x, w, bias (and mul/add's
+a, b) on ragged and strided inputs, every activation, fp32 outputs, empty problems, the batched forms, the
+feed-forward layouts, second derivatives, torch.compile, and the calls the differentiable path refuses."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gemmkit
+from conftest import DEVICE, ON_GPU, randn, sizes
+from gemmkit.autograd import activate
+
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
+# (gradients of bf16 operands: the GEMM's own rounding plus dy's, relative to the largest reference value)
+TOL = {BF16: 2e-2, FP16: 4e-3}
+
+
+def _leaf(t, grad=True):
+    return t.detach().clone().requires_grad_(grad)
+
+
+def _double(t):
+    return None if t is None else t.detach().double().requires_grad_(t.requires_grad)
+
+
+def _check(got, ref, dtype, what):
+    assert got is not None and ref is not None, what
+    assert got.shape == ref.shape and got.dtype == dtype, (what, got.shape, ref.shape, got.dtype, dtype)
+    assert not torch.isnan(got).any(), what
+    scale = ref.abs().max().clamp_min(1e-30)
+    err = ((got.double() - ref).abs().max() / scale).item()
+    assert err < TOL.get(dtype, TOL[BF16]), f"{what}: max error {err:.2e} of the largest reference value"
+
+
+def _compare(fn, ref_fn, inputs, dtype, out_dtype=None):
+    """fn(*inputs) and its gradients (a fresh random dy) against ref_fn on float64 copies."""
+    out = fn(*inputs)
+    assert out.dtype == (out_dtype or dtype)
+    dy = torch.randn(out.shape, device=DEVICE).to(out.dtype)
+    leaves = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    grads = torch.autograd.grad(out, leaves, dy)
+    ref_inputs = [_double(t) if isinstance(t, torch.Tensor) else t for t in inputs]
+    ref = ref_fn(*ref_inputs)
+    ref_leaves = [t for t in ref_inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    ref_grads = torch.autograd.grad(ref, ref_leaves, dy.double())
+    _check(out, ref, out.dtype, "output")
+    for i, (g, r, t) in enumerate(zip(grads, ref_grads, leaves)):
+        _check(g, r, t.dtype, f"gradient {i}")
+
+
+SHAPES = sizes([(1, 40, 24), (37, 19, 70), (5, 3, 9), (64, 48, 80)],
+               [(1, 4096, 512), (300, 1000, 777), (5, 3, 9), (2048, 1024, 4096)])
+
+
+@pytest.mark.parametrize("M,N,K", SHAPES)
+@pytest.mark.parametrize("activation", [None, "relu", "gelu_tanh", "silu"])
+def test_gemm_a16w16_grads(M, N, K, activation):
+    x, w, b = _leaf(randn(M, K, dtype=BF16)), _leaf(randn(N, K, dtype=BF16, scale=K ** -0.5)), _leaf(randn(N, dtype=FP32))
+    _compare(lambda x, w, b: gemmkit.gemm_a16w16(x, w, b, activation=activation),
+             lambda x, w, b: activate(F.linear(x, w, b), activation), (x, w, b), BF16)
+
+
+@pytest.mark.parametrize("dtype,bias_dtype,out_dtype", [(FP16, FP16, None), (BF16, None, FP32), (FP16, FP32, FP32),
+                                                        (BF16, BF16, FP16)])
+def test_gemm_a16w16_dtypes(dtype, bias_dtype, out_dtype):
+    M, N, K = sizes((33, 40, 56), (333, 520, 1040))
+    x, w = _leaf(randn(M, K, dtype=dtype)), _leaf(randn(N, K, dtype=dtype, scale=K ** -0.5))
+    b = None if bias_dtype is None else _leaf(randn(N, dtype=bias_dtype))
+    _compare(lambda x, w, b: gemmkit.gemm_a16w16(x, w, b, out_dtype=out_dtype), lambda x, w, b: F.linear(x, w, b),
+             (x, w, b), dtype, out_dtype)
+
+
+def test_gemm_a16w16_layouts_and_leading_dims():
+    """Transposed and strided operands, 3-D and 1-D x, one of x / w requiring grad (a frozen weight)."""
+    K, N = sizes((48, 24), (1024, 384))
+    w_t = _leaf(randn(K, N, dtype=BF16, scale=K ** -0.5))  # (the weight is its transpose: N-major)
+    x3 = _leaf(randn(2, 5, 2 * K, dtype=BF16))  # (x3[..., :K]: rows of stride 2K)
+    ref = lambda x, w: F.linear(x[..., :K], w.t())  # noqa: E731
+    _compare(lambda x, w: gemmkit.gemm_a16w16(x[..., :K], w.t()), ref, (x3, w_t), BF16)
+    frozen = randn(N, K, dtype=BF16)
+    x1 = _leaf(randn(K, dtype=BF16))
+    _compare(lambda x, w: gemmkit.gemm_a16w16(x, w), lambda x, w: F.linear(x, w), (x1, frozen), BF16)
+    xt = _leaf(randn(K, 7, dtype=BF16))  # x.t(): M-major
+    _compare(lambda x, w: gemmkit.gemm_a16w16(x.t(), w, activation="silu"), lambda x, w: F.silu(F.linear(x.t(), w)),
+             (xt, _leaf(frozen)), BF16)
+
+
+def test_expanded_and_empty_gradients():
+    K, N = sizes((40, 24), (512, 256))
+    x, w, b = _leaf(randn(6, K, dtype=BF16)), _leaf(randn(N, K, dtype=BF16)), _leaf(randn(N, dtype=BF16))
+    gemmkit.gemm_a16w16(x, w, b).sum().backward()  # (dy: one value expanded, stride 0)
+    torch.testing.assert_close(x.grad.double(), w.double().sum(0).expand(6, K), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(w.grad.double(), x.double().sum(0).expand(N, K), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(b.grad, torch.full((N,), 6.0, dtype=BF16, device=DEVICE))
+    x0, w = _leaf(randn(0, K, dtype=BF16)), _leaf(randn(N, K, dtype=BF16))
+    y = gemmkit.gemm_a16w16(x0, w)
+    assert y.shape == (0, N)
+    gx, gw = torch.autograd.grad(y.sum(), (x0, w))
+    assert gx.shape == (0, K) and torch.equal(gw, torch.zeros_like(gw))
+    xk, wk, bk = _leaf(randn(4, 0, dtype=BF16)), _leaf(randn(N, 0, dtype=BF16)), _leaf(randn(N, dtype=FP32))
+    gx, gw, gb = torch.autograd.grad(gemmkit.gemm_a16w16(xk, wk, bk, activation="relu").sum(), (xk, wk, bk))
+    assert gx.shape == (4, 0) and gw.shape == (N, 0)
+    torch.testing.assert_close(gb, (bk.detach() > 0).float() * 4)
+
+
+def test_second_derivative():
+    """create_graph=True: the backward's GEMMs go through the differentiable op again."""
+    K, N = sizes((24, 16), (256, 128))
+    x, w = _leaf(randn(5, K, dtype=BF16)), _leaf(randn(N, K, dtype=BF16, scale=K ** -0.5))
+    v = randn(5, N, dtype=BF16)
+    (gx,) = torch.autograd.grad(gemmkit.gemm_a16w16(x, w), x, v, create_graph=True)
+    (gw,) = torch.autograd.grad((gx.float() ** 2).sum(), w)
+    xd, wd = _double(x), _double(w)
+    (rx,) = torch.autograd.grad(F.linear(xd, wd), xd, v.double(), create_graph=True)
+    (rw,) = torch.autograd.grad((rx ** 2).sum(), wd)
+    _check(gw, rw, BF16, "d/dw |dL/dx|^2")
+
+
+def test_training_step_matches_torch():
+    """A few SGD steps of a two-layer MLP on gemmkit ops track the same steps on F.linear (float64)."""
+    H, I = sizes((32, 48), (512, 1024))
+    w1, w2 = _leaf(randn(I, H, dtype=BF16, scale=H ** -0.5)), _leaf(randn(H, I, dtype=BF16, scale=I ** -0.5))
+    r1, r2 = _double(w1), _double(w2)
+    for _ in range(3):
+        x, target = randn(16, H, dtype=BF16), randn(16, H, dtype=BF16)
+        loss = ((gemmkit.gemm_a16w16(gemmkit.gemm_a16w16(x, w1, activation="gelu_tanh"), w2).float() - target.float())
+                ** 2).mean()
+        loss.backward()
+        ref = ((F.linear(F.gelu(F.linear(x.double(), r1), approximate="tanh"), r2) - target.double()) ** 2).mean()
+        ref.backward()
+        assert abs(loss.item() - ref.item()) < 3e-2 * ref.item()
+        with torch.no_grad():
+            for p, q in ((w1, r1), (w2, r2)):
+                _check(p.grad, q.grad, BF16, "weight gradient")
+                p -= 0.1 * p.grad
+                q -= 0.1 * q.grad
+                p.grad = q.grad = None
+
+
+@pytest.mark.parametrize("weight", ["per_entry", "shared_2d", "expanded"])
+@pytest.mark.parametrize("bias", [None, "shared", "per_entry"])
+def test_batched_grads(weight, bias):
+    B, M, N, K = sizes((3, 7, 20, 36), (4, 300, 512, 1024))
+    x = _leaf(randn(B, M, K, dtype=BF16))
+    base = _leaf(randn(B if weight == "per_entry" else 1, N, K, dtype=BF16, scale=K ** -0.5)[0 if weight != "per_entry"
+                                                                                              else slice(None)])
+    b = None if bias is None else _leaf(randn(*((N,) if bias == "shared" else (B, N)), dtype=FP32))
+    view = (lambda w: w.expand(B, N, K)) if weight == "expanded" else (lambda w: w)
+
+    def ref(x, w, b):
+        w = w.expand(B, N, K) if w.ndim == 2 else w
+        out = x @ w.transpose(1, 2)
+        return F.silu(out if b is None else out + (b if b.ndim == 1 else b[:, None, :]))
+
+    _compare(lambda x, w, b: gemmkit.batched_gemm_a16w16(x, view(w), b, activation="silu"), ref, (x, base, b), BF16)
+
+
+@pytest.mark.parametrize("a_kind", ["float", "row", "column"])
+def test_mul_add_grads(a_kind):
+    M, N, K = sizes((9, 24, 40), (257, 640, 1536))
+    x, w = _leaf(randn(M, K, dtype=BF16)), _leaf(randn(N, K, dtype=BF16, scale=K ** -0.5))
+    a = 0.5 if a_kind == "float" else _leaf(randn(*((M, 1) if a_kind == "row" else (N,)), dtype=FP32))
+    residual = _leaf(randn(M, N, dtype=BF16))
+    _compare(lambda x, w, a, b: gemmkit.fused_gemm_a16w16_mul_add(x, w, a, b),
+             lambda x, w, a, b: F.linear(x, w) * a + b, (x, w, a, residual), BF16)
+
+
+@pytest.mark.parametrize("layout", ["concat", "interleaved", "separate"])
+def test_ff_gated_grads(layout):
+    M, H, I = sizes((6, 32, 40), (200, 512, 1536))
+    x = _leaf(randn(2, M, H, dtype=BF16))
+    wgu = _leaf(randn(2 * I, H, dtype=BF16, scale=H ** -0.5))
+    wd = _leaf(randn(H, I, dtype=BF16, scale=I ** -0.5))
+    if layout == "separate":
+        wu = _leaf(randn(I, H, dtype=BF16, scale=H ** -0.5))
+        fn = lambda x, g, u, d: gemmkit.ff_a16w16_gated(x, g[:I], d, w_up=u)  # noqa: E731
+        ref = lambda x, g, u, d: F.linear(F.silu(F.linear(x, g[:I])) * F.linear(x, u), d)  # noqa: E731
+        _compare(fn, ref, (x, wgu, wu, wd), BF16)
+        return
+
+    def ref(x, g, d):
+        gate, up = (g[:I], g[I:]) if layout == "concat" else (g[0::2], g[1::2])
+        return F.linear(F.gelu(F.linear(x, gate), approximate="tanh") * F.linear(x, up), d)
+
+    _compare(lambda x, g, d: gemmkit.ff_a16w16_gated(x, g, d, "gelu_tanh", layout=layout, out_dtype=FP32), ref,
+             (x, wgu, wd), BF16, FP32)
+
+
+def test_ff_ungated_grads():
+    M, H, I = sizes((5, 24, 40), (100, 512, 1024))
+    x, wu, wd = (_leaf(randn(M, H, dtype=FP16)), _leaf(randn(I, H, dtype=FP16, scale=H ** -0.5)),
+                 _leaf(randn(H, I, dtype=FP16, scale=I ** -0.5)))
+    _compare(lambda x, u, d: gemmkit.ff_a16w16(x, u, d, "relu"), lambda x, u, d: F.linear(F.relu(F.linear(x, u)), d),
+             (x, wu, wd), FP16)
+
+
+def test_without_grad_mode_or_grad_inputs_unchanged():
+    """Parameters under no_grad / inference_mode take the inference plans (same values, no graph)."""
+    K, N = sizes((40, 24), (512, 256))
+    x, w = randn(7, K, dtype=BF16), torch.nn.Parameter(randn(N, K, dtype=BF16))
+    with torch.no_grad():
+        a = gemmkit.gemm_a16w16(x, w, activation="relu")
+    with torch.inference_mode():
+        b = gemmkit.gemm_a16w16(x, w, activation="relu")
+    c = gemmkit.gemm_a16w16(x, w.detach(), activation="relu")
+    assert not a.requires_grad and torch.equal(a, b) and torch.equal(a, c)
+    d = gemmkit.gemm_a16w16(x, w, activation="relu")
+    assert d.requires_grad and d.grad_fn is not None
+    torch.testing.assert_close(d.detach(), a, rtol=1e-2, atol=1e-2)  # (the pre-activation rounded first)
+
+
+def test_refused_with_grad():
+    K, N = sizes((40, 24), (512, 256))
+    x, w = _leaf(randn(4, K, dtype=BF16)), randn(N, K, dtype=BF16)
+    with pytest.raises(ValueError, match="y= .*autograd"):
+        gemmkit.gemm_a16w16(x, w, y=torch.empty(4, N, dtype=BF16, device=DEVICE))
+    with pytest.raises(ValueError, match="config= .*autograd"):
+        gemmkit.gemm_a16w16(x, w, config=dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=32))
+    with pytest.raises(TypeError, match="w has dtype"):  # (the inference call's checks first)
+        gemmkit.gemm_a16w16(x, w.half())
+    with pytest.raises(ValueError, match="K"):
+        gemmkit.gemm_a16w16(x, randn(N, K + 1, dtype=BF16))
+    with pytest.raises(ValueError, match="y= .*autograd"):
+        gemmkit.ff_a16w16_gated(x, randn(2 * N, K, dtype=BF16), randn(K, N, dtype=BF16),
+                                y=torch.empty(4, K, dtype=BF16, device=DEVICE))
+    wq, ws = gemmkit.quant.quantize_fp8(w, "row")
+    with pytest.raises(ValueError, match="x requires grad"):  # (FP8: no backward)
+        gemmkit.gemm_a8w8(x, wq, None, ws)
+    with pytest.raises(ValueError, match="x requires grad"):
+        gemmkit.grouped_gemm_a16w16(x, w.reshape(1, N, K), torch.tensor([0, 4], dtype=torch.int32, device=DEVICE))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager"] + (["inductor"] if ON_GPU else []))
+def test_compiled_training_step(backend):
+    """fullgraph torch.compile of a forward and backward: the same gradients as eager."""
+    K, N = sizes((40, 24), (512, 256))
+    x, w, b = _leaf(randn(6, K, dtype=BF16)), _leaf(randn(N, K, dtype=BF16, scale=K ** -0.5)), _leaf(randn(N, dtype=FP32))
+    a = _leaf(randn(6, 1, dtype=FP32))
+
+    def step(x, w, b, a):
+        h = gemmkit.gemm_a16w16(x, w, b, activation="silu")
+        y = gemmkit.fused_gemm_a16w16_mul_add(h, w[:, :N], a, h)
+        z = gemmkit.batched_gemm_a16w16(y.reshape(2, 3, N), w[:, :N])
+        return z.float().square().sum()
+
+    eager = torch.autograd.grad(step(x, w, b, a), (x, w, b, a))
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    got = torch.autograd.grad(compiled(x, w, b, a), (x, w, b, a))
+    for g, e in zip(got, eager):
+        torch.testing.assert_close(g, e, rtol=2e-2, atol=2e-2)
+
+
+def test_opcheck_with_grad():
+    K, N = sizes((40, 24), (512, 256))
+    x, w, b = _leaf(randn(5, K, dtype=BF16)), _leaf(randn(N, K, dtype=BF16)), _leaf(randn(N, dtype=FP32))
+    tests = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    for args in ((x, w, b, None, None), (x, w, None, "gelu_tanh", FP32)):
+        assert set(torch.library.opcheck(torch.ops.gemmkit.gemm_a16w16.default, args,
+                                         test_utils=tests).values()) == {"SUCCESS"}
+    xb, wb = _leaf(randn(2, 3, K, dtype=BF16)), _leaf(randn(2, N, K, dtype=BF16))
+    assert set(torch.library.opcheck(torch.ops.gemmkit.batched_gemm_a16w16.default, (xb, wb, None, "relu", None),
+                                     test_utils=tests).values()) == {"SUCCESS"}
