@@ -63,7 +63,7 @@ def main() -> None:
                            f"{flops / t_ours / 1e6:5.0f} TFLOP/s, err {err:.1e})")
             lines.append("  ".join(row))
             print(lines[-1], flush=True)
-            del x, w, dy, xg, wg
+            del pairs
             torch.cuda.empty_cache()
     (out / "train_probe.txt").write_text("\n".join(lines) + "\n")
 
