@@ -5,7 +5,8 @@
 Per problem (M tokens, an (N, K) weight): forward y = x w^T (gemm_a16w16(x, w) / F.linear), dx = dy w
 (gemm_a16w16(dy, w.T): the weight read N-major / dy @ w), dw = dy^T x (gemm_a16w16(dy.T, x.T): both operands
 M-major / dy.T @ x), and the whole step through autograd (gemm_a16w16 / F.linear forward + backward), with the
-relative error of each gemmkit result against a float32 reference. Writes OUT/train_probe.txt.
+relative error of each gemmkit result against a float32 reference. Writes OUT/train_probe.txt. (The step is timed
+eagerly, back-to-back calls: scripts/train_capture_probe.py checks the graph capture of autograd.)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gemmkit  # noqa: E402
-from gemmkit.tools.timing import time_graphs_us  # noqa: E402
+from gemmkit.tools.timing import time_eager_pair_us, time_graphs_us  # noqa: E402
 from gemmkit.tools.tune import rel_error  # noqa: E402
 
 # (N, K) of Llama-3-8B / 70B layers (qkv, o, gate_up, down)
@@ -57,7 +58,10 @@ def main() -> None:
             row = [f"M={M:6d} N={N:6d} K={K:6d}"]
             for name, (ours, base, ref) in pairs.items():
                 err = rel_error(ours(), ref())
-                t_ours, t_base = time_graphs_us([ours], [base], rep_ms=args.rep_ms)
+                if name == "step":
+                    t_ours, t_base = time_eager_pair_us([ours], [base])
+                else:
+                    t_ours, t_base = time_graphs_us([ours], [base], rep_ms=args.rep_ms)
                 flops = 2.0 * M * N * K * (3 if name == "step" else 1)
                 row.append(f"{name} {t_ours:8.1f} us vs {t_base:8.1f} ({t_base / t_ours:4.2f}x, "
                            f"{flops / t_ours / 1e6:5.0f} TFLOP/s, err {err:.1e})")
