@@ -1,12 +1,13 @@
 """Gradients of the 16-bit GEMMs, computed by gemmkit's own kernels (training).
 
 Ops with a backward: gemm_a16w16, batched_gemm_a16w16, fused_gemm_a16w16_mul_add, ff_a16w16_gated,
-ff_a16w16. A call whose tensors require grad (grad mode on) goes through `torch.ops.gemmkit.gemm_a16w16` /
-`batched_gemm_a16w16`, whose backward is registered below (so it holds under torch.compile too, and with
-create_graph=True the backward's GEMMs are differentiable in turn). What the inference kernels fuse into the
-epilogue (the activation, `* a + b`, `act(gate) * up`) runs as torch ops on the GEMM's output while training,
-so that torch differentiates it from the saved pre-activation instead of a GEMM recomputing it: the
-pre-activation is rounded to the output dtype first (as with F.linear then the activation), where the fused
+ff_a16w16. A call whose tensors require grad (grad mode on) runs x @ w.T + bias through an autograd.Function
+eagerly (`linear`, `batched_linear`) and through `torch.ops.gemmkit.gemm_a16w16` / `batched_gemm_a16w16` under
+torch.compile, whose backward is registered below with the same formulas (with create_graph=True the backward's
+GEMMs are differentiable in turn). What the inference kernels fuse into the epilogue (the activation,
+`* a + b`, `act(gate) * up`) runs as torch ops on the GEMM's output while training, so that torch
+differentiates it from the saved pre-activation instead of a GEMM recomputing it: the pre-activation is rounded
+to the output dtype first (as with F.linear then the activation; mul/add keeps it in float32), where the fused
 inference epilogue rounds once.
 
     y = x @ w.T + b    dx = dy @ w       gemm_a16w16(dy, w.T)       (w.T: a (K, N) view the kernels read N-major)
@@ -24,6 +25,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .core.tracing import is_compiling, library
+
 # the epilogue activations as torch ops (kernels/epilogue.py: relu, gelu with the tanh form, silu)
 ACTIVATIONS = {
     "relu": F.relu,
@@ -37,8 +40,6 @@ def activate(z: torch.Tensor, activation) -> torch.Tensor:
 
 
 def _ops():
-    from .core.tracing import library
-
     library()  # (registers torch.ops.gemmkit.*, and the backward below)
     return torch.ops.gemmkit
 
@@ -65,17 +66,17 @@ def check_grad_call(op: str, y, config) -> None:
 
 
 def gemm_a16w16(x, w, bias, activation, out_dtype):
-    return activate(_ops().gemm_a16w16(x, w, bias, None, out_dtype), activation)
+    return activate(linear(x, w, bias, out_dtype), activation)
 
 
 def batched_gemm_a16w16(x, w, bias, activation, out_dtype):
-    return activate(_ops().batched_gemm_a16w16(x, w, bias, None, out_dtype), activation)
+    return activate(batched_linear(x, w, bias, out_dtype), activation)
 
 
 def fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype):
     """(x @ w.T) * a + b: a and b as fused_gemm_a16w16_mul_add's _operand made them ((M, N) views of the
     caller's tensors, or float32 scalars), the products and sums in float32."""
-    p = _ops().gemm_a16w16(x, w, None, None, torch.float32)
+    p = linear(x, w, None, torch.float32)
     M, N = a.shape
     out = (p.reshape(M, N) * a + b).to(x.dtype if out_dtype is None else out_dtype)
     return out.view(*x.shape[:-1], N)
@@ -84,22 +85,125 @@ def fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype):
 def ff_a16w16_gated(x, w_gate_up, w_up, w_down, activation, layout, out_dtype):
     """down(act(x @ gate.T) * (x @ up.T)): one GEMM over w_gate_up's 2I rows ([gate; up] or alternating, as
     fused.gate_up_views reads them), or two with a separate w_up; the intermediate in x's dtype."""
-    ops = _ops()
     if w_up is None:
-        gu = ops.gemm_a16w16(x, w_gate_up, None, None, None)
+        gu = linear(x, w_gate_up, None, None)
         I = w_gate_up.shape[0] // 2
         g, u = (gu[..., :I], gu[..., I:]) if layout == "concat" else (gu[..., 0::2], gu[..., 1::2])
     else:
-        g, u = ops.gemm_a16w16(x, w_gate_up, None, None, None), ops.gemm_a16w16(x, w_up, None, None, None)
-    return ops.gemm_a16w16(activate(g, activation) * u, w_down, None, None, out_dtype)
+        g, u = linear(x, w_gate_up, None, None), linear(x, w_up, None, None)
+    return linear(activate(g, activation) * u, w_down, None, out_dtype)
 
 
 def ff_a16w16(x, w_up, w_down, activation, out_dtype):
-    return _ops().gemm_a16w16(gemm_a16w16(x, w_up, None, activation, None), w_down, None, None, out_dtype)
+    return linear(gemm_a16w16(x, w_up, None, activation, None), w_down, None, out_dtype)
+
+
+def linear(x, w, bias, out_dtype):
+    """x @ w.T + bias, differentiable: an autograd.Function eagerly (the torch.library op's autograd wrapper costs
+    about 50 us more host time per training step), the op while torch.compile traces."""
+    if is_compiling():
+        return _ops().gemm_a16w16(x, w, bias, None, out_dtype)
+    return _Linear.apply(x, w, bias, out_dtype)
+
+
+def batched_linear(x, w, bias, out_dtype):
+    if is_compiling():
+        return _ops().batched_gemm_a16w16(x, w, bias, None, out_dtype)
+    return _BatchedLinear.apply(x, w, bias, out_dtype)
 
 
 # ---------------------------------------------------------------------------------------------
-# the backward of torch.ops.gemmkit.gemm_a16w16 / batched_gemm_a16w16
+# the backward formulas, for the eager Functions (GEMMs through the public ops) and the torch.library ops
+
+
+def _eager_gemm(a, b, out_dtype):
+    from .ops.a16w16 import gemm_a16w16 as gemm
+
+    return gemm(a, b, out_dtype=out_dtype)
+
+
+def _eager_batched(a, b, out_dtype):
+    from .ops.batched import batched_gemm_a16w16 as batched
+
+    return batched(a, b, out_dtype=out_dtype)
+
+
+def _op_gemm(a, b, out_dtype):
+    return torch.ops.gemmkit.gemm_a16w16(a, b, None, None, out_dtype)
+
+
+def _op_batched(a, b, out_dtype):
+    return torch.ops.gemmkit.batched_gemm_a16w16(a, b, None, None, out_dtype)
+
+
+def _grad_operand(dy, x):
+    """dy in x's dtype, with a unit stride the kernels can use (an expanded gradient, e.g. of a sum, is copied)."""
+    dz = dy.to(x.dtype)
+    return dz if dz.is_contiguous() else dz.contiguous()
+
+
+def _rows(t):
+    """t (*, C) as (rows, C) (a view where its strides allow)."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
+def _bias_grad(dy, bias, dims):
+    return dy.float().sum(dims).to(bias.dtype)
+
+
+def linear_grads(x, w, bias, dy, needs, gemm):
+    """(dx, dw, dbias) of x @ w.T + bias (those `needs` asks for, else None); gemm(a, b, out_dtype) = a @ b.T."""
+    dz = _rows(_grad_operand(dy, x))
+    dx = gemm(dz, w.t(), x.dtype).view(x.shape) if needs[0] else None
+    dw = gemm(dz.t(), _rows(x).t(), w.dtype) if needs[1] else None
+    db = _bias_grad(_rows(dy), bias, 0) if bias is not None and needs[2] else None
+    return dx, dw, db
+
+
+def batched_linear_grads(x, w, bias, dy, needs, gemm, batched):
+    """(dx, dw, dbias) of x[b] @ w[b].T + bias (w (B, N, K) or one (N, K)); batched(a, b, out_dtype) per entry."""
+    B, M, K = x.shape
+    N = w.shape[-2]
+    dz = _grad_operand(dy, x)
+    dx = dw = db = None
+    if needs[0]:
+        dx = batched(dz, w.transpose(-1, -2), x.dtype) if w.ndim == 3 else gemm(dz.view(B * M, N), w.t(),
+                                                                               x.dtype).view(B, M, K)
+    if needs[1]:
+        if w.ndim == 3:  # (an expanded weight's gradient per entry: autograd sums them)
+            dw = batched(dz.transpose(1, 2), x.transpose(1, 2), w.dtype)
+        else:  # one weight: one GEMM over the B * M rows
+            dw = gemm(dz.view(B * M, N).t(), x.reshape(B * M, K).t(), w.dtype)
+    if bias is not None and needs[2]:
+        db = _bias_grad(dy, bias, (0, 1) if bias.ndim == 1 else 1)
+    return dx, dw, db
+
+
+class _Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, bias, out_dtype):
+        from .ops.a16w16 import gemm_a16w16 as gemm
+
+        ctx.save_for_backward(x, w, bias)
+        return gemm(x, w, bias, out_dtype=out_dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return (*linear_grads(*ctx.saved_tensors, dy, ctx.needs_input_grad, _eager_gemm), None)
+
+
+class _BatchedLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, bias, out_dtype):
+        from .ops.batched import batched_gemm_a16w16 as batched
+
+        ctx.save_for_backward(x, w, bias)
+        return batched(x, w, bias, out_dtype=out_dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return (*batched_linear_grads(*ctx.saved_tensors, dy, ctx.needs_input_grad, _eager_gemm, _eager_batched),
+                None)
 
 
 def _setup(ctx, inputs, output):
@@ -118,57 +222,16 @@ def _through_activation(ctx, dy, forward):
         return torch.autograd.grad(activate(z, ctx.activation), z, dy)[0]
 
 
-def _grad_operand(dy, x):
-    """dy in x's dtype, with a unit stride the kernels can use (an expanded gradient, e.g. of a sum, is copied)."""
-    dz = dy.to(x.dtype)
-    return dz if dz.is_contiguous() else dz.contiguous()
-
-
-def _rows(t):
-    """t (*, C) as (rows, C) (a view where its strides allow)."""
-    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
-
-
-def _bias_grad(dy, bias, dims):
-    return dy.float().sum(dims).to(bias.dtype)
-
-
 def _gemm_backward(ctx, dy):
-    gemm = torch.ops.gemmkit.gemm_a16w16
     x, w, bias = ctx.saved_tensors
-    dy = _through_activation(ctx, dy, lambda: gemm(x, w, bias, None, dy.dtype))
-    dz = _rows(_grad_operand(dy, x))
-    dx = dw = db = None
-    if ctx.needs_input_grad[0]:
-        dx = gemm(dz, w.t(), None, None, x.dtype).view(x.shape)
-    if ctx.needs_input_grad[1]:
-        dw = gemm(dz.t(), _rows(x).t(), None, None, w.dtype)
-    if bias is not None and ctx.needs_input_grad[2]:
-        db = _bias_grad(_rows(dy), bias, 0)
-    return dx, dw, db, None, None
+    dy = _through_activation(ctx, dy, lambda: torch.ops.gemmkit.gemm_a16w16(x, w, bias, None, dy.dtype))
+    return (*linear_grads(x, w, bias, dy, ctx.needs_input_grad, _op_gemm), None, None)
 
 
 def _batched_backward(ctx, dy):
-    gemm, batched = torch.ops.gemmkit.gemm_a16w16, torch.ops.gemmkit.batched_gemm_a16w16
     x, w, bias = ctx.saved_tensors
-    dy = _through_activation(ctx, dy, lambda: batched(x, w, bias, None, dy.dtype))
-    B, M, K = x.shape
-    N = w.shape[-2]
-    dz = _grad_operand(dy, x)
-    dx = dw = db = None
-    if ctx.needs_input_grad[0]:
-        if w.ndim == 3:
-            dx = batched(dz, w.transpose(-1, -2), None, None, x.dtype)
-        else:
-            dx = gemm(dz.view(B * M, N), w.t(), None, None, x.dtype).view(B, M, K)
-    if ctx.needs_input_grad[1]:
-        if w.ndim == 3:  # (an expanded weight's gradient per entry: autograd sums them)
-            dw = batched(dz.transpose(1, 2), x.transpose(1, 2), None, None, w.dtype)
-        else:  # one weight: one GEMM over the B * M rows
-            dw = gemm(dz.view(B * M, N).t(), x.reshape(B * M, K).t(), None, None, w.dtype)
-    if bias is not None and ctx.needs_input_grad[2]:
-        db = _bias_grad(dy, bias, (0, 1) if bias.ndim == 1 else 1)
-    return dx, dw, db, None, None
+    dy = _through_activation(ctx, dy, lambda: torch.ops.gemmkit.batched_gemm_a16w16(x, w, bias, None, dy.dtype))
+    return (*batched_linear_grads(x, w, bias, dy, ctx.needs_input_grad, _op_gemm, _op_batched), None, None)
 
 
 def register() -> None:

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import gemmkit
+import gemmkit.library  # noqa: F401  (registers torch.ops.gemmkit.*)
 from conftest import DEVICE, ON_GPU, randn, sizes
 from gemmkit.autograd import activate
 
@@ -273,3 +274,16 @@ def test_opcheck_with_grad():
     xb, wb = _leaf(randn(2, 3, K, dtype=BF16)), _leaf(randn(2, N, K, dtype=BF16))
     assert set(torch.library.opcheck(torch.ops.gemmkit.batched_gemm_a16w16.default, (xb, wb, None, "relu", None),
                                      test_utils=tests).values()) == {"SUCCESS"}
+
+
+@pytest.mark.parametrize("B,M,N,K", [(2, 0, 8, 16), (0, 3, 8, 16), (2, 3, 8, 0), (2, 3, 0, 16)])
+@pytest.mark.parametrize("weight_dims", [3, 2])
+def test_batched_empty_gradients(B, M, N, K, weight_dims):
+    x = _leaf(randn(B, M, K, dtype=BF16))
+    w = _leaf(randn(*((B, N, K) if weight_dims == 3 else (N, K)), dtype=BF16))
+    b = _leaf(randn(N, dtype=FP32))
+    y = gemmkit.batched_gemm_a16w16(x, w, b, activation="relu")
+    gx, gw, gb = torch.autograd.grad(y.float().sum(), (x, w, b))
+    assert gx.shape == x.shape and gw.shape == w.shape and gb.shape == b.shape
+    assert not gx.any() and not gw.any()  # (no products: zero gradients, never unwritten memory)
+    torch.testing.assert_close(gb, (b.detach() > 0).float() * B * M)
