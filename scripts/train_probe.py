@@ -35,6 +35,9 @@ def main() -> None:
     p.add_argument("--m", type=int, nargs="+", default=[4096, 16384])
     p.add_argument("--shapes", type=int, nargs="+", default=None, help="N K pairs")
     p.add_argument("--rep-ms", type=float, default=20)
+    p.add_argument("--k-major", action="store_true",
+                   help="also dx and dw on K-contiguous copies of their operands (the copies made before timing, "
+                        "and timed alone as 'copy'): what the GEMMs would run at if the kernels took them K-major")
     args = p.parse_args()
     shapes = SHAPES if args.shapes is None else list(zip(args.shapes[0::2], args.shapes[1::2]))
     out = Path(args.out)
@@ -55,6 +58,12 @@ def main() -> None:
                          lambda: torch.autograd.grad(F.linear(xg, wg), (xg, wg), dy),
                          lambda: (dy.float() @ w.float(), dy.float().T @ x.float())),
             }
+            if args.k_major:
+                wt, dyt, xt = w.t().contiguous(), dy.t().contiguous(), x.t().contiguous()
+                pairs["dx_kmajor"] = (lambda: gemm(dy, wt), lambda: dy @ w, lambda: dy.float() @ w.float())
+                pairs["dw_kmajor"] = (lambda: gemm(dyt, xt), lambda: dy.t() @ x, lambda: dy.float().T @ x.float())
+                pairs["copy"] = (lambda: (w.t().contiguous(), dy.t().contiguous(), x.t().contiguous()),
+                                 lambda: dy @ w, lambda: (w.float().t(), dy.float().t(), x.float().t()))
             row = [f"M={M:6d} N={N:6d} K={K:6d}"]
             for name, (ours, base, ref) in pairs.items():
                 err = rel_error(ours(), ref())
@@ -62,12 +71,12 @@ def main() -> None:
                     t_ours, t_base = time_eager_pair_us([ours], [base])
                 else:
                     t_ours, t_base = time_graphs_us([ours], [base], rep_ms=args.rep_ms)
-                flops = 2.0 * M * N * K * (3 if name == "step" else 1)
+                flops = 2.0 * M * N * K * (3 if name == "step" else 0 if name == "copy" else 1)
                 row.append(f"{name} {t_ours:8.1f} us vs {t_base:8.1f} ({t_base / t_ours:4.2f}x, "
                            f"{flops / t_ours / 1e6:5.0f} TFLOP/s, err {err:.1e})")
+            pairs = None
             lines.append("  ".join(row))
             print(lines[-1], flush=True)
-            del pairs
             torch.cuda.empty_cache()
     (out / "train_probe.txt").write_text("\n".join(lines) + "\n")
 
