@@ -1,6 +1,6 @@
 """The three GEMMs of a linear layer's training step, gemmkit against torch, one CUDA-graph timing each (same run).
 
-    python3 scripts/train_probe.py OUT [--m 4096 16384] [--shapes N K ...]
+    python3 scripts/train_probe.py OUT [--m 4096 16384] [--shapes N K ...] [--k-major] [--config JSON ...]
 
 Per problem (M tokens, an (N, K) weight): forward y = x w^T (gemm_a16w16(x, w) / F.linear), dx = dy w
 (gemm_a16w16(dy, w.T): the weight read N-major / dy @ w), dw = dy^T x (gemm_a16w16(dy.T, x.T): both operands
@@ -12,6 +12,7 @@ eagerly, back-to-back calls: scripts/train_capture_probe.py checks the graph cap
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -38,11 +39,16 @@ def main() -> None:
     p.add_argument("--k-major", action="store_true",
                    help="also dx and dw on K-contiguous copies of their operands (the copies made before timing, "
                         "and timed alone as 'copy'): what the GEMMs would run at if the kernels took them K-major")
+    p.add_argument("--config", action="append", default=[],
+                   help="a config (JSON dict, e.g. '{\"BLOCK_M\": 128, \"BLOCK_N\": 256, ...}') for dx and dw also "
+                        "timed with (the tl kernel: explicit configs bypass the warp-specialized one); repeatable")
     args = p.parse_args()
+    configs = [json.loads(c) for c in args.config]
     shapes = SHAPES if args.shapes is None else list(zip(args.shapes[0::2], args.shapes[1::2]))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     lines = [f"{torch.cuda.get_device_name()} torch {torch.__version__}"]
+    lines += [f"c{i}: {c}" for i, c in enumerate(configs)]
     gemm = gemmkit.gemm_a16w16
     for M in args.m:
         for N, K in shapes:
@@ -64,6 +70,11 @@ def main() -> None:
                 pairs["dw_kmajor"] = (lambda: gemm(dyt, xt), lambda: dy.t() @ x, lambda: dy.float().T @ x.float())
                 pairs["copy"] = (lambda: (w.t().contiguous(), dy.t().contiguous(), x.t().contiguous()),
                                  lambda: dy @ w, lambda: (w.float().t(), dy.float().t(), x.float().t()))
+            for i, c in enumerate(configs):
+                pairs[f"dx[c{i}]"] = (lambda c=c: gemm(dy, w.t(), config=c), lambda: dy @ w,
+                                      lambda: dy.float() @ w.float())
+                pairs[f"dw[c{i}]"] = (lambda c=c: gemm(dy.t(), x.t(), config=c), lambda: dy.t() @ x,
+                                      lambda: dy.float().T @ x.float())
             row = [f"M={M:6d} N={N:6d} K={K:6d}"]
             for name, (ours, base, ref) in pairs.items():
                 err = rel_error(ours(), ref())
