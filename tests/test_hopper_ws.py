@@ -1086,3 +1086,20 @@ def test_grouped_gated_expert_map(built, monkeypatch, gather, activation):
             a = (torch.nn.functional.silu(hh[:I]) * hh[I:]).to(BF16).double()
             ref[t] += wts[t, j].double() * (a @ wd[e].double().T)
     assert_close(out[::37], ref[::37].to(BF16))
+
+
+def test_mn_major_operands_rule(monkeypatch):
+    """bf16 / fp16 problems of the kernel's sizes with an operand that is not K-contiguous (the backward's dy @ w and
+    dy.T @ x) get the tl kernel's 128 x 256 config; K-major operands (the kernel's), other sizes, FP8 or other devices
+    keep the table's. Checked against a Hopper device on the CPU (ws_enabled patched)."""
+    dev = known_device("NVIDIA_H100_80GB_HBM3")
+    M, N, K = 4096, 3584, 3584
+    dy, w, x = torch.empty(M, N, dtype=BF16), torch.empty(N, K, dtype=BF16), torch.empty(M, K, dtype=BF16)
+    assert hopper_ws.ws_mn_major_config(dev, dy, w.t(), M, K, N) is None  # (not a device that runs the kernel)
+    monkeypatch.setattr(hopper_ws, "ws_enabled", lambda dev, device: True)
+    for a, b, shape in ((dy, w.t(), (M, K, N)), (dy.t(), x.t(), (N, K, M))):
+        cfg = hopper_ws.ws_mn_major_config(dev, a, b, *shape)
+        assert cfg is not None and (cfg.BLOCK_M, cfg.BLOCK_N, cfg.TMA, cfg.PERSISTENT) == (128, 256, True, True)
+    assert hopper_ws.ws_mn_major_config(dev, x, w, M, N, K) is None  # (K-major: the warp-specialized kernel's)
+    assert hopper_ws.ws_mn_major_config(dev, dy[:16], w.t(), 16, K, N) is None  # (small M: the tables')
+    assert hopper_ws.ws_mn_major_config(dev, dy.to(E4M3), w.t().to(E4M3), M, K, N) is None

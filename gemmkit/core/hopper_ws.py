@@ -344,6 +344,26 @@ def ws_enabled(dev: DeviceInfo, device: torch.device) -> bool:
             and os.environ.get(GLUON_ENV, "1") != "0" and gluon_kernel() is not None)
 
 
+# bf16 / fp16 problems the kernel would take but for an operand that is not K-contiguous (the backward's
+# dy @ w and dy.T @ x: gemmkit.autograd), run by the tl kernel in 128 x 256 tiles: the tables' entries there are the
+# tl kernel's picks for K-major operands, whose 128 x 128 tiles ran such dx at 0.81x to 0.90x cuBLAS where these
+# ran 0.97x to 1.04x (12 problems, Qwen2.5-7B and Llama-3 layers at 2048 / 8192 rows, dx and dw:
+# tuning/train/train_probe_configs_bd49ab8_h100.txt, c0; one dx 1.12x -> 1.00x)
+MN_MAJOR_CONFIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=16, num_warps=8, num_stages=3, TMA=True,
+                       PERSISTENT=True)
+
+
+def ws_mn_major_config(dev: DeviceInfo, x2, w, M: int, N: int, K: int):
+    """MN_MAJOR_CONFIG (a GemmConfig) for a bf16 / fp16 problem of ws_direct_ok's sizes whose x or w is not a TMA
+    (rows, K) operand of this kernel, on a device that runs it; else None (the table's or derived config)."""
+    if (x2.dtype not in (torch.bfloat16, torch.float16) or (_tma_operand(x2) and _tma_operand(w))
+            or not ws_direct_ok(M, N, K, dev.num_sms, False) or not ws_enabled(dev, x2.device)):
+        return None
+    from .config import GemmConfig
+
+    return GemmConfig(**MN_MAJOR_CONFIG)
+
+
 def _tma_output(y2, N: int, out_dtype) -> bool:
     """The output is stored by TMA: 16-bit, unit column stride, 16-byte aligned rows and base (a
     fresh output is)."""

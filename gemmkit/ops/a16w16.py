@@ -10,7 +10,7 @@ from ..core.dense import DensePlan
 from ..core.device import device_info
 from ..core.epilogue import EpilogueSpec
 from ..core.formats import dense
-from ..core.hopper_ws import ws_plan
+from ..core.hopper_ws import ws_mn_major_config, ws_plan
 from ..core.plan import PlanCache, plan_key
 from ..core.rows import plan_on_aligned_x, warn_unaligned_weight
 from ..core.tracing import is_compiling as _is_compiling, library as _library
@@ -84,6 +84,8 @@ def _plan(x2, w, bias, y2, activation, out_dtype, config, mul, add, M, N, K, lea
                      flatten_x=flatten_x, promote=False)
         if ws is not None:
             return ws
+        if config is None:
+            cfg = ws_mn_major_config(dev, x2, w, M, N, K) or cfg
     example_y = y2 if y2 is not None else torch.empty((M, N), dtype=out_dtype, device=device)
     return DensePlan(x2, w, example_y, fmt, fmt, EpilogueSpec(activation, bias is not None, mul is not None,
                                                              add is not None), cfg, dev,
