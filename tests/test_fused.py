@@ -1,5 +1,7 @@
 """Fused feed-forward (gated epilogue) and fused-epilogue GEMMs (gemmkit.ops.fused), GatedMLP, convert."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -287,6 +289,20 @@ class Phi3MLP(nn.Module):
 def _with_double(mlp, x):
     with torch.no_grad():
         return mlp.double()(x.double())
+
+
+def test_gated_mlp_passes_input_gradients():
+    """A bf16 GatedMLP in a training step: frozen buffers, the input's gradient as the torch module's (float64);
+    the FP8 one refuses an input that requires grad."""
+    M, I, H = MLP
+    mlp = LlamaMLP(H, I, BF16)
+    x = randn(M, H, dtype=BF16).requires_grad_()
+    (gx,) = torch.autograd.grad(gemmkit.nn.GatedMLP.from_module(mlp)(x).float().square().sum(), x)
+    xd = x.detach().double().requires_grad_()
+    (rx,) = torch.autograd.grad(copy.deepcopy(mlp).double()(xd).square().sum(), xd)
+    assert_close(gx, rx, tol=2e-2)
+    with pytest.raises(ValueError, match="requires grad"):
+        gemmkit.nn.GatedMLP.from_module(mlp, scheme="fp8")(x)
 
 
 @pytest.mark.parametrize("kind", ["llama", "phi3", "gelu"])

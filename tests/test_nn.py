@@ -336,3 +336,19 @@ def test_bench_model_tolerates_every_scheme():
     from gemmkit.tools import bench_model
 
     assert set(bench_model.TOLERANCE) == set(gnn.SCHEMES)
+
+
+def test_layers_in_a_training_step():
+    """Buffers stay frozen; the bf16 layer passes the input's gradient on (adapters trained around it), the
+    quantized layers refuse an input that requires grad."""
+    lin = _linear()
+    layer = gnn.Linear.from_linear(lin)
+    x = randn(6, K, dtype=DT).requires_grad_()
+    (gx,) = torch.autograd.grad(layer(x).float().square().sum(), x)
+    xd = x.detach().double().requires_grad_()
+    (rx,) = torch.autograd.grad(torch.nn.functional.linear(xd, lin.weight.double(), lin.bias.double()).square().sum(),
+                                xd)
+    assert_close(gx, rx, tol=2e-2)
+    assert not any(b.requires_grad for b in layer.buffers()) and not list(layer.parameters())
+    with pytest.raises(ValueError, match="requires grad"):
+        gnn.FP8Linear.from_linear(lin)(x)
