@@ -179,31 +179,36 @@ def batched_linear_grads(x, w, bias, dy, needs, gemm, batched):
     return dx, dw, db
 
 
-class _Linear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w, bias, out_dtype):
-        from .ops.a16w16 import gemm_a16w16 as gemm
+def _function(name, forward, grads):
+    """An autograd.Function of x @ w.T + bias: forward(x, w, bias, out_dtype) (gemmkit's inference op, called with
+    grad mode off), backward grads(x, w, bias, dy, needs) -> (dx, dw, dbias)."""
 
+    def fwd(ctx, x, w, bias, out_dtype):
         ctx.save_for_backward(x, w, bias)
-        return gemm(x, w, bias, out_dtype=out_dtype)
+        return forward(x, w, bias, out_dtype)
 
-    @staticmethod
-    def backward(ctx, dy):
-        return (*linear_grads(*ctx.saved_tensors, dy, ctx.needs_input_grad, _eager_gemm), None)
+    def bwd(ctx, dy):
+        return (*grads(*ctx.saved_tensors, dy, ctx.needs_input_grad), None)
+
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(fwd), "backward": staticmethod(bwd)})
 
 
-class _BatchedLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w, bias, out_dtype):
-        from .ops.batched import batched_gemm_a16w16 as batched
+def _eager_linear(x, w, bias, out_dtype):
+    from .ops.a16w16 import gemm_a16w16 as gemm
 
-        ctx.save_for_backward(x, w, bias)
-        return batched(x, w, bias, out_dtype=out_dtype)
+    return gemm(x, w, bias, out_dtype=out_dtype)
 
-    @staticmethod
-    def backward(ctx, dy):
-        return (*batched_linear_grads(*ctx.saved_tensors, dy, ctx.needs_input_grad, _eager_gemm, _eager_batched),
-                None)
+
+def _eager_batched_linear(x, w, bias, out_dtype):
+    from .ops.batched import batched_gemm_a16w16 as batched
+
+    return batched(x, w, bias, out_dtype=out_dtype)
+
+
+_Linear = _function("_Linear", _eager_linear, lambda x, w, bias, dy, needs: linear_grads(
+    x, w, bias, dy, needs, _eager_gemm))
+_BatchedLinear = _function("_BatchedLinear", _eager_batched_linear, lambda x, w, bias, dy, needs: batched_linear_grads(
+    x, w, bias, dy, needs, _eager_gemm, _eager_batched))
 
 
 def _setup(ctx, inputs, output):

@@ -158,3 +158,22 @@ def w4_problem(M: int, N: int, K: int, fp4: bool, group: int = 128, copies: int 
             else [int4_inputs(M, N, K, group) for _ in range(copies)])
     ref = inps[0]["x"].float() @ inps[0]["w16"].float().T
     return inps, ref, {"F.linear bf16": [lambda inp=inp: F.linear(inp["x"], inp["w16"]) for inp in inps]}
+
+
+def profile_text(fn, calls: int, sort: str = "cumulative", limit: int = 40) -> str:
+    """cProfile of `calls` calls of fn() (the GPU synchronized after), its `limit` top entries by `sort`."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats(sort).print_stats(limit)
+    return buf.getvalue()

@@ -9,9 +9,6 @@ Writes OUT/train_host_probe.txt.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
-import pstats
 import sys
 from pathlib import Path
 
@@ -22,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import gemmkit  # noqa: E402
 from gemmkit.tools.timing import time_eager_us  # noqa: E402
+from probe_util import profile_text  # noqa: E402
 
 
 def main() -> None:
@@ -53,16 +51,7 @@ def main() -> None:
     for name, call in calls.items():
         lines.append(f"{name:24s} {time_eager_us([call]):8.1f}")
         print(lines[-1], flush=True)
-    step = calls["step gemmkit"]
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(200):
-        step()
-    prof.disable()
-    torch.cuda.synchronize()
-    buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(40)
-    lines.append(buf.getvalue())
+    lines.append(profile_text(calls["step gemmkit"], 200))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "train_host_probe.txt").write_text("\n".join(lines) + "\n")
 
