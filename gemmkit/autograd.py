@@ -25,6 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .core import validate as v
 from .core.tracing import is_compiling, library
 
 # the epilogue activations as torch ops (kernels/epilogue.py: relu, gelu with the tanh form, silu)
@@ -36,6 +37,7 @@ ACTIVATIONS = {
 
 
 def activate(z: torch.Tensor, activation) -> torch.Tensor:
+    """activation(z) by torch ops; `activation` as validate.check_activation takes it."""
     return z if activation in (None, "none") else ACTIVATIONS[activation](z)
 
 
@@ -66,25 +68,29 @@ def check_grad_call(op: str, y, config) -> None:
 
 
 def gemm_a16w16(x, w, bias, activation, out_dtype):
+    activation = v.check_activation(activation)
     return activate(linear(x, w, bias, out_dtype), activation)
 
 
 def batched_gemm_a16w16(x, w, bias, activation, out_dtype):
+    activation = v.check_activation(activation)
     return activate(batched_linear(x, w, bias, out_dtype), activation)
 
 
 def fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype):
-    """(x @ w.T) * a + b: a and b as fused_gemm_a16w16_mul_add's _operand made them ((M, N) views of the
-    caller's tensors, or float32 scalars), the products and sums in float32."""
+    """(x @ w.T) * a + b, the products and sums in float32: a and b floats or tensors that fused._operand
+    accepted (broadcastable to the output; one element: a scalar), taken in float32 before they are broadcast (so
+    that their gradients are summed in float32)."""
     p = linear(x, w, None, torch.float32)
-    M, N = a.shape
-    out = (p.reshape(M, N) * a + b).to(x.dtype if out_dtype is None else out_dtype)
-    return out.view(*x.shape[:-1], N)
+    a, b = (t.reshape(()).float() if isinstance(t, torch.Tensor) and t.numel() == 1
+            else t.float() if isinstance(t, torch.Tensor) else t for t in (a, b))
+    return (p * a + b).to(x.dtype if out_dtype is None else out_dtype)
 
 
 def ff_a16w16_gated(x, w_gate_up, w_up, w_down, activation, layout, out_dtype):
     """down(act(x @ gate.T) * (x @ up.T)): one GEMM over w_gate_up's 2I rows ([gate; up] or alternating, as
     fused.gate_up_views reads them), or two with a separate w_up; the intermediate in x's dtype."""
+    activation = v.check_activation(activation)
     if w_up is None:
         gu = linear(x, w_gate_up, None, None)
         I = w_gate_up.shape[0] // 2
@@ -95,6 +101,7 @@ def ff_a16w16_gated(x, w_gate_up, w_up, w_down, activation, layout, out_dtype):
 
 
 def ff_a16w16(x, w_up, w_down, activation, out_dtype):
+    v.check_activation(activation)
     return linear(gemm_a16w16(x, w_up, None, activation, None), w_down, None, out_dtype)
 
 
@@ -219,12 +226,16 @@ def _setup(ctx, inputs, output):
 
 def _through_activation(ctx, dy, forward):
     """dy times the activation's derivative at the pre-activation, which a call of the op with an activation
-    did not keep (the public ops never pass one with autograd: `activate` runs in torch): recomputed."""
+    did not keep (the public ops never pass one with autograd: `activate` runs in torch): recomputed by
+    forward(), through the differentiable op where the backward itself is differentiated (create_graph=True)."""
     if ctx.activation in (None, "none"):
         return dy
+    create = torch.is_grad_enabled()
     with torch.enable_grad():
-        z = forward().detach().requires_grad_()
-        return torch.autograd.grad(activate(z, ctx.activation), z, dy)[0]
+        z = forward()
+        if not (create and z.requires_grad):
+            z = z.detach().requires_grad_()
+        return torch.autograd.grad(activate(z, ctx.activation), z, dy, create_graph=create)[0]
 
 
 def _gemm_backward(ctx, dy):

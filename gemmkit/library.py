@@ -161,6 +161,7 @@ def _(x, w, x_scale, w_scale, bias, activation, out_dtype, y, fast_accum=True):
 
 def traced_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config, fast_accum=True):
     """gemm_a8w8 through torch.ops.gemmkit (what the public op calls while being traced)."""
+    v.check_no_autograd(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias, y=y)
     _check_no_config(config)
     if y is None:
         return torch.ops.gemmkit.gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, fast_accum)
@@ -200,6 +201,7 @@ _register_gemm_fakes(_a8w8_blockscale, _a8w8_blockscale_out, _a8w8_blockscale_ou
 
 def traced_gemm_a8w8_blockscale(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config):
     """gemm_a8w8_blockscale through torch.ops.gemmkit (what the public op calls while being traced)."""
+    v.check_no_autograd(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias, y=y)
     _check_no_config(config)
     if y is None:
         return torch.ops.gemmkit.gemm_a8w8_blockscale(x, w, x_scale, w_scale, bias, activation, out_dtype)
@@ -267,6 +269,7 @@ def _(t, block_rows, dtype, scale_format, scale_layout):
 
 def traced_quantize_fp8_blockwise(t, block, dtype, scale_format, scale_layout):
     """quant.quantize_fp8_blockwise through torch.ops.gemmkit."""
+    v.check_no_autograd(t=t)
     if tuple(block) not in ((1, 128), (128, 128)):
         raise ValueError(f"block must be (1, 128) (activations) or (128, 128) (weights), got {block!r}")
     return torch.ops.gemmkit.quantize_fp8_blockwise(t, int(block[0]), dtype, scale_format, scale_layout)
@@ -274,11 +277,13 @@ def traced_quantize_fp8_blockwise(t, block, dtype, scale_format, scale_layout):
 
 def traced_quantize_fp8(t, granularity, dtype, scale):
     """quant.quantize_fp8 through torch.ops.gemmkit."""
+    v.check_no_autograd(t=t, scale=scale)
     return torch.ops.gemmkit.quantize_fp8(t, granularity, dtype, scale)
 
 
 def traced_quantize_int8(t, granularity, scale):
     """quant.quantize_int8 through torch.ops.gemmkit."""
+    v.check_no_autograd(t=t, scale=scale)
     return torch.ops.gemmkit.quantize_int8(t, granularity, scale)
 
 
@@ -351,7 +356,7 @@ def _filled(out, y):
 
 def traced_ff_a16w16_gated(x, w_gate_up, w_down, activation, w_up, layout, out_dtype, y, config, down_config):
     if v.needs_grad(x, w_gate_up, w_up, w_down):
-        fused.gate_up_views(w_gate_up, w_up, layout)
+        fused._check_down(w_down, fused.gate_up_views(w_gate_up, w_up, layout)[0], x, a16w16._IN_DTYPES)
         autograd.check_grad_call("ff_a16w16_gated", y, config if config is not None else down_config)
         return autograd.ff_a16w16_gated(x, w_gate_up, w_up, w_down, activation, layout, out_dtype)
     _check_no_config(config)
@@ -362,6 +367,8 @@ def traced_ff_a16w16_gated(x, w_gate_up, w_down, activation, w_up, layout, out_d
 
 def traced_ff_a16w16(x, w_up, w_down, activation, out_dtype, y, config, down_config):
     if v.needs_grad(x, w_up, w_down):
+        v.check_tensor("w_up", w_up)
+        fused._check_down(w_down, w_up, x, a16w16._IN_DTYPES)
         autograd.check_grad_call("ff_a16w16", y, config if config is not None else down_config)
         return autograd.ff_a16w16(x, w_up, w_down, activation, out_dtype)
     _check_no_config(config)
@@ -372,6 +379,8 @@ def traced_ff_a16w16(x, w_up, w_down, activation, out_dtype, y, config, down_con
 
 def traced_ff_a8w8_gated(x, w_gate_up, w_gate_up_scale, w_down, w_down_scale, activation, w_up, layout, out_dtype,
                          y, config, down_config, fast_accum):
+    v.check_no_autograd(x=x, w_gate_up=w_gate_up, w_up=w_up, w_gate_up_scale=w_gate_up_scale, w_down=w_down,
+                        w_down_scale=w_down_scale, y=y)
     _check_no_config(config)
     _check_no_config(down_config)
     return _filled(torch.ops.gemmkit.ff_a8w8_gated(x, w_gate_up, w_gate_up_scale, w_down, w_down_scale, activation,
@@ -379,13 +388,18 @@ def traced_ff_a8w8_gated(x, w_gate_up, w_gate_up_scale, w_down, w_down_scale, ac
 
 
 def traced_fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype, y, config):
-    a, b = (t if isinstance(t, torch.Tensor) else torch.full((1,), float(t), device=x.device) for t in (a, b))
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, (int, float, torch.Tensor)) or isinstance(t, bool):
+            raise TypeError(f"{name} must be a float or a tensor, got {type(t).__name__}")
     if v.needs_grad(x, w, a, b):
         autograd.check_grad_call("fused_gemm_a16w16_mul_add", y, config)
         lead = tuple(x.shape[:-1])
-        M, N = math.prod(lead), w.shape[0]
-        a2, b2 = (fused._operand(name, t, x.device, M, N, lead) for name, t in (("a", a), ("b", b)))
-        return autograd.fused_gemm_a16w16_mul_add(x, w, a2, b2, out_dtype)
+        for name, t in (("a", a), ("b", b)):  # (the op's checks: dtype, device, broadcastable to the output)
+            if isinstance(t, torch.Tensor):
+                fused._operand(name, t, x.device, math.prod(lead), w.shape[0], lead)
+        return autograd.fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype)
+    a, b = (t if isinstance(t, torch.Tensor) else torch.full((1,), float(t), dtype=torch.float32, device=x.device)
+            for t in (a, b))
     _check_no_config(config)
     out_dtype = y.dtype if out_dtype is None and y is not None else out_dtype
     return _filled(torch.ops.gemmkit.fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype), y)
@@ -408,6 +422,7 @@ def _(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype):
 
 
 def traced_fused_gemm_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config):
+    v.check_no_autograd(x=x, w=w, x_scale=x_scale, w_scale=w_scale, y=y)
     _check_no_config(config)
     return torch.ops.gemmkit.fused_gemm_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype)
 
@@ -441,7 +456,10 @@ _register_gemm_fakes(_a16w4, _a16w4_out, _a16w4_output)
 
 
 def _traced(name, args, out_dtype, y, config):
-    """torch.ops.gemmkit.<name>(*args, out_dtype), or its _out variant writing y."""
+    """torch.ops.gemmkit.<name>(*args, out_dtype), or its _out variant writing y (x, the first argument, named in
+    the refusal of inputs that require grad: the 4-bit ops' other tensors are integer codes or scales)."""
+    v.check_no_autograd(x=args[0], **{f"argument {i + 1}": a for i, a in enumerate(args[1:])
+                                      if isinstance(a, torch.Tensor)}, y=y)
     _check_no_config(config)
     if y is None:
         return getattr(torch.ops.gemmkit, name)(*args, out_dtype)
@@ -572,6 +590,7 @@ def _(x, w, x_scale, w_scale, expert_offsets, gather_idx, scatter_idx, routing_w
 def traced_grouped_gemm_a8w8_blockscale(x, w, x_scale, w_scale, expert_offsets, m_sizes, gather_idx, scatter_idx,
                                         routing_weights, bias, activation, out_dtype, config):
     """grouped_gemm_a8w8_blockscale through torch.ops.gemmkit."""
+    v.check_no_autograd(x=x, w=w, x_scale=x_scale, w_scale=w_scale, routing_weights=routing_weights, bias=bias)
     _check_no_config(config)
     return torch.ops.gemmkit.grouped_gemm_a8w8_blockscale(x, w, x_scale, w_scale,
                                                           _traced_offsets(expert_offsets, m_sizes), gather_idx,
@@ -595,6 +614,7 @@ def _(x, w_gate_up, expert_offsets, gather_idx, activation):
 
 def traced_grouped_gated_a16w16(x, w_gate_up, expert_offsets, gather_idx, activation, config):
     """grouped_gated_a16w16 through torch.ops.gemmkit."""
+    v.check_no_autograd(x=x, w_gate_up=w_gate_up)
     _check_no_config(config)
     return torch.ops.gemmkit.grouped_gated_a16w16(x, w_gate_up, expert_offsets, gather_idx, activation)
 
@@ -611,6 +631,7 @@ def _traced_offsets(expert_offsets, m_sizes):
 def traced_grouped_gemm_a16w16(x, w, expert_offsets, m_sizes, gather_idx, scatter_idx, routing_weights, bias,
                                activation, out_dtype, config):
     """grouped_gemm_a16w16 through torch.ops.gemmkit (what the public op calls while being traced)."""
+    v.check_no_autograd(x=x, w=w, routing_weights=routing_weights, bias=bias)
     _check_no_config(config)
     return torch.ops.gemmkit.grouped_gemm_a16w16(x, w, _traced_offsets(expert_offsets, m_sizes), gather_idx,
                                                  scatter_idx, routing_weights, bias, activation, out_dtype)
@@ -619,6 +640,7 @@ def traced_grouped_gemm_a16w16(x, w, expert_offsets, m_sizes, gather_idx, scatte
 def traced_grouped_gemm_a8w8(x, w, x_scale, w_scale, expert_offsets, m_sizes, gather_idx, scatter_idx,
                              routing_weights, bias, activation, out_dtype, config):
     """grouped_gemm_a8w8 through torch.ops.gemmkit."""
+    v.check_no_autograd(x=x, w=w, x_scale=x_scale, w_scale=w_scale, routing_weights=routing_weights, bias=bias)
     _check_no_config(config)
     return torch.ops.gemmkit.grouped_gemm_a8w8(x, w, x_scale, w_scale, _traced_offsets(expert_offsets, m_sizes),
                                                gather_idx, scatter_idx, routing_weights, bias, activation, out_dtype)
@@ -661,6 +683,7 @@ def traced_batched_gemm_a16w16(x, w, bias, activation, out_dtype, config):
 
 
 def traced_batched_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, config):
+    v.check_no_autograd(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias)
     _check_no_config(config)
     return torch.ops.gemmkit.batched_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype)
 

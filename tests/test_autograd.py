@@ -287,3 +287,90 @@ def test_batched_empty_gradients(B, M, N, K, weight_dims):
     assert gx.shape == x.shape and gw.shape == w.shape and gb.shape == b.shape
     assert not gx.any() and not gw.any()  # (no products: zero gradients, never unwritten memory)
     torch.testing.assert_close(gb, (b.detach() > 0).float() * B * M)
+
+
+@pytest.mark.parametrize("op", ["gemm", "batched"])
+def test_op_with_activation_second_derivative(op):
+    """torch.ops.gemmkit.* called with an activation (which the public ops never pass with autograd) recompute the
+    pre-activation in the backward, differentiably when the backward is differentiated."""
+    K, N = sizes((16, 12), (256, 128))
+    x, w, b = _leaf(randn(7, K, dtype=BF16)), _leaf(randn(N, K, dtype=BF16, scale=K ** -0.5)), _leaf(randn(N, dtype=FP32))
+    dy = randn(7, N, dtype=BF16)
+    if op == "gemm":
+        fn = lambda x, w, b: torch.ops.gemmkit.gemm_a16w16(x, w, b, "silu", None)  # noqa: E731
+    else:
+        fn = lambda x, w, b: torch.ops.gemmkit.batched_gemm_a16w16(x[None], w, b, "silu", None)[0]  # noqa: E731
+    (gx,) = torch.autograd.grad(fn(x, w, b), x, dy, create_graph=True)
+    hw, hb = torch.autograd.grad((gx.float() ** 2).sum(), (w, b))
+    xd, wd, bd = _double(x), _double(w), _double(b)
+    (rx,) = torch.autograd.grad(F.silu(F.linear(xd, wd, bd)), xd, dy.double(), create_graph=True)
+    rw, rb = torch.autograd.grad((rx ** 2).sum(), (wd, bd))
+    _check(hw, rw, BF16, "second derivative, w")
+    _check(hb, rb, FP32, "second derivative, bias")
+
+
+def test_mul_add_scalar_tensor_gradient_in_float32():
+    """A one-element bf16 `a` gets its gradient summed in float32 (not rounded per element first)."""
+    M, N, K = sizes((32, 32, 32), (512, 512, 512))
+    x, w = randn(M, K, dtype=BF16), randn(N, K, dtype=BF16, scale=K ** -0.5)
+    for shape in ((), (1, 1), (1,)):
+        a = _leaf((torch.randn(shape, device=DEVICE) + 1.5).to(BF16))
+        dy = torch.randn(M, N, device=DEVICE)
+        (ga,) = torch.autograd.grad(gemmkit.fused_gemm_a16w16_mul_add(x, w, a, 0.0, out_dtype=FP32), a, dy)
+        ad = _double(a)
+        (ra,) = torch.autograd.grad(F.linear(x.double(), w.double()) * ad, ad, dy.double())
+        assert ga.shape == a.shape and abs(ga.double() - ra).max() <= 4e-3 * abs(ra).max()
+
+
+def test_refused_before_any_launch_with_grad(monkeypatch):
+    from conftest import check_refused
+
+    K, N = sizes((16, 12), (256, 128))
+    x, w = _leaf(randn(4, K, dtype=BF16)), _leaf(randn(N, K, dtype=BF16))
+    check_refused(monkeypatch, lambda *a: gemmkit.gemm_a16w16(*a, activation="gelu"), (x, w), ValueError, "activation")
+    check_refused(monkeypatch, gemmkit.ff_a16w16, (x, w, w.t(), "gelu"), ValueError, "activation")
+    check_refused(monkeypatch, lambda *a: gemmkit.batched_gemm_a16w16(*a, activation="tanh"), (x[None], w),
+                  ValueError, "activation")
+    check_refused(monkeypatch, gemmkit.ff_a16w16_gated, (x, torch.cat([w, w]), w.t(), "gelu"), ValueError,
+                  "activation")
+
+
+def test_torch_func_and_forward_ad_refused():
+    """No silent drop of a forward-mode tangent (also after a plan for the same facts was cached), and a clear error
+    under torch.func transforms."""
+    import torch.autograd.forward_ad as fwAD
+
+    K, N = sizes((16, 12), (256, 128))
+    x, w = randn(5, K, dtype=BF16), randn(N, K, dtype=BF16)
+    gemmkit.gemm_a16w16(x, w)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, torch.ones_like(x))
+        with pytest.raises(ValueError, match="forward-mode"):
+            gemmkit.gemm_a16w16(dual, w)
+        with pytest.raises(ValueError, match="forward-mode"):
+            gemmkit.fused_gemm_a16w16_mul_add(x, w, fwAD.make_dual(torch.ones(N, device=DEVICE),
+                                                                   torch.ones(N, device=DEVICE)), 0.0)
+        assert fwAD.unpack_dual(gemmkit.gemm_a16w16(x, w)).tangent is None  # (no tangent in: fine)
+    with pytest.raises(TypeError, match="torch.func"):
+        torch.func.vmap(lambda t: gemmkit.gemm_a16w16(t, w))(randn(3, 5, K, dtype=BF16))
+    with pytest.raises(TypeError, match="torch.func"):
+        torch.func.grad(lambda t: gemmkit.gemm_a16w16(t, w).float().sum())(x)
+
+
+def test_compiled_calls_check_like_eager():
+    """Under torch.compile: inputs requiring grad refused by the ops without a backward, mul/add's operands and the
+    feed-forward's down weight checked in the differentiable paths, a bool mul/add scalar refused."""
+    K, N = sizes((16, 12), (256, 128))
+    x, w = _leaf(randn(4, K, dtype=BF16)), _leaf(randn(N, K, dtype=BF16))
+    wq, ws = gemmkit.quant.quantize_fp8(w.detach(), "row")
+    cases = [
+        (lambda x, w: gemmkit.gemm_a8w8(x, wq, None, ws), "requires grad"),
+        (lambda x, w: gemmkit.quant.quantize_fp8(x), "requires grad"),
+        (lambda x, w: gemmkit.fused_gemm_a16w16_mul_add(x, w, torch.ones(3, device=DEVICE), 0.0), "broadcastable"),
+        (lambda x, w: gemmkit.fused_gemm_a16w16_mul_add(x.detach(), w.detach(), True, 0.0), "float or a tensor"),
+        (lambda x, w: gemmkit.ff_a16w16_gated(x, torch.cat([w, w]), w.t().half()), "w_down"),
+    ]
+    for fn, word in cases:
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=word):
+            torch.compile(fn, fullgraph=True, backend="eager")(x, w)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import torch
+from torch.autograd import forward_ad as _forward_ad
 from triton.runtime.errors import OutOfResources
 
 from .config import register_plan_cache, shrink_config
@@ -68,6 +69,8 @@ def plan_key(tensors, extras):
     and raises on bad input): per tensor its shape, strides, dtype, device, pointer alignment and
     requires_grad, and the grad mode (plans refuse autograd inputs). It may still be unhashable
     (an odd argument in `extras`): PlanCache.plan_for then builds the plan."""
+    if _forward_ad._current_level >= 0:  # (inside a forward-mode dual level: no key, every call validated)
+        return None
     try:
         return (tuple([None if t is None else (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 31,
                                                 t.requires_grad) for t in tensors]), extras, _grad_enabled())

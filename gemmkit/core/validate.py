@@ -6,6 +6,8 @@ import math
 import os
 
 import torch
+from torch.autograd import forward_ad
+from torch.compiler import is_compiling
 
 from .config import GemmConfig
 from .device import interpreter_active
@@ -14,9 +16,19 @@ ACTIVATIONS = ("none", "relu", "gelu_tanh", "silu")
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
+_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
+
+
 def check_tensor(name: str, t, dtypes=None) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not is_compiling() and _functorch_wrapped(t):  # (a C function Dynamo does not trace)
+        raise TypeError(f"{name} is a torch.func tensor (vmap, grad, vjp, jvp, jacrev ...): gemmkit ops do not run "
+                        "under torch.func transforms; use torch.autograd (backward / autograd.grad) instead")
+    if forward_ad._current_level >= 0 and forward_ad.unpack_dual(t).tangent is not None:
+        # (plan_key makes no key inside a dual level, so every call there is checked)
+        raise ValueError(f"{name} carries a forward-mode tangent (torch.autograd.forward_ad): gemmkit ops have no "
+                         "forward-mode derivative (reverse mode: gemmkit.autograd)")
     if t.layout != torch.strided or t.is_nested:
         kind = "nested" if t.is_nested else str(t.layout).replace("torch.", "")
         raise TypeError(f"{name} is a {kind} tensor: gemmkit ops take dense (strided) tensors (call .to_dense())")

@@ -358,11 +358,11 @@ def _operand(name, t, device, M, N, lead):
     if t.numel() == 1:
         return t.reshape(1, 1).expand(M, N)
     out_shape = (*lead, N)
-    try:
-        full = torch.broadcast_to(t, out_shape) if t.ndim > 2 or len(lead) != 1 else torch.broadcast_to(t, (M, N))
-    except RuntimeError:
+    if t.ndim > len(out_shape) or any(s != 1 and s != d for s, d in zip(reversed(t.shape), reversed(out_shape))):
+        # (checked by shape, not by catching broadcast_to's error: torch.compile traces this)
         raise ValueError(f"{name} has shape {tuple(t.shape)}: not broadcastable to the output {out_shape} "
-                         f"(scalar, (M, 1) per row, (N,) / (1, N) per column, or (M, N))") from None
+                         f"(scalar, (M, 1) per row, (N,) / (1, N) per column, or (M, N))")
+    full = torch.broadcast_to(t, out_shape)
     try:
         return full.view(M, N)
     except RuntimeError:
@@ -386,12 +386,26 @@ def fused_gemm_a16w16_mul_add(x, w, a, b, *, out_dtype=None, y=None, config=None
     N = v.check_weight("w", w, K)
     a2 = _operand("a", a, x.device, M, N, lead)
     b2 = _operand("b", b, x.device, M, N, lead)
+    if v.needs_grad(x, w, a, b):
+        return _mul_add_grad(x, w, a, b, a2, b2, out_dtype, y, config)
     key = plan_key((x, w, a2, b2, y), ("mul_add", out_dtype, None if config is None else v.config_key(config)))
     try:
         plan = _plans.lookup(key)
     except (KeyError, TypeError):
         plan = _plans.plan_for(key, _make_mul_add, x, w, a2, b2, y, out_dtype, config)
     return plan.run(x, w, None, y, None, None, a2, b2)
+
+
+def _mul_add_grad(x, w, a, b, a2, b2, out_dtype, y, config):
+    """fused_gemm_a16w16_mul_add with inputs that require grad (gemmkit.autograd, on the caller's a and b), after
+    the checks of the same call without."""
+    from .. import autograd
+
+    autograd.check_grad_call("fused_gemm_a16w16_mul_add", y, config)
+    with torch.no_grad():  # (the inference plan's key: built once)
+        _plans.plan_for(plan_key((x, w, a2, b2, None), ("mul_add", out_dtype, None)), _make_mul_add, x, w, a2, b2,
+                        None, out_dtype, None)
+    return autograd.fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype)
 
 
 class _DegenerateMulAdd:
@@ -407,14 +421,6 @@ class _DegenerateMulAdd:
 
 def _make_mul_add(x, w, a2, b2, y, out_dtype, config):
     """gemm_a16w16's plan with the mul / add epilogue inputs (K == 0: b broadcast, no kernel)."""
-    if v.needs_grad(x, w, a2, b2):  # (gemmkit.autograd, after the same call's checks without)
-        from .. import autograd
-
-        autograd.check_grad_call("fused_gemm_a16w16_mul_add", y, config)
-        with torch.no_grad():
-            _make_mul_add(x, w, a2, b2, None, out_dtype, None)
-        return autograd.GradPlan(lambda x, w, bias, y, a_scale, b_scale, a2, b2:
-                                 autograd.fused_gemm_a16w16_mul_add(x, w, a2, b2, out_dtype))
     v.check_devices(x=x, w=w, a=a2, b=b2, y=y)
     v.check_no_autograd(x=x, w=w, a=a2, b=b2, y=y)
     if x.shape[-1] == 0 and x.dtype == w.dtype:  # (y checked as every op's: shape, dtype, device)
