@@ -48,6 +48,15 @@ from .ops import a8w8, a8w8_blockscale, a16w4, a16w16, fp4
 LIB = "gemmkit"
 
 
+def _check_traced(**tensors) -> None:
+    """The eager ops' first checks of their tensor arguments (None or a torch.Tensor, none requiring grad), made
+    while tracing before the custom op's schema coerces or rejects a value with its own message."""
+    for name, t in tensors.items():
+        if t is not None:
+            v.check_tensor(name, t)
+    v.check_no_autograd(**tensors)
+
+
 def _check_no_config(config) -> None:
     if config is not None:
         raise ValueError("config= is not supported under torch.compile: gemmkit's custom ops take the "
@@ -161,7 +170,8 @@ def _(x, w, x_scale, w_scale, bias, activation, out_dtype, y, fast_accum=True):
 
 def traced_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config, fast_accum=True):
     """gemm_a8w8 through torch.ops.gemmkit (what the public op calls while being traced)."""
-    v.check_no_autograd(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias, y=y)
+    _check_traced(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias, y=y)
+    a8w8.check_fast_accum(fast_accum)
     _check_no_config(config)
     if y is None:
         return torch.ops.gemmkit.gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, fast_accum)
@@ -201,7 +211,7 @@ _register_gemm_fakes(_a8w8_blockscale, _a8w8_blockscale_out, _a8w8_blockscale_ou
 
 def traced_gemm_a8w8_blockscale(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config):
     """gemm_a8w8_blockscale through torch.ops.gemmkit (what the public op calls while being traced)."""
-    v.check_no_autograd(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias, y=y)
+    _check_traced(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias, y=y)
     _check_no_config(config)
     if y is None:
         return torch.ops.gemmkit.gemm_a8w8_blockscale(x, w, x_scale, w_scale, bias, activation, out_dtype)
@@ -269,7 +279,7 @@ def _(t, block_rows, dtype, scale_format, scale_layout):
 
 def traced_quantize_fp8_blockwise(t, block, dtype, scale_format, scale_layout):
     """quant.quantize_fp8_blockwise through torch.ops.gemmkit."""
-    v.check_no_autograd(t=t)
+    _check_traced(t=t)
     if tuple(block) not in ((1, 128), (128, 128)):
         raise ValueError(f"block must be (1, 128) (activations) or (128, 128) (weights), got {block!r}")
     return torch.ops.gemmkit.quantize_fp8_blockwise(t, int(block[0]), dtype, scale_format, scale_layout)
@@ -277,13 +287,13 @@ def traced_quantize_fp8_blockwise(t, block, dtype, scale_format, scale_layout):
 
 def traced_quantize_fp8(t, granularity, dtype, scale):
     """quant.quantize_fp8 through torch.ops.gemmkit."""
-    v.check_no_autograd(t=t, scale=scale)
+    _check_traced(t=t, scale=scale)
     return torch.ops.gemmkit.quantize_fp8(t, granularity, dtype, scale)
 
 
 def traced_quantize_int8(t, granularity, scale):
     """quant.quantize_int8 through torch.ops.gemmkit."""
-    v.check_no_autograd(t=t, scale=scale)
+    _check_traced(t=t, scale=scale)
     return torch.ops.gemmkit.quantize_int8(t, granularity, scale)
 
 
@@ -348,8 +358,21 @@ def _(x, w, a, b, out_dtype):
 
 
 def _filled(out, y):
+    """out, or out copied into the preallocated y, which gets the eager ops' checks (shape, dtype, device, one
+    unit-stride dimension; overlaps of y with the inputs need its data pointer, which tracing does not have:
+    functionalization copies there anyway)."""
     if y is None:
         return out
+    v.check_tensor("y", y)
+    v.check_no_autograd(y=y)
+    if tuple(y.shape) != tuple(out.shape):
+        raise ValueError(f"y must have shape {tuple(out.shape)}, got {tuple(y.shape)}")
+    if y.dtype != out.dtype:
+        raise TypeError(f"y has dtype {y.dtype} but the result dtype is {out.dtype}")
+    if y.device != out.device:
+        raise ValueError(f"y is on {y.device} but x is on {out.device}")
+    if y.numel() > 1 and 0 in y.stride():
+        raise ValueError("y has elements that share memory (a stride of 0)")
     y.copy_(out)
     return y
 
@@ -379,8 +402,9 @@ def traced_ff_a16w16(x, w_up, w_down, activation, out_dtype, y, config, down_con
 
 def traced_ff_a8w8_gated(x, w_gate_up, w_gate_up_scale, w_down, w_down_scale, activation, w_up, layout, out_dtype,
                          y, config, down_config, fast_accum):
-    v.check_no_autograd(x=x, w_gate_up=w_gate_up, w_up=w_up, w_gate_up_scale=w_gate_up_scale, w_down=w_down,
+    _check_traced(x=x, w_gate_up=w_gate_up, w_up=w_up, w_gate_up_scale=w_gate_up_scale, w_down=w_down,
                         w_down_scale=w_down_scale, y=y)
+    a8w8.check_fast_accum(fast_accum)
     _check_no_config(config)
     _check_no_config(down_config)
     return _filled(torch.ops.gemmkit.ff_a8w8_gated(x, w_gate_up, w_gate_up_scale, w_down, w_down_scale, activation,
@@ -398,7 +422,9 @@ def traced_fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype, y, config):
             if isinstance(t, torch.Tensor):
                 fused._operand(name, t, x.device, math.prod(lead), w.shape[0], lead)
         return autograd.fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype)
-    a, b = (t if isinstance(t, torch.Tensor) else torch.full((1,), float(t), dtype=torch.float32, device=x.device)
+    # (ones * t: a float enters the graph as an input, where torch.full would specialize on its value and recompile
+    # for every new one)
+    a, b = (t if isinstance(t, torch.Tensor) else torch.ones(1, dtype=torch.float32, device=x.device) * t
             for t in (a, b))
     _check_no_config(config)
     out_dtype = y.dtype if out_dtype is None and y is not None else out_dtype
@@ -422,7 +448,9 @@ def _(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype):
 
 
 def traced_fused_gemm_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config):
-    v.check_no_autograd(x=x, w=w, x_scale=x_scale, w_scale=w_scale, y=y)
+    v.check_tensor("y", y, (torch.bfloat16, torch.float16, torch.float32))  # (an input here: the part cat with)
+    _check_traced(x=x, w=w, x_scale=x_scale, w_scale=w_scale, y=y)
+    fused.check_split_dims(heads, d1, d2)
     _check_no_config(config)
     return torch.ops.gemmkit.fused_gemm_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype)
 
@@ -456,10 +484,7 @@ _register_gemm_fakes(_a16w4, _a16w4_out, _a16w4_output)
 
 
 def _traced(name, args, out_dtype, y, config):
-    """torch.ops.gemmkit.<name>(*args, out_dtype), or its _out variant writing y (x, the first argument, named in
-    the refusal of inputs that require grad: the 4-bit ops' other tensors are integer codes or scales)."""
-    v.check_no_autograd(x=args[0], **{f"argument {i + 1}": a for i, a in enumerate(args[1:])
-                                      if isinstance(a, torch.Tensor)}, y=y)
+    """torch.ops.gemmkit.<name>(*args, out_dtype), or its _out variant writing y."""
     _check_no_config(config)
     if y is None:
         return getattr(torch.ops.gemmkit, name)(*args, out_dtype)
@@ -469,6 +494,9 @@ def _traced(name, args, out_dtype, y, config):
 
 def traced_gemm_a16w4(x, w_q, w_scale, w_zero, group_size, bias, activation, out_dtype, y, config):
     """gemm_a16w4 through torch.ops.gemmkit (what the public op calls while being traced)."""
+    _check_traced(x=x, w_q=w_q, w_scale=w_scale, w_zero=w_zero, bias=bias, y=y)
+    if group_size is not None and type(group_size) is not int:  # (the schema's int would coerce True, 32.0)
+        a16w4.check_group_size(group_size, 0)
     group_size = None if group_size == -1 else group_size
     return _traced("gemm_a16w4", (x, w_q, w_scale, w_zero, group_size, bias, activation), out_dtype, y, config)
 
@@ -490,6 +518,7 @@ _register_gemm_fakes(_a16wfp4, _a16wfp4_out, _a16w4_output)
 
 def traced_gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype, y, config):
     """gemm_a16wfp4 through torch.ops.gemmkit."""
+    _check_traced(x=x, w=w, w_scale=w_scale, bias=bias, y=y)
     return _traced("gemm_a16wfp4", (x, w, w_scale, bias, activation), out_dtype, y, config)
 
 
@@ -519,6 +548,7 @@ _register_gemm_fakes(_afp4wfp4, _afp4wfp4_out, _afp4wfp4_output)
 
 def traced_gemm_afp4wfp4(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config):
     """gemm_afp4wfp4 through torch.ops.gemmkit."""
+    _check_traced(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias, y=y)
     return _traced("gemm_afp4wfp4", (x, w, x_scale, w_scale, bias, activation), out_dtype, y, config)
 
 
@@ -590,7 +620,7 @@ def _(x, w, x_scale, w_scale, expert_offsets, gather_idx, scatter_idx, routing_w
 def traced_grouped_gemm_a8w8_blockscale(x, w, x_scale, w_scale, expert_offsets, m_sizes, gather_idx, scatter_idx,
                                         routing_weights, bias, activation, out_dtype, config):
     """grouped_gemm_a8w8_blockscale through torch.ops.gemmkit."""
-    v.check_no_autograd(x=x, w=w, x_scale=x_scale, w_scale=w_scale, routing_weights=routing_weights, bias=bias)
+    _check_traced(x=x, w=w, x_scale=x_scale, w_scale=w_scale, routing_weights=routing_weights, bias=bias)
     _check_no_config(config)
     return torch.ops.gemmkit.grouped_gemm_a8w8_blockscale(x, w, x_scale, w_scale,
                                                           _traced_offsets(expert_offsets, m_sizes), gather_idx,
@@ -599,7 +629,7 @@ def traced_grouped_gemm_a8w8_blockscale(x, w, x_scale, w_scale, expert_offsets, 
 
 @torch.library.custom_op(f"{LIB}::grouped_gated_a16w16", mutates_args=())
 def _grouped_gated_a16w16(x: torch.Tensor, w_gate_up: torch.Tensor, expert_offsets: torch.Tensor,
-                          gather_idx: Optional[torch.Tensor], activation: str) -> torch.Tensor:
+                          gather_idx: Optional[torch.Tensor], activation: Optional[str]) -> torch.Tensor:
     return grouped.grouped_gated_a16w16(x, w_gate_up, expert_offsets, gather_idx=gather_idx, activation=activation)
 
 
@@ -614,7 +644,7 @@ def _(x, w_gate_up, expert_offsets, gather_idx, activation):
 
 def traced_grouped_gated_a16w16(x, w_gate_up, expert_offsets, gather_idx, activation, config):
     """grouped_gated_a16w16 through torch.ops.gemmkit."""
-    v.check_no_autograd(x=x, w_gate_up=w_gate_up)
+    _check_traced(x=x, w_gate_up=w_gate_up)
     _check_no_config(config)
     return torch.ops.gemmkit.grouped_gated_a16w16(x, w_gate_up, expert_offsets, gather_idx, activation)
 
@@ -625,13 +655,14 @@ def _traced_offsets(expert_offsets, m_sizes):
         raise ValueError("pass exactly one of expert_offsets ((E + 1,) int32 cumulative) and m_sizes ((E,) int32)")
     if expert_offsets is not None:
         return expert_offsets
+    grouped.check_sizes(m_sizes)
     return torch.nn.functional.pad(torch.cumsum(m_sizes, 0), (1, 0)).to(torch.int32)
 
 
 def traced_grouped_gemm_a16w16(x, w, expert_offsets, m_sizes, gather_idx, scatter_idx, routing_weights, bias,
                                activation, out_dtype, config):
     """grouped_gemm_a16w16 through torch.ops.gemmkit (what the public op calls while being traced)."""
-    v.check_no_autograd(x=x, w=w, routing_weights=routing_weights, bias=bias)
+    _check_traced(x=x, w=w, routing_weights=routing_weights, bias=bias)
     _check_no_config(config)
     return torch.ops.gemmkit.grouped_gemm_a16w16(x, w, _traced_offsets(expert_offsets, m_sizes), gather_idx,
                                                  scatter_idx, routing_weights, bias, activation, out_dtype)
@@ -640,7 +671,7 @@ def traced_grouped_gemm_a16w16(x, w, expert_offsets, m_sizes, gather_idx, scatte
 def traced_grouped_gemm_a8w8(x, w, x_scale, w_scale, expert_offsets, m_sizes, gather_idx, scatter_idx,
                              routing_weights, bias, activation, out_dtype, config):
     """grouped_gemm_a8w8 through torch.ops.gemmkit."""
-    v.check_no_autograd(x=x, w=w, x_scale=x_scale, w_scale=w_scale, routing_weights=routing_weights, bias=bias)
+    _check_traced(x=x, w=w, x_scale=x_scale, w_scale=w_scale, routing_weights=routing_weights, bias=bias)
     _check_no_config(config)
     return torch.ops.gemmkit.grouped_gemm_a8w8(x, w, x_scale, w_scale, _traced_offsets(expert_offsets, m_sizes),
                                                gather_idx, scatter_idx, routing_weights, bias, activation, out_dtype)
@@ -683,7 +714,7 @@ def traced_batched_gemm_a16w16(x, w, bias, activation, out_dtype, config):
 
 
 def traced_batched_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, config):
-    v.check_no_autograd(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias)
+    _check_traced(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias)
     _check_no_config(config)
     return torch.ops.gemmkit.batched_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .core.tracing import is_compiling
 from .core.validate import debug_checks
 from .ops.grouped import (FP8, grouped_gated_a16w16, grouped_gemm_a8w8, grouped_gemm_a8w8_blockscale,
                           grouped_gemm_a16w16)
@@ -89,7 +90,9 @@ def moe_mlp(x, topk_ids, topk_weights, w_gate_up, w_down, activation: str = "sil
         raise TypeError(f"topk_weights has dtype {topk_weights.dtype}; expected float32, bfloat16 or float16")
     T, k = topk_ids.shape
     E, I2, H = w_gate_up.shape
-    if debug_checks() and topk_ids.numel() and not bool(((topk_ids >= 0) & (topk_ids < E)).all()):
+    # (a check of values: eager only; torch.compile cannot guard on them)
+    if (debug_checks() and not is_compiling() and topk_ids.numel()
+            and not bool(((topk_ids >= 0) & (topk_ids < E)).all())):
         raise ValueError(f"topk_ids values must lie in [0, {E}) (GEMMKIT_DEBUG check)")
     fp8 = w_gate_up.dtype in FP8
     if fp8 != (w_down.dtype in FP8) or (w_gate_up_scale is None) != (w_down_scale is None) or fp8 != (

@@ -189,3 +189,74 @@ def test_compile_refuses_config():
                       fullgraph=True, backend="eager")
     with pytest.raises(Exception, match="config= is not supported under torch.compile"):
         f(x, w)
+
+
+def test_compiled_calls_check_like_eager():
+    """What the eager ops refuse, their traced forms refuse too (before the custom ops' schemas coerce a value or the
+    result is copied into a preallocated y), with the eager message."""
+    H, I = 32, 48
+    x, wgu, wd = randn(5, H, dtype=torch.bfloat16), randn(2 * I, H, dtype=torch.bfloat16), randn(H, I,
+                                                                                                dtype=torch.bfloat16)
+    wq, ws = quant.quantize_fp8(wgu, "row")
+    E = 3
+    xe, we = randn(12, H, dtype=torch.bfloat16), randn(E, I, H, dtype=torch.bfloat16)
+    w4, s4, z4 = quant.quantize_int4(randn(I, H, dtype=torch.bfloat16), group_size=32)
+    cases = [
+        (lambda: gemmkit.ff_a16w16_gated(x, wgu, wd, y=torch.empty(2, 5, H, dtype=torch.bfloat16, device=DEVICE)),
+         "y must have shape"),
+        (lambda: gemmkit.ff_a16w16(x, wgu[:I], wd, y=torch.empty(5, H, dtype=torch.float32, device=DEVICE),
+                                   out_dtype=torch.bfloat16), "y has dtype"),
+        (lambda: gemmkit.fused_gemm_a16w16_mul_add(x, wgu, 1.0, 0.0, y=torch.empty(5, 2 * I, device=DEVICE).expand(
+            5, 2 * I)[:, :1].expand(5, 2 * I)), "share memory|y has dtype"),
+        (lambda: gemmkit.grouped_gemm_a16w16(xe, we, None, m_sizes=torch.tensor([4.5, 4.0, 3.5], device=DEVICE)),
+         "m_sizes has dtype"),
+        (lambda: gemmkit.gemm_a8w8(x, wq, None, ws, fast_accum=1), "fast_accum must be a bool"),
+        (lambda: gemmkit.gemm_a8w8(x, wq, None, 0.5), "w_scale must be a torch.Tensor"),
+        (lambda: gemmkit.gemm_a16w4(x, w4, s4, z4, group_size=True), "group_size"),
+        (lambda: gemmkit.fused_gemm_a16w16_split_cat(x, wgu[:32], randn(5, 2, 8, dtype=torch.bfloat16), 2, True, 8),
+         "d1 must be a positive int"),
+    ]
+    for fn, word in cases:
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=word):
+            fn()  # (eager)
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=word):
+            torch.compile(fn, fullgraph=True, backend="eager")()
+
+
+def test_compiled_grouped_gated_activation_none_and_mul_add_floats():
+    """activation=None (as eager takes it) traces; mul/add's python floats enter the graph as inputs: new values
+    neither recompile past the limit nor fail under fullgraph."""
+    E, H, I = 2, 32, 16
+    x, w = randn(8, H, dtype=torch.bfloat16), randn(E, 2 * I, H, dtype=torch.bfloat16)
+    offs = torch.tensor([0, 5, 8], dtype=torch.int32, device=DEVICE)
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: gemmkit.grouped_gated_a16w16(x, w, offs, activation=None), fullgraph=True,
+                      backend="eager")
+    torch.testing.assert_close(f(x), gemmkit.grouped_gated_a16w16(x, w, offs, activation=None))
+    xm, wm = randn(4, H, dtype=torch.bfloat16), randn(24, H, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    g = torch.compile(lambda x, a: gemmkit.fused_gemm_a16w16_mul_add(x, wm, a, 0.25), fullgraph=True,
+                      backend="aot_eager")
+    for i in range(12):
+        a = 0.5 + i / 8
+        torch.testing.assert_close(g(xm, a), gemmkit.fused_gemm_a16w16_mul_add(xm, wm, a, 0.25))
+
+
+def test_plan_cache_does_not_accept_value_equal_arguments():
+    """A valid call's cached plan does not serve an invalid argument equal in value (1 == True, 8 == 8.0)."""
+    x, w = randn(4, 32, dtype=torch.bfloat16), randn(24, 32, dtype=torch.bfloat16)
+    wq, ws = quant.quantize_fp8(w, "row")
+    gemmkit.gemm_a8w8(x, wq, None, ws, fast_accum=True)
+    with pytest.raises(TypeError, match="fast_accum"):
+        gemmkit.gemm_a8w8(x, wq, None, ws, fast_accum=1)
+    y = randn(4, 3, 8, dtype=torch.bfloat16)
+    gemmkit.fused_gemm_a16w16_split_cat(x, w, y, 3, 4, 4)
+    with pytest.raises(ValueError, match="d1"):
+        gemmkit.fused_gemm_a16w16_split_cat(x, w, y, 3, 4.0, 4)
+    w4, s4, z4 = quant.quantize_int4(randn(24, 64, dtype=torch.bfloat16), group_size=32)
+    x4 = randn(4, 64, dtype=torch.bfloat16)
+    gemmkit.gemm_a16w4(x4, w4, s4, z4, group_size=32)
+    with pytest.raises(ValueError, match="group_size"):
+        gemmkit.gemm_a16w4(x4, w4, s4, z4, group_size=32.0)

@@ -148,7 +148,7 @@ def needs_grad(*tensors) -> bool:
 def check_no_autograd(**tensors) -> None:
     if torch.is_grad_enabled():
         for name, t in tensors.items():
-            if t is not None and t.requires_grad:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
                 raise ValueError(
                     f"{name} requires grad, but this gemmkit op has no backward (gemmkit.autograd lists the "
                     "ones that have): call it under torch.no_grad() / torch.inference_mode(), or pass detached "

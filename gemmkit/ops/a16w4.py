@@ -49,7 +49,8 @@ def gemm_a16w4(x, w_q, w_scale, w_zero=None, *, group_size=128, bias=None, activ
         return _library().traced_gemm_a16w4(x, w_q, w_scale, w_zero, group_size, bias, activation, out_dtype, y,
                                             config)
     key = plan_key((x, w_q, w_scale, w_zero, bias, y),
-                   (group_size, activation, out_dtype, None if config is None else v.config_key(config)))
+                   (group_size, type(group_size), activation, out_dtype,
+                    None if config is None else v.config_key(config)))
     try:
         plan = _plans.lookup(key)
     except (KeyError, TypeError):  # a new plan (validates), or no key (bad input)

@@ -58,7 +58,7 @@ def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=t
         return _library().traced_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config,
                                            fast_accum)
     cfg_key = None if config is None else v.config_key(config)
-    key = plan_key((x, w, x_scale, w_scale, bias, y), (activation, out_dtype, cfg_key, fast_accum))
+    key = plan_key((x, w, x_scale, w_scale, bias, y), (activation, out_dtype, cfg_key, fast_accum, type(fast_accum)))
     try:
         plan = _plans[key]
         _plans.move_to_end(key)  # least recently used plans are evicted first
@@ -88,6 +88,11 @@ def _scale_kind(name: str, s, shapes, what: str) -> Scale:
     return Scale.ROW
 
 
+def check_fast_accum(fast_accum) -> None:
+    if not isinstance(fast_accum, bool):
+        raise TypeError(f"fast_accum must be a bool, got {type(fast_accum).__name__}")
+
+
 def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, fast_accum, dynamic_path="auto"):
     v.check_tensor("x", x, _X_DTYPES)
     v.check_tensor("w", w, _W_DTYPES)
@@ -100,8 +105,7 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, f
         raise TypeError(f"x is {x.dtype} but w is {w.dtype}: int8 pairs only with int8, fp8 only with fp8")
     elif x_scale is None:
         raise ValueError("x_scale is required when x is already quantized")
-    if not isinstance(fast_accum, bool):
-        raise TypeError(f"fast_accum must be a bool, got {type(fast_accum).__name__}")
+    check_fast_accum(fast_accum)
     activation, device, x2, lead, M, N, K = v.check_inputs(x, w, activation, k_major=True, x_scale=x_scale,
                                                            w_scale=w_scale, bias=bias, y=y)
     token_shapes = {(M, 1), (M,), (*lead, 1), lead}  # x (*, K): quantize_fp8's (*, 1) too

@@ -207,7 +207,7 @@ def gated_gemm(x, gate, up, *, w_scale=None, up_scale=(Scale.NONE, (0, 0)), acti
 
 
 def _gated_plan(x, gate, up, w_scale, up_scale, activation, out_dtype, y, config, fast_accum) -> _GatedPlan:
-    key = plan_key((x, gate, up, w_scale, y), (activation, out_dtype, up_scale, fast_accum,
+    key = plan_key((x, gate, up, w_scale, y), (activation, out_dtype, up_scale, fast_accum, type(fast_accum),
                                                None if config is None else v.config_key(config)))
     try:
         return _plans.lookup(key)
@@ -440,11 +440,15 @@ def _whole_tiles(cfg: GemmConfig, config) -> GemmConfig:
     return dataclasses.replace(cfg, SPLIT_K=1, STREAM_K=False)
 
 
-def _make_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config):
-    fp8 = w.dtype in _FP8
+def check_split_dims(heads, d1, d2) -> None:
     for name, n in (("heads", heads), ("d1", d1), ("d2", d2)):
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ValueError(f"{name} must be a positive int, got {n!r}")
+
+
+def _make_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config):
+    fp8 = w.dtype in _FP8
+    check_split_dims(heads, d1, d2)
     if fp8:
         v.check_tensor("x", x, _FP8)
     else:
@@ -511,7 +515,7 @@ class _SplitCat:
 
 
 def _split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config):
-    key = plan_key((x, w, x_scale, w_scale, y), ("split_cat", heads, d1, d2, out_dtype,
+    key = plan_key((x, w, x_scale, w_scale, y), ("split_cat", heads, d1, d2, type(d1), type(d2), type(heads), out_dtype,
                                                  None if config is None else v.config_key(config)))
     try:
         plan = _plans.lookup(key)

@@ -69,11 +69,15 @@ _plans = PlanCache()
 
 
 
-def offsets_from_sizes(m_sizes: torch.Tensor) -> torch.Tensor:
-    """(E + 1,) int32 cumulative offsets of (E,) per-expert row counts, on the device (no sync)."""
+def check_sizes(m_sizes) -> None:
     v.check_tensor("m_sizes", m_sizes, _INDEX_DTYPES)
     if m_sizes.ndim != 1:
         raise ValueError(f"m_sizes must be 1-D (E,), got shape {tuple(m_sizes.shape)}")
+
+
+def offsets_from_sizes(m_sizes: torch.Tensor) -> torch.Tensor:
+    """(E + 1,) int32 cumulative offsets of (E,) per-expert row counts, on the device (no sync)."""
+    check_sizes(m_sizes)
     out = torch.zeros(m_sizes.shape[0] + 1, dtype=torch.int32, device=m_sizes.device)
     torch.cumsum(m_sizes, 0, out=out[1:])
     return out
