@@ -98,9 +98,12 @@ def _fake_output(shape_dtype, like):
 
 
 def _check_fake_out(y, shape_dtype) -> None:
+    """y against the result's (shape, dtype), with the eager ops' errors (validate.check_output)."""
     shape, dtype = shape_dtype
-    if tuple(y.shape) != tuple(shape) or y.dtype != dtype:
-        raise ValueError(f"y must have shape {tuple(shape)} and dtype {dtype}, got {tuple(y.shape)}, {y.dtype}")
+    if tuple(y.shape) != tuple(shape):
+        raise ValueError(f"y must have shape {tuple(shape)}, got {tuple(y.shape)}")
+    if y.dtype != dtype:
+        raise TypeError(f"y has dtype {y.dtype} but the result dtype is {dtype}")
 
 
 def _checked_output(output, x, w, bias, activation, out_dtype):
@@ -365,7 +368,7 @@ def _filled(out, y):
         return out
     v.check_tensor("y", y)
     v.check_no_autograd(y=y)
-    if tuple(y.shape) != tuple(out.shape):
+    if tuple(y.shape) != tuple(out.shape):  # (the order and words of validate.check_output)
         raise ValueError(f"y must have shape {tuple(out.shape)}, got {tuple(y.shape)}")
     if y.dtype != out.dtype:
         raise TypeError(f"y has dtype {y.dtype} but the result dtype is {out.dtype}")

@@ -365,7 +365,7 @@ def _operand(name, t, device, M, N, lead):
     full = torch.broadcast_to(t, out_shape)
     try:
         return full.view(M, N)
-    except RuntimeError:
+    except (RuntimeError, ValueError):  # (ValueError: a fake tensor's view, while tracing)
         raise ValueError(f"{name} of shape {tuple(t.shape)} cannot be addressed as an (M, N) matrix with "
                          "strides; pass it broadcast over x's flattened rows") from None
 
