@@ -1,8 +1,8 @@
 """Gradients of the 16-bit GEMMs, computed by gemmkit's own kernels (training).
 
 Ops with a backward: gemm_a16w16, batched_gemm_a16w16, fused_gemm_a16w16_mul_add, ff_a16w16_gated,
-ff_a16w16. A call whose tensors require grad (grad mode on) runs x @ w.T + bias through an autograd.Function
-eagerly (`linear`, `batched_linear`) and through `torch.ops.gemmkit.gemm_a16w16` / `batched_gemm_a16w16` under
+ff_a16w16, fused_gemm_a16w16_split_cat. A call whose tensors require grad (grad mode on) runs x @ w.T + bias
+through an autograd.Function eagerly (`linear`, `batched_linear`) and through `torch.ops.gemmkit.gemm_a16w16` / `batched_gemm_a16w16` under
 torch.compile, whose backward is registered below with the same formulas (with create_graph=True the backward's
 GEMMs are differentiable in turn). What the inference kernels fuse into the epilogue (the activation,
 `* a + b`, `act(gate) * up`) runs as torch ops on the GEMM's output while training, so that torch
@@ -15,7 +15,8 @@ inference epilogue rounds once.
                        db = sum of dy over the rows, in float32
 The gradients have their inputs' dtypes; dy enters the GEMMs in x's dtype (16-bit operands: a float32
 output's gradient is rounded once). Not differentiable (they refuse inputs that require grad): the FP8 /
-INT8 / 4-bit ops, the grouped (mixture-of-experts) ops and split/cat; nor a preallocated `y=` or `config=`.
+INT8 / 4-bit ops (fused_gemm_a8w8_split_cat included) and the grouped (mixture-of-experts) ops; nor a preallocated
+`y=` or `config=`.
 """
 
 from __future__ import annotations
@@ -85,6 +86,13 @@ def fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype):
     a, b = (t.reshape(()).float() if isinstance(t, torch.Tensor) and t.numel() == 1
             else t.float() if isinstance(t, torch.Tensor) else t for t in (a, b))
     return (p * a + b).to(x.dtype if out_dtype is None else out_dtype)
+
+
+def fused_gemm_a16w16_split_cat(x, w, y, heads, d1, d2, out_dtype):
+    """(cat([p1, y], -1), p2) of p = x @ w.T viewed as (M, heads, d1 + d2), split at d1; both contiguous."""
+    dtype = x.dtype if out_dtype is None else out_dtype
+    p = linear(x, w, None, dtype).view(x.shape[0], heads, d1 + d2)
+    return torch.cat([p[..., :d1], y.to(dtype)], -1), p[..., d1:].contiguous()
 
 
 def ff_a16w16_gated(x, w_gate_up, w_up, w_down, activation, layout, out_dtype):

@@ -452,8 +452,11 @@ def _(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype):
 
 def traced_fused_gemm_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config):
     v.check_tensor("y", y, (torch.bfloat16, torch.float16, torch.float32))  # (an input here: the part cat with)
-    _check_traced(x=x, w=w, x_scale=x_scale, w_scale=w_scale, y=y)
     fused.check_split_dims(heads, d1, d2)
+    if x_scale is None and v.needs_grad(x, w, y):  # (the 16-bit form: differentiable)
+        autograd.check_grad_call("fused_gemm_a16w16_split_cat", None, config)
+        return autograd.fused_gemm_a16w16_split_cat(x, w, y, heads, d1, d2, out_dtype)
+    _check_traced(x=x, w=w, x_scale=x_scale, w_scale=w_scale, y=y)
     _check_no_config(config)
     return torch.ops.gemmkit.fused_gemm_split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype)
 

@@ -374,3 +374,37 @@ def test_compiled_calls_check_like_eager():
         torch._dynamo.reset()
         with pytest.raises(Exception, match=word):
             torch.compile(fn, fullgraph=True, backend="eager")(x, w)
+
+
+@pytest.mark.parametrize("out_dtype", [None, FP32])
+def test_split_cat_grads(out_dtype):
+    M, K, H, d1, d2, d3 = sizes((5, 24, 2, 16, 8, 8), (300, 512, 16, 128, 64, 64))
+    x, w = _leaf(randn(M, K, dtype=BF16)), _leaf(randn(H * (d1 + d2), K, dtype=BF16, scale=K ** -0.5))
+    y = _leaf(randn(M, H, d3, dtype=BF16))
+
+    def ref(x, w, y):
+        p = F.linear(x, w).view(M, H, d1 + d2)
+        return torch.cat([p[..., :d1], y], -1), p[..., d1:]
+
+    out1, out2 = gemmkit.fused_gemm_a16w16_split_cat(x, w, y, H, d1, d2, out_dtype=out_dtype)
+    dt = out_dtype or BF16
+    assert out1.dtype == out2.dtype == dt and out1.is_contiguous() and out2.is_contiguous()
+    g1, g2 = torch.randn(out1.shape, device=DEVICE).to(dt), torch.randn(out2.shape, device=DEVICE).to(dt)
+    grads = torch.autograd.grad((out1, out2), (x, w, y), (g1, g2))
+    xd, wd, yd = _double(x), _double(w), _double(y)
+    r1, r2 = ref(xd, wd, yd)
+    _check(out1, r1, dt, "out1")
+    _check(out2, r2, dt, "out2")
+    for g, r, t in zip(grads, torch.autograd.grad((r1, r2), (xd, wd, yd), (g1.double(), g2.double())), (x, w, y)):
+        _check(g, r, t.dtype, "gradient")
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w, y: gemmkit.fused_gemm_a16w16_split_cat(x, w, y, H, d1, d2,
+                                                                                 out_dtype=out_dtype),
+                             fullgraph=True, backend="aot_eager")
+    c1, c2 = compiled(x, w, y)
+    for g, e in zip(torch.autograd.grad((c1, c2), (x, w, y), (g1, g2)), grads):
+        assert ((g.double() - e.double()).norm() / e.double().norm()).item() < 1e-2
+    wq, ws = gemmkit.quant.quantize_fp8(w.detach(), "row")
+    xq, xs = gemmkit.quant.quantize_fp8(x.detach(), "row")
+    with pytest.raises(ValueError, match="y requires grad"):
+        gemmkit.fused_gemm_a8w8_split_cat(xq, wq, xs, ws, y, H, d1, d2)

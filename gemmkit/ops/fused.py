@@ -515,13 +515,27 @@ class _SplitCat:
 
 
 def _split_cat(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config):
+    return _split_cat_plan(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config).run(x, w, x_scale, w_scale, y)
+
+
+def _split_cat_plan(x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config):
     key = plan_key((x, w, x_scale, w_scale, y), ("split_cat", heads, d1, d2, type(d1), type(d2), type(heads), out_dtype,
                                                  None if config is None else v.config_key(config)))
     try:
-        plan = _plans.lookup(key)
+        return _plans.lookup(key)
     except (KeyError, TypeError):
-        plan = _plans.plan_for(key, _make_split_cat, x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config)
-    return plan.run(x, w, x_scale, w_scale, y)
+        return _plans.plan_for(key, _make_split_cat, x, w, x_scale, w_scale, y, heads, d1, d2, out_dtype, config)
+
+
+def _split_cat_grad(x, w, y, heads, d1, d2, out_dtype, config):
+    """fused_gemm_a16w16_split_cat with inputs that require grad (gemmkit.autograd), after the checks of the same
+    call without."""
+    from .. import autograd
+
+    autograd.check_grad_call("fused_gemm_a16w16_split_cat", None, config)
+    with torch.no_grad():
+        _split_cat_plan(x, w, None, None, y, heads, d1, d2, out_dtype, None)
+    return autograd.fused_gemm_a16w16_split_cat(x, w, y, heads, d1, d2, out_dtype)
 
 
 def fused_gemm_a16w16_split_cat(x, w, y, heads, d1, d2, *, out_dtype=None, config=None):
@@ -529,9 +543,12 @@ def fused_gemm_a16w16_split_cat(x, w, y, heads, d1, d2, *, out_dtype=None, confi
     (M, heads, d1 + d2) and split into p1 (M, heads, d1), p2 (M, heads, d2); returns
     (cat([p1, y], -1) (M, heads, d1 + d3), p2), both contiguous, written by the GEMM's epilogue
     (no intermediate, no torch.cat). x (M, K) bf16/fp16, w (heads * (d1 + d2), K) x's dtype,
-    y (M, heads, d3) bf16/fp16/fp32 with unit stride along d3 (cast to out_dtype, default x's)."""
+    y (M, heads, d3) bf16/fp16/fp32 with unit stride along d3 (cast to out_dtype, default x's).
+    Differentiable (gemmkit.autograd: x, w, y)."""
     if _is_compiling():
         return _library().traced_fused_gemm_split_cat(x, w, None, None, y, heads, d1, d2, out_dtype, config)
+    if v.needs_grad(x, w, y):
+        return _split_cat_grad(x, w, y, heads, d1, d2, out_dtype, config)
     return _split_cat(x, w, None, None, y, heads, d1, d2, out_dtype, config)
 
 
