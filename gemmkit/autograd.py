@@ -2,12 +2,12 @@
 
 Ops with a backward: gemm_a16w16, batched_gemm_a16w16, fused_gemm_a16w16_mul_add, ff_a16w16_gated,
 ff_a16w16, fused_gemm_a16w16_split_cat. A call whose tensors require grad (grad mode on) runs x @ w.T + bias
-through an autograd.Function eagerly (`linear`, `batched_linear`) and through `torch.ops.gemmkit.gemm_a16w16` / `batched_gemm_a16w16` under
-torch.compile, whose backward is registered below with the same formulas (with create_graph=True the backward's
-GEMMs are differentiable in turn). What the inference kernels fuse into the epilogue (the activation,
-`* a + b`, `act(gate) * up`) runs as torch ops on the GEMM's output while training, so that torch
-differentiates it from the saved pre-activation instead of a GEMM recomputing it: the pre-activation is rounded
-to the output dtype first (as with F.linear then the activation; mul/add keeps it in float32), where the fused
+through an autograd.Function eagerly (`linear`, `batched_linear`) and through `torch.ops.gemmkit.gemm_a16w16` /
+`batched_gemm_a16w16` under torch.compile, whose backward is registered below with the same formulas (with
+create_graph=True the backward's GEMMs are differentiable in turn). What the inference kernels fuse into the
+epilogue (the activation, `* a + b`, `act(gate) * up`, split/cat) runs as torch ops on the GEMM's output while
+training, so that torch differentiates it from the saved pre-activation instead of a GEMM recomputing it: the
+pre-activation is rounded to the output dtype first (as with F.linear then the activation; mul/add keeps it in float32), where the fused
 inference epilogue rounds once.
 
     y = x @ w.T + b    dx = dy @ w       gemm_a16w16(dy, w.T)       (w.T: a (K, N) view the kernels read N-major)
@@ -24,22 +24,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from .core import validate as v
+from .core.epilogue import torch_activation
 from .core.tracing import is_compiling, library
-
-# the epilogue activations as torch ops (kernels/epilogue.py: relu, gelu with the tanh form, silu)
-ACTIVATIONS = {
-    "relu": F.relu,
-    "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-    "silu": F.silu,
-}
-
-
-def activate(z: torch.Tensor, activation) -> torch.Tensor:
-    """activation(z) by torch ops; `activation` as validate.check_activation takes it."""
-    return z if activation in (None, "none") else ACTIVATIONS[activation](z)
 
 
 def _ops():
@@ -64,18 +52,26 @@ def check_grad_call(op: str, y, config) -> None:
                          "require grad, grad mode on) take the tuned or derived configs")
 
 
+def checked(op: str, y, config, inference_plan) -> None:
+    """The checks of an op's differentiable path: the arguments it does not take (check_grad_call), then those of
+    the same call without autograd, by inference_plan() (the op's plan, built or looked up with grad mode off)."""
+    check_grad_call(op, y, config)
+    with torch.no_grad():
+        inference_plan()
+
+
 # ---------------------------------------------------------------------------------------------
 # the differentiable forms of the public ops (their eager and traced calls with inputs that require grad)
 
 
 def gemm_a16w16(x, w, bias, activation, out_dtype):
     activation = v.check_activation(activation)
-    return activate(linear(x, w, bias, out_dtype), activation)
+    return torch_activation(linear(x, w, bias, out_dtype), activation)
 
 
 def batched_gemm_a16w16(x, w, bias, activation, out_dtype):
     activation = v.check_activation(activation)
-    return activate(batched_linear(x, w, bias, out_dtype), activation)
+    return torch_activation(batched_linear(x, w, bias, out_dtype), activation)
 
 
 def fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype):
@@ -105,7 +101,7 @@ def ff_a16w16_gated(x, w_gate_up, w_up, w_down, activation, layout, out_dtype):
         g, u = (gu[..., :I], gu[..., I:]) if layout == "concat" else (gu[..., 0::2], gu[..., 1::2])
     else:
         g, u = linear(x, w_gate_up, None, None), linear(x, w_up, None, None)
-    return linear(activate(g, activation) * u, w_down, None, out_dtype)
+    return linear(torch_activation(g, activation) * u, w_down, None, out_dtype)
 
 
 def ff_a16w16(x, w_up, w_down, activation, out_dtype):
@@ -234,7 +230,7 @@ def _setup(ctx, inputs, output):
 
 def _through_activation(ctx, dy, forward):
     """dy times the activation's derivative at the pre-activation, which a call of the op with an activation
-    did not keep (the public ops never pass one with autograd: `activate` runs in torch): recomputed by
+    did not keep (the public ops never pass one with autograd: the activation runs in torch): recomputed by
     forward(), through the differentiable op where the backward itself is differentiated (create_graph=True)."""
     if ctx.activation in (None, "none"):
         return dy
@@ -243,7 +239,7 @@ def _through_activation(ctx, dy, forward):
         z = forward()
         if not (create and z.requires_grad):
             z = z.detach().requires_grad_()
-        return torch.autograd.grad(activate(z, ctx.activation), z, dy, create_graph=create)[0]
+        return torch.autograd.grad(torch_activation(z, ctx.activation), z, dy, create_graph=create)[0]
 
 
 def _gemm_backward(ctx, dy):

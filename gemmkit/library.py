@@ -361,21 +361,13 @@ def _(x, w, a, b, out_dtype):
 
 
 def _filled(out, y):
-    """out, or out copied into the preallocated y, which gets the eager ops' checks (shape, dtype, device, one
-    unit-stride dimension; overlaps of y with the inputs need its data pointer, which tracing does not have:
-    functionalization copies there anyway)."""
+    """out, or out copied into the preallocated y after the eager ops' checks of y (validate.check_out; y's overlap
+    with the inputs needs data pointers, which tracing lacks: functionalization copies there anyway)."""
     if y is None:
         return out
-    v.check_tensor("y", y)
+    lead = tuple(out.shape[:-1])
+    v.check_out(y, lead, math.prod(lead), out.shape[-1], out.dtype, out.device)
     v.check_no_autograd(y=y)
-    if tuple(y.shape) != tuple(out.shape):  # (the order and words of validate.check_output)
-        raise ValueError(f"y must have shape {tuple(out.shape)}, got {tuple(y.shape)}")
-    if y.dtype != out.dtype:
-        raise TypeError(f"y has dtype {y.dtype} but the result dtype is {out.dtype}")
-    if y.device != out.device:
-        raise ValueError(f"y is on {y.device} but x is on {out.device}")
-    if y.numel() > 1 and 0 in y.stride():
-        raise ValueError("y has elements that share memory (a stride of 0)")
     y.copy_(out)
     return y
 

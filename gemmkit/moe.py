@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .core.epilogue import torch_activation
 from .core.tracing import is_compiling
 from .core.validate import debug_checks
 from .ops.grouped import (FP8, grouped_gated_a16w16, grouped_gemm_a8w8, grouped_gemm_a8w8_blockscale,
@@ -118,9 +119,7 @@ def moe_mlp(x, topk_ids, topk_weights, w_gate_up, w_down, activation: str = "sil
 def _activation(h, activation: str, dtype):
     """act(gate) * up of a (rows, 2I) [gate | up] product, in fp32, rounded to `dtype`."""
     gate, up = h.chunk(2, dim=-1)
-    act = torch.nn.functional.silu if activation == "silu" else (
-        lambda t: torch.nn.functional.gelu(t, approximate="tanh"))
-    return (act(gate.float()) * up.float()).to(dtype)
+    return (torch_activation(gate.float(), activation) * up.float()).to(dtype)
 
 
 def _moe_mlp_fp8(x, gather_idx, scatter_idx, offsets, weights, w_gate_up, w_down, s_gate_up, s_down, activation,

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 import gemmkit
 import gemmkit.library  # noqa: F401  (registers torch.ops.gemmkit.*)
 from conftest import DEVICE, ON_GPU, randn, sizes
-from gemmkit.autograd import activate
+from gemmkit.core.epilogue import torch_activation as activate
 
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 # relative Frobenius error of outputs and gradients (as conftest.assert_close; a maximum would count the

@@ -12,6 +12,22 @@ from dataclasses import dataclass
 ACTIVATIONS = ("none", "relu", "gelu_tanh", "silu")
 
 
+def torch_activation(t, activation):
+    """activation(t) by torch ops, as kernels/epilogue.py computes it (gelu_tanh: gelu's tanh form); None or "none":
+    t. The host side's one copy (degenerate problems, unfused paths, the differentiable ops)."""
+    import torch.nn.functional as F
+
+    if activation in (None, "none"):
+        return t
+    if activation == "relu":
+        return F.relu(t)
+    if activation == "silu":
+        return F.silu(t)
+    if activation == "gelu_tanh":
+        return F.gelu(t, approximate="tanh")
+    raise ValueError(f"activation={activation!r} is not one of {ACTIVATIONS} (or None)")
+
+
 @dataclass(frozen=True)
 class EpilogueSpec:
     """out = activation(acc * scales + bias) * mul + add, cast to the output dtype.

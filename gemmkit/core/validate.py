@@ -11,6 +11,7 @@ from torch.compiler import is_compiling
 
 from .config import GemmConfig
 from .device import interpreter_active
+from .epilogue import torch_activation
 
 ACTIVATIONS = ("none", "relu", "gelu_tanh", "silu")
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -235,13 +236,7 @@ class DegeneratePlan:
             acc = torch.zeros(self.out_shape, dtype=torch.float32, device=self.device)
             if bias is not None:
                 acc += bias.float()
-            out.copy_(_TORCH_ACTIVATIONS[self.activation](acc))
+            out.copy_(torch_activation(acc, self.activation))
         return out
 
 
-_TORCH_ACTIVATIONS = {
-    "none": lambda t: t,
-    "relu": torch.relu,
-    "silu": torch.nn.functional.silu,
-    "gelu_tanh": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
-}

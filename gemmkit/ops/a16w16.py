@@ -66,9 +66,7 @@ def _grad_plan(x, w, bias, y, activation, out_dtype, config):
     """Calls whose inputs require grad: through gemmkit.autograd, after the checks of the same call without."""
     from .. import autograd
 
-    autograd.check_grad_call("gemm_a16w16", y, config)
-    with torch.no_grad():
-        _make_plan(x, w, bias, None, activation, out_dtype, None)
+    autograd.checked("gemm_a16w16", y, config, lambda: _make_plan(x, w, bias, None, activation, out_dtype, None))
     return autograd.GradPlan(lambda x, w, bias, y, mul, add: autograd.gemm_a16w16(x, w, bias, activation, out_dtype))
 
 

@@ -6,7 +6,7 @@ import torch
 
 from ..core import validate as v
 from ..core.device import device_info
-from ..core.epilogue import EpilogueSpec
+from ..core.epilogue import EpilogueSpec, torch_activation
 from ..core.formats import dense
 from ..core.grouped import GroupedPlan, family_config_for, group_epilogue, index_extent
 from ..core.hopper_ws import ws_batched_plan
@@ -60,9 +60,8 @@ def _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, config, kind
     if kind == "a16w16" and v.needs_grad(x, w, bias):  # (gemmkit.autograd, after the same call's checks without)
         from .. import autograd
 
-        autograd.check_grad_call("batched_gemm_a16w16", None, config)
-        with torch.no_grad():
-            _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, None, kind)
+        autograd.checked("batched_gemm_a16w16", None, config,
+                         lambda: _make_plan(x, w, bias, x_scale, w_scale, activation, out_dtype, None, kind))
         return autograd.GradPlan(lambda x, w, offsets, a_rows, c_rows, row_weights, bias, a_scale, b_scale:
                                  autograd.batched_gemm_a16w16(x, w, bias, activation, out_dtype))
     dtypes = _IN_DTYPES if kind == "a16w16" else FP8 + (torch.int8,)
@@ -161,7 +160,5 @@ class _BatchedDegenerate:
 
 
 def _with_bias(y, bias, activation):
-    from .grouped import _act
-
     b = bias.float() if bias.ndim == 1 else bias.float()[:, None, :]
-    return _act(torch.zeros(y.shape, dtype=torch.float32, device=y.device) + b, activation).to(y.dtype)
+    return torch_activation(torch.zeros(y.shape, dtype=torch.float32, device=y.device) + b, activation).to(y.dtype)

@@ -266,9 +266,8 @@ def _ff_gated_grad(x, gate, up, w_gate_up, w_up, w_down, activation, layout, out
     """ff_a16w16_gated with inputs that require grad (gemmkit.autograd), after the gated GEMM's checks."""
     from .. import autograd
 
-    autograd.check_grad_call("ff_a16w16_gated", y, config if config is not None else down_config)
-    with torch.no_grad():
-        _gated_plan(x, gate, up, None, (Scale.NONE, (0, 0)), activation, None, None, None, True)
+    autograd.checked("ff_a16w16_gated", y, config if config is not None else down_config,
+                     lambda: _gated_plan(x, gate, up, None, (Scale.NONE, (0, 0)), activation, None, None, None, True))
     return autograd.ff_a16w16_gated(x, w_gate_up, w_up, w_down, activation, layout, out_dtype)
 
 
@@ -401,10 +400,9 @@ def _mul_add_grad(x, w, a, b, a2, b2, out_dtype, y, config):
     the checks of the same call without."""
     from .. import autograd
 
-    autograd.check_grad_call("fused_gemm_a16w16_mul_add", y, config)
-    with torch.no_grad():  # (the inference plan's key: built once)
-        _plans.plan_for(plan_key((x, w, a2, b2, None), ("mul_add", out_dtype, None)), _make_mul_add, x, w, a2, b2,
-                        None, out_dtype, None)
+    key = ("mul_add", out_dtype, None)  # (the inference plan's key with grad mode off: built once, then looked up)
+    autograd.checked("fused_gemm_a16w16_mul_add", y, config, lambda: _plans.plan_for(
+        plan_key((x, w, a2, b2, None), key), _make_mul_add, x, w, a2, b2, None, out_dtype, None))
     return autograd.fused_gemm_a16w16_mul_add(x, w, a, b, out_dtype)
 
 
@@ -532,9 +530,8 @@ def _split_cat_grad(x, w, y, heads, d1, d2, out_dtype, config):
     call without."""
     from .. import autograd
 
-    autograd.check_grad_call("fused_gemm_a16w16_split_cat", None, config)
-    with torch.no_grad():
-        _split_cat_plan(x, w, None, None, y, heads, d1, d2, out_dtype, None)
+    autograd.checked("fused_gemm_a16w16_split_cat", None, config,
+                     lambda: _split_cat_plan(x, w, None, None, y, heads, d1, d2, out_dtype, None))
     return autograd.fused_gemm_a16w16_split_cat(x, w, y, heads, d1, d2, out_dtype)
 
 

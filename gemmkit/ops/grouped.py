@@ -19,7 +19,7 @@ import torch
 from ..core import validate as v
 from ..core.config import fit_to_smem, gated_tiles
 from ..core.device import device_info
-from ..core.epilogue import EpilogueSpec
+from ..core.epilogue import EpilogueSpec, torch_activation
 from ..core.formats import Scale, dense
 from ..core.grouped import (GroupedPlan, check_k_major, family_config_for, group_bias_stride, group_epilogue,
                             index_extent)
@@ -330,7 +330,7 @@ class _Degenerate:
         y = torch.zeros(self.shape, dtype=torch.float32, device=self.device)
         if bias is not None and self.shape[0] and self.shape[1]:
             y = y + bias.float()
-        y = _act(y, self.activation)
+        y = torch_activation(y, self.activation)
         if routing_weights is not None and self.shape[0]:
             w_ = routing_weights.reshape(-1).float()
             idx = torch.arange(self.shape[0], device=self.device) if scatter_idx is None else scatter_idx.long()
@@ -342,11 +342,3 @@ class _Degenerate:
         return y.to(self.dtype)
 
 
-def _act(y, activation):
-    if activation == "relu":
-        return torch.relu(y)
-    if activation == "gelu_tanh":
-        return torch.nn.functional.gelu(y, approximate="tanh")
-    if activation == "silu":
-        return torch.nn.functional.silu(y)
-    return y
