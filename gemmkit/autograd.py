@@ -7,8 +7,8 @@ through an autograd.Function eagerly (`linear`, `batched_linear`) and through `t
 create_graph=True the backward's GEMMs are differentiable in turn). What the inference kernels fuse into the
 epilogue (the activation, `* a + b`, `act(gate) * up`, split/cat) runs as torch ops on the GEMM's output while
 training, so that torch differentiates it from the saved pre-activation instead of a GEMM recomputing it: the
-pre-activation is rounded to the output dtype first (as with F.linear then the activation; mul/add keeps it in float32), where the fused
-inference epilogue rounds once.
+pre-activation is rounded to the output dtype first (as with F.linear then the activation; mul/add keeps it in
+float32), where the fused inference epilogue rounds once.
 
     y = x @ w.T + b    dx = dy @ w       gemm_a16w16(dy, w.T)       (w.T: a (K, N) view the kernels read N-major)
                        dw = dy.T @ x     gemm_a16w16(dy.T, x.T)     (M is the reduction; both views, no copy)
@@ -110,8 +110,8 @@ def ff_a16w16(x, w_up, w_down, activation, out_dtype):
 
 
 def linear(x, w, bias, out_dtype):
-    """x @ w.T + bias, differentiable: an autograd.Function eagerly (the torch.library op's autograd wrapper costs
-    about 50 us more host time per training step), the op while torch.compile traces."""
+    """x @ w.T + bias, differentiable: an autograd.Function eagerly (fewer Python layers per call than the
+    torch.library op's autograd wrapper: BENCHMARKS.md, nineteenth session), the op while torch.compile traces."""
     if is_compiling():
         return _ops().gemm_a16w16(x, w, bias, None, out_dtype)
     return _Linear.apply(x, w, bias, out_dtype)
