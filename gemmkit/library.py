@@ -675,6 +675,25 @@ def traced_grouped_gemm_a8w8(x, w, x_scale, w_scale, expert_offsets, m_sizes, ga
                                                gather_idx, scatter_idx, routing_weights, bias, activation, out_dtype)
 
 
+@torch.library.custom_op(f"{LIB}::sort_by_expert", mutates_args=())
+def _sort_by_expert(topk_ids: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from . import moe
+
+    return moe.sort_by_expert(topk_ids, num_experts)
+
+
+@_sort_by_expert.register_fake
+def _(topk_ids, num_experts):
+    n = topk_ids.shape[0] * topk_ids.shape[1]
+    return tuple(topk_ids.new_empty(size, dtype=torch.int32) for size in (n, n, num_experts + 1))
+
+
+def traced_sort_by_expert(topk_ids, num_experts):
+    """sort_by_expert through torch.ops.gemmkit (its arguments checked by the caller)."""
+    _check_traced(topk_ids=topk_ids)
+    return torch.ops.gemmkit.sort_by_expert(topk_ids, num_experts)
+
+
 @torch.library.custom_op(f"{LIB}::batched_gemm_a16w16", mutates_args=())
 def _batched_a16w16(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor], activation: Optional[str],
                     out_dtype: Optional[torch.dtype]) -> torch.Tensor:

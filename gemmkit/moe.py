@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 
 from .core.epilogue import torch_activation
-from .core.tracing import is_compiling
+from .core.tracing import is_compiling, library
 from .core.validate import debug_checks
+from .ops import routing
 from .ops.grouped import (FP8, grouped_gated_a16w16, grouped_gemm_a8w8, grouped_gemm_a8w8_blockscale,
                           grouped_gemm_a16w16)
 
@@ -33,18 +34,16 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int):
         raise TypeError(f"topk_ids must hold integer expert ids, got {topk_ids.dtype}")
     if not isinstance(num_experts, int) or num_experts < 1:
         raise ValueError(f"num_experts must be an int >= 1, got {num_experts!r}")
+    if is_compiling():  # torch.compile records torch.ops.gemmkit.sort_by_expert (gemmkit.library)
+        return library().traced_sort_by_expert(topk_ids, num_experts)
     k = topk_ids.shape[1]
     flat = topk_ids.reshape(-1)
-    if flat.dtype not in (torch.int32, torch.int64):  # (narrow ids: the bounds below up to num_experts would wrap)
-        flat = flat.to(torch.int64)
-    order = torch.argsort(flat, stable=True)
-    sorted_ids = flat[order].contiguous()
-    # searchsorted instead of bincount: bincount on CUDA reads the maximum back to the host
-    bounds = torch.arange(num_experts + 1, device=flat.device, dtype=sorted_ids.dtype)
-    offsets = torch.searchsorted(sorted_ids, bounds, out_int32=True)
-    scatter_idx = order.to(torch.int32)
-    gather_idx = torch.div(order, max(k, 1), rounding_mode="floor").to(torch.int32)
-    return gather_idx, scatter_idx, offsets
+    if flat.dtype not in (torch.int32, torch.int64):  # (narrow ids: the bounds up to num_experts would wrap)
+        flat = flat.to(torch.int32 if flat.dtype.itemsize < 4 else torch.int64)
+    flat = flat.contiguous()
+    if routing.kernels_take(flat, num_experts):
+        return routing.sort_by_expert_kernels(flat, num_experts, k)
+    return routing.sort_by_expert_torch(flat, num_experts, k)
 
 
 def moe_mlp(x, topk_ids, topk_weights, w_gate_up, w_down, activation: str = "silu", *, w_gate_up_scale=None,

@@ -94,6 +94,65 @@ def test_sort_by_expert():
         moe.sort_by_expert(ids.float(), 4)
 
 
+def _check_sorted(ids, E, g, s, o):
+    """The sort's contract, from the ids alone: offsets count ids < e, each expert's rows hold its slots in flat
+    order, gather = scatter // k."""
+    flat, k = ids.reshape(-1).long().cpu(), ids.shape[1]
+    g, s, o = g.cpu().long(), s.cpu().long(), o.cpu().long()
+    assert o.tolist() == [int((flat < e).sum()) for e in range(E + 1)]
+    for e in range(E):
+        assert s[o[e]:o[e + 1]].tolist() == torch.nonzero(flat == e).flatten().tolist()
+    lo, hi = int(o[0]), int(o[E])  # ids outside [0, E): rows before expert 0's / after the last expert's
+    assert sorted(s[:lo].tolist()) == torch.nonzero(flat < 0).flatten().tolist()
+    assert sorted(s[hi:].tolist()) == torch.nonzero(flat >= E).flatten().tolist()
+    assert torch.equal(g, torch.div(s, max(k, 1), rounding_mode="floor"))
+
+
+@pytest.mark.parametrize("T, k, E", [(1, 1, 1), (0, 4, 3), (5, 0, 3), (9, 2, 4), (37, 8, 128), (300, 2, 8),
+                                     (256, 8, 256), (130, 3, 300)])
+@pytest.mark.parametrize("blocks", ["single", "multi"])
+def test_sort_by_expert_kernels(T, k, E, blocks, monkeypatch):
+    """kernels/routing.py: one program, or (patched small blocks) the three launches over many blocks."""
+    from gemmkit.ops import routing
+
+    if blocks == "multi":
+        monkeypatch.setattr(routing, "SINGLE_MAX", 16)
+        monkeypatch.setattr(routing, "BLOCK", 64)
+    routing._plans.clear()
+    ids = _route("skewed" if T % 2 else "random", T, k, E)
+    g, s, o = moe.sort_by_expert(ids, E)
+    assert g.dtype == s.dtype == o.dtype == torch.int32 and g.shape == s.shape == (T * k,) and o.shape == (E + 1,)
+    _check_sorted(ids, E, g, s, o)
+    ref = routing.sort_by_expert_torch(ids.reshape(-1), E, k)
+    assert all(torch.equal(a, b) for a, b in zip((g, s, o), ref))
+    routing._plans.clear()
+
+
+@pytest.mark.parametrize("blocks", ["single", "multi"])
+def test_sort_by_expert_ids_outside(blocks, monkeypatch):
+    """Ids < 0 sort before expert 0's rows and ids >= E after the last expert's (no GEMM reads those rows)."""
+    from gemmkit.ops import routing
+
+    if blocks == "multi":
+        monkeypatch.setattr(routing, "SINGLE_MAX", 16)
+        monkeypatch.setattr(routing, "BLOCK", 32)
+    routing._plans.clear()
+    ids = torch.randint(-3, 9, (70, 2), device=DEVICE)
+    ids[0, 0], ids[1, 1] = -2**40, 2**40
+    _check_sorted(ids, 6, *moe.sort_by_expert(ids, 6))
+    routing._plans.clear()
+
+
+def test_sort_by_expert_torch_route():
+    """More experts than the kernels' bins take the torch sort; so do CPU ids outside the interpreter."""
+    from gemmkit.ops import routing
+
+    E = routing.MAX_BINS
+    ids = torch.randint(0, E, (33, 4), device=DEVICE)
+    assert not routing.kernels_take(ids.reshape(-1), E) and routing.kernels_take(ids.reshape(-1), E - 2)
+    _check_sorted(ids, E, *moe.sort_by_expert(ids, E))
+
+
 @pytest.mark.parametrize("dtype, E", [(torch.uint8, 256), (torch.int8, 128), (torch.int16, 300)])
 def test_sort_by_expert_narrow_ids(dtype, E):
     """Ids of a dtype that cannot hold num_experts: the offsets' bounds must not wrap around."""

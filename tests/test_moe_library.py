@@ -71,6 +71,19 @@ def test_opcheck_and_fake(case):
     assert tuple(fake.shape) == tuple(y.shape) and fake.dtype == y.dtype and fake.stride() == y.stride()
 
 
+def test_sort_by_expert_op_and_fake():
+    ids, ref = _routing(3)
+    args = (ids, E)
+    tests = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    assert set(torch.library.opcheck(OPS.sort_by_expert.default, args, test_utils=tests).values()) == {"SUCCESS"}
+    assert all(torch.equal(a, b) for a, b in zip(OPS.sort_by_expert(*args), ref))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = OPS.sort_by_expert(mode.from_tensor(ids), E)
+    assert [(tuple(f.shape), f.dtype) for f in fake] == [(tuple(r.shape), r.dtype) for r in ref]
+
+
 def test_output_shapes_do_not_depend_on_routing():
     assert grouped_output((5, 8), (3, 4, 8), None, None, torch.bfloat16) == ((5, 4), torch.bfloat16)
     assert grouped_output((5, 8), (3, 4, 8), (10,), torch.float32, torch.bfloat16) == ((10, 4), torch.float32)

@@ -28,7 +28,7 @@ from ..core.device import DeviceInfo, known_device
 H100 = known_device("NVIDIA_H100_80GB_HBM3")
 _TT_TYPES = {torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5", torch.bfloat16: "bf16",
              torch.float16: "fp16", torch.float32: "fp32", torch.int8: "i8", torch.int32: "i32",
-             torch.uint8: "u8"}
+             torch.uint8: "u8", torch.int64: "i64"}
 
 
 @dataclass
