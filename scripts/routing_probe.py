@@ -2,7 +2,7 @@
 (stable argsort, index, searchsorted: ops/routing.sort_by_expert_torch), and the kernels' block sizes.
 
 For each routing (T tokens, top-k among E experts, random ids) the results are checked equal to the torch sort's,
-then timed under CUDA-graph replay (one interleaved run: torch, the kernels as shipped, each variant of BLOCK /
+then timed under CUDA-graph replay (one interleaved run: torch, the kernels as shipped, each variant of the block sizes /
 SINGLE_MAX) and eagerly (back-to-back calls, host cost included).
 
     python3 scripts/routing_probe.py [OUT]
@@ -23,8 +23,8 @@ from gemmkit.tools.timing import time_graphs_us  # noqa: E402
 out = open(sys.argv[1], "w") if len(sys.argv) > 1 else sys.stdout
 PROBLEMS = [(1, 8, 128), (16, 8, 128), (64, 8, 128), (256, 8, 128), (512, 8, 128), (2048, 8, 128), (4096, 8, 128),
             (16384, 8, 128), (64, 8, 256), (4096, 8, 256), (4096, 2, 8), (16384, 2, 8), (2048, 8, 384)]
-VARIANTS = {"block512": dict(BLOCK=512), "block2048": dict(BLOCK=2048), "block4096": dict(BLOCK=4096),
-            "single4096": dict(SINGLE_MAX=4096), "single1024": dict(SINGLE_MAX=1024)}
+VARIANTS = {f"block{b}": dict(BLOCK_MIN=b, BLOCK_MAX=b) for b in (512, 1024, 2048, 4096)}
+VARIANTS.update(single2048=dict(SINGLE_MAX=2048), single4096=dict(SINGLE_MAX=4096))
 
 
 def with_settings(settings, ids, E):

@@ -117,7 +117,7 @@ def test_sort_by_expert_kernels(T, k, E, blocks, monkeypatch):
 
     if blocks == "multi":
         monkeypatch.setattr(routing, "SINGLE_MAX", 16)
-        monkeypatch.setattr(routing, "BLOCK", 64)
+        monkeypatch.setattr(routing, "BLOCK_MIN", 64)
     routing._plans.clear()
     ids = _route("skewed" if T % 2 else "random", T, k, E)
     g, s, o = moe.sort_by_expert(ids, E)
@@ -135,7 +135,8 @@ def test_sort_by_expert_ids_outside(blocks, monkeypatch):
 
     if blocks == "multi":
         monkeypatch.setattr(routing, "SINGLE_MAX", 16)
-        monkeypatch.setattr(routing, "BLOCK", 32)
+        monkeypatch.setattr(routing, "BLOCK_MIN", 32)
+        monkeypatch.setattr(routing, "BLOCK_MAX", 32)
     routing._plans.clear()
     ids = torch.randint(-3, 9, (70, 2), device=DEVICE)
     ids[0, 0], ids[1, 1] = -2**40, 2**40

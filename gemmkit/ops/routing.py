@@ -1,7 +1,10 @@
 """The launches of kernels/routing.py for gemmkit.moe.sort_by_expert: a plan per (ids shape, dtype, device,
 num_experts), the kernels launched directly after the first call (core/launcher.CachedLaunch).
 
-Up to SINGLE_MAX slots (T * k) one program sorts them; above, blocks of BLOCK slots in three launches.
+Up to SINGLE_MAX slots (T * k) one program sorts them; above, blocks of `block_slots(n)` slots in three launches
+(measured on the H100, scripts/routing_probe.py: one program's tl.sort of 2048 slots took 17.6 us against 12.8
+for two blocks; blocks of 512 led to 16384 slots, 1024 at 32768, 2048 at 131072, where the one program summing
+the blocks' counts in order costs more with smaller blocks).
 MAX_BINS bounds the experts the kernels take (bins = E + 2, a power of two in registers); more experts,
 and CPU tensors outside the Triton interpreter, sort with torch ops (`sort_by_expert_torch`).
 """
@@ -16,8 +19,8 @@ from ..core.device import interpreter_active
 from ..core.launcher import CachedLaunch
 from ..core.plan import PlanCache, plan_key
 
-SINGLE_MAX = 2048
-BLOCK = 1024
+SINGLE_MAX = 1024
+BLOCK_MIN, BLOCK_MAX, BLOCKS = 512, 2048, 32  # blocks of BLOCK_MIN .. BLOCK_MAX slots, about BLOCKS of them
 MAX_BINS = 4096
 _plans = PlanCache()
 
@@ -31,6 +34,11 @@ def sort_by_expert_torch(flat: torch.Tensor, num_experts: int, k: int):
     bounds = torch.arange(num_experts + 1, device=flat.device, dtype=sorted_ids.dtype)
     offsets = torch.searchsorted(sorted_ids, bounds, out_int32=True)
     return (torch.div(order, max(k, 1), rounding_mode="floor").to(torch.int32), order.to(torch.int32), offsets)
+
+
+def block_slots(n: int) -> int:
+    """Slots per block of the three-launch sort of n > SINGLE_MAX slots."""
+    return min(BLOCK_MAX, max(BLOCK_MIN, next_pow2(-(-n // BLOCKS))))
 
 
 def kernels_take(flat: torch.Tensor, num_experts: int) -> bool:
@@ -50,7 +58,7 @@ class RoutingPlan:
     def __init__(self, flat: torch.Tensor, num_experts: int, k: int):
         v.check_devices(topk_ids=flat)
         n = flat.numel()
-        if n >= 2**31 - BLOCK:
+        if n >= 2**31 - BLOCK_MAX:
             raise ValueError(f"sort_by_expert: {n} routed slots; the kernels index them with int32")
         self.n, self.E, self.device = n, num_experts, flat.device
         self.bins = next_pow2(num_experts + 2)
@@ -65,14 +73,15 @@ class RoutingPlan:
             from ..kernels.routing import routing_counts_kernel, routing_place_kernel, routing_starts_kernel
 
             self.single = None
-            self.blocks = -(-n // BLOCK)
-            warps = 8 if BLOCK >= 2048 else 4
+            block = block_slots(n)
+            self.blocks = -(-n // block)
+            warps = 8 if block >= 2048 else 4
             self.counts = CachedLaunch(routing_counts_kernel, (self.blocks,), warps, 1, di)
             self.starts = CachedLaunch(routing_starts_kernel, (1,), 4, 1, di)
             self.place = CachedLaunch(routing_place_kernel, (self.blocks,), warps, 1, di)
-            self.counts_tail = (n, num_experts, BLOCK, self.bins)
+            self.counts_tail = (n, num_experts, block, self.bins)
             self.starts_tail = (self.blocks, num_experts, self.bins)
-            self.place_tail = (n, num_experts, max(k, 1), BLOCK, self.bins)
+            self.place_tail = (n, num_experts, max(k, 1), block, self.bins)
 
     def __call__(self, flat):
         n, dev = self.n, self.device
