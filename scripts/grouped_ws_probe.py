@@ -28,6 +28,8 @@ p.add_argument("--tokens", type=int, nargs="+", default=[512, 1024, 2048, 4096])
 p.add_argument("--models", nargs="+", default=["qwen3-30b-a3b-moe", "deepseek-v3-moe", "mixtral-8x7b-moe"])
 p.add_argument("--routings", nargs="+", default=["balanced", "zipf"])
 p.add_argument("--no-gated", action="store_true")
+p.add_argument("--permute-rows", type=int, default=None,
+               help="also time the gathered call with hopper_ws.GROUPED_PERMUTE_ROWS at this value (a sorted copy first)")
 args = p.parse_args()
 out = open(args.out, "w")
 
@@ -70,9 +72,18 @@ for model in args.models:
                 ws = timed(lambda: grouped.grouped_gemm_a16w16(x, w, o, gather_idx=g))
                 ws_s = timed(lambda: grouped.grouped_gemm_a16w16(xs, w, o))
                 R = x.shape[0] * op.top_k
+                perm = ""
+                if args.permute_rows is not None:
+                    saved, hopper_ws.GROUPED_PERMUTE_ROWS = hopper_ws.GROUPED_PERMUTE_ROWS, args.permute_rows
+                    config_mod.clear_caches()
+                    err_p = rel(grouped.grouped_gemm_a16w16(x, w, o, gather_idx=g), y_tl)
+                    ws_p = timed(lambda: grouped.grouped_gemm_a16w16(x, w, o, gather_idx=g))
+                    hopper_ws.GROUPED_PERMUTE_ROWS = saved
+                    config_mod.clear_caches()
+                    perm = f" permuted from {args.permute_rows} rows {ws_p:.1f} ({base / ws_p:.3f}x, rel err {err_p:.1e})"
                 line = (f"{model}:{routing} {name} T={T} (R={R}, {R / op.experts:.0f} rows/expert): _grouped_mm "
                         f"{base:.1f} us | gathered: tl {tl:.1f} ({base / tl:.3f}x) ws {ws:.1f} ({base / ws:.3f}x) | "
-                        f"sorted: tl {tl_s:.1f} ({base / tl_s:.3f}x) ws {ws_s:.1f} ({base / ws_s:.3f}x) | "
+                        f"sorted: tl {tl_s:.1f} ({base / tl_s:.3f}x) ws {ws_s:.1f} ({base / ws_s:.3f}x){perm} | "
                         f"tiles {tiles} rel err ws vs tl {err:.1e}")
                 if name == "down":  # (moe_mlp's down projection: sorted rows scattered to (token, slot) rows, weighted)
                     rw = torch.rand(R, device="cuda")
