@@ -24,7 +24,7 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    if name in ("quant", "ops", "core", "tools", "moe"):
+    if name in ("quant", "ops", "core", "tools", "moe", "nn", "autograd", "library"):
         return importlib.import_module(f"gemmkit.{name}")
     module = _EXPORTS.get(name)
     if module is None:

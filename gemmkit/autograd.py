@@ -14,9 +14,15 @@ float32), where the fused inference epilogue rounds once.
                        dw = dy.T @ x     gemm_a16w16(dy.T, x.T)     (M is the reduction; both views, no copy)
                        db = sum of dy over the rows, in float32
 The gradients have their inputs' dtypes; dy enters the GEMMs in x's dtype (16-bit operands: a float32
-output's gradient is rounded once). Not differentiable (they refuse inputs that require grad): the FP8 /
-INT8 / 4-bit ops (fused_gemm_a8w8_split_cat included) and the grouped (mixture-of-experts) ops; nor a preallocated
-`y=` or `config=`.
+output's gradient is rounded once).
+
+Frozen 4-bit weights (gemm_a16w4, gemm_a16wfp4; QLoRA-style training of adapters around a quantized base layer):
+gradients for x and bias only, dx = dy @ W with W the dequantized weight in x's dtype, the weight the forward
+multiplied by (dequantized once per backward by kernels/packed.py's pass, N x K x 2 bytes held while dx's GEMM
+runs; under torch.compile by torch ops); their scales refuse requires_grad.
+
+Not differentiable (they refuse inputs that require grad): the FP8 / INT8 ops and gemm_afp4wfp4
+(fused_gemm_a8w8_split_cat included) and the grouped (mixture-of-experts) ops; nor a preallocated `y=` or `config=`.
 """
 
 from __future__ import annotations
@@ -109,6 +115,36 @@ def ff_a16w16(x, w_up, w_down, activation, out_dtype):
     return linear(gemm_a16w16(x, w_up, None, activation, None), w_down, None, out_dtype)
 
 
+def gemm_a16w4(x, w_q, w_scale, w_zero, group, bias, activation, out_dtype):
+    """activation(x @ dequant(w).T + bias) of a frozen INT4 weight (group: the checked group size, K for one per
+    channel), differentiable in x and bias."""
+    activation = v.check_activation(activation)
+    if is_compiling():
+        y = _ops().gemm_a16w4(x, w_q, w_scale, w_zero, None if group == 2 * w_q.shape[1] else group, bias, None,
+                              out_dtype)
+    else:
+        y = _FrozenLinear.apply(x, bias, out_dtype, w_q, w_scale, w_zero, group, True)
+    return torch_activation(y, activation)
+
+
+def gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype):
+    """activation(x @ dequant(w).T + bias) of a frozen MXFP4 weight, differentiable in x and bias."""
+    activation = v.check_activation(activation)
+    if is_compiling():
+        y = _ops().gemm_a16wfp4(x, w, w_scale, bias, None, out_dtype)
+    else:
+        y = _FrozenLinear.apply(x, bias, out_dtype, w, w_scale, None, 32, False)
+    return torch_activation(y, activation)
+
+
+def check_frozen(op: str, **scales) -> None:
+    """A quantized weight's scales do not take gradients."""
+    for name, t in scales.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise ValueError(f"{op}: {name} requires grad, but the quantized weight is frozen (gradients flow to x "
+                             "and bias only): pass it detached")
+
+
 def linear(x, w, bias, out_dtype):
     """x @ w.T + bias, differentiable: an autograd.Function eagerly (fewer Python layers per call than the
     torch.library op's autograd wrapper: BENCHMARKS.md, nineteenth session), the op while torch.compile traces."""
@@ -190,6 +226,47 @@ def batched_linear_grads(x, w, bias, dy, needs, gemm, batched):
     return dx, dw, db
 
 
+def frozen_linear_grads(x, bias, dy, needs, dequantized, gemm):
+    """(dx, dbias) of x @ W.T + bias with a frozen W, W = dequantized() (N, K) in x's dtype (made only for dx)."""
+    dx = db = None
+    if needs[0]:
+        dz = _rows(_grad_operand(dy, x))
+        dx = gemm(dz, dequantized().t(), x.dtype).view(x.shape)
+    if bias is not None and needs[1]:
+        db = _bias_grad(_rows(dy), bias, 0)
+    return dx, db
+
+
+class _FrozenLinear(torch.autograd.Function):
+    """x @ dequant(w).T + bias of a packed 4-bit weight (INT4: w_zero None or uint8, group its group size; MXFP4:
+    group 32), through gemmkit's inference op; backward: frozen_linear_grads, the weight dequantized by
+    kernels/packed.py."""
+
+    @staticmethod
+    def forward(ctx, x, bias, out_dtype, w, w_scale, w_zero, group, int4):
+        ctx.save_for_backward(x, bias, w, w_scale, w_zero)
+        ctx.group, ctx.int4 = group, int4
+        if int4:
+            from .ops.a16w4 import gemm_a16w4 as op
+
+            return op(x, w, w_scale, w_zero, group_size=group if group != 2 * w.shape[1] else None, bias=bias,
+                      out_dtype=out_dtype)
+        from .ops.fp4 import gemm_a16wfp4 as op
+
+        return op(x, w, w_scale, bias=bias, out_dtype=out_dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        from .ops.packed_prefill import dequantize_packed
+
+        x, bias, w, w_scale, w_zero = ctx.saved_tensors
+        K = 2 * w.shape[1]
+        group = ctx.group if ctx.group != K else 1 << (K - 1).bit_length()  # (one group: the pass's power of two)
+        dx, db = frozen_linear_grads(x, bias, dy, ctx.needs_input_grad, lambda: dequantize_packed(
+            w, w_scale, w_zero, group, ctx.int4, x.dtype), _eager_gemm)
+        return dx, db, None, None, None, None, None, None
+
+
 def _function(name, forward, grads):
     """An autograd.Function of x @ w.T + bias: forward(x, w, bias, out_dtype) (gemmkit's inference op, called with
     grad mode off), backward grads(x, w, bias, dy, needs) -> (dx, dw, dbias)."""
@@ -254,8 +331,46 @@ def _batched_backward(ctx, dy):
     return (*batched_linear_grads(x, w, bias, dy, ctx.needs_input_grad, _op_gemm, _op_batched), None, None)
 
 
+def _setup_a16w4(ctx, inputs, output):
+    x, w_q, w_scale, w_zero, group_size, bias, activation, out_dtype = inputs
+    check_frozen("gemm_a16w4", w_scale=w_scale)
+    ctx.save_for_backward(x, w_q, w_scale, w_zero, bias)
+    ctx.group_size, ctx.activation = group_size, activation
+
+
+def _a16w4_backward(ctx, dy):
+    from .quant import dequantize_int4
+
+    x, w_q, w_scale, w_zero, bias = ctx.saved_tensors
+    dy = _through_activation(ctx, dy, lambda: torch.ops.gemmkit.gemm_a16w4(x, w_q, w_scale, w_zero, ctx.group_size,
+                                                                            bias, None, dy.dtype))
+    # (the forward's weight: x's dtype((q - z) * x's dtype(s)))
+    dx, db = frozen_linear_grads(x, bias, dy, (ctx.needs_input_grad[0], ctx.needs_input_grad[5]), lambda: (
+        dequantize_int4(w_q, w_scale.to(x.dtype), w_zero, ctx.group_size, x.dtype)), _op_gemm)
+    return dx, None, None, None, None, db, None, None
+
+
+def _setup_a16wfp4(ctx, inputs, output):
+    x, w, w_scale, bias, activation, out_dtype = inputs
+    check_frozen("gemm_a16wfp4", w_scale=w_scale)
+    ctx.save_for_backward(x, w, w_scale, bias)
+    ctx.activation = activation
+
+
+def _a16wfp4_backward(ctx, dy):
+    from .quant import dequantize_mxfp4
+
+    x, w, w_scale, bias = ctx.saved_tensors
+    dy = _through_activation(ctx, dy, lambda: torch.ops.gemmkit.gemm_a16wfp4(x, w, w_scale, bias, None, dy.dtype))
+    dx, db = frozen_linear_grads(x, bias, dy, (ctx.needs_input_grad[0], ctx.needs_input_grad[3]),
+                                 lambda: dequantize_mxfp4(w, w_scale, x.dtype), _op_gemm)
+    return dx, None, None, db, None, None
+
+
 def register() -> None:
-    """Registers the backward of torch.ops.gemmkit.gemm_a16w16 and batched_gemm_a16w16 (gemmkit.library calls
-    it once, after defining the ops)."""
+    """Registers the backward of torch.ops.gemmkit.gemm_a16w16, batched_gemm_a16w16, gemm_a16w4 and gemm_a16wfp4
+    (gemmkit.library calls it once, after defining the ops)."""
     torch.library.register_autograd("gemmkit::gemm_a16w16", _gemm_backward, setup_context=_setup)
     torch.library.register_autograd("gemmkit::batched_gemm_a16w16", _batched_backward, setup_context=_setup)
+    torch.library.register_autograd("gemmkit::gemm_a16w4", _a16w4_backward, setup_context=_setup_a16w4)
+    torch.library.register_autograd("gemmkit::gemm_a16wfp4", _a16wfp4_backward, setup_context=_setup_a16wfp4)

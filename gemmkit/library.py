@@ -492,10 +492,17 @@ def _traced(name, args, out_dtype, y, config):
 
 def traced_gemm_a16w4(x, w_q, w_scale, w_zero, group_size, bias, activation, out_dtype, y, config):
     """gemm_a16w4 through torch.ops.gemmkit (what the public op calls while being traced)."""
-    _check_traced(x=x, w_q=w_q, w_scale=w_scale, w_zero=w_zero, bias=bias, y=y)
     if group_size is not None and type(group_size) is not int:  # (the schema's int would coerce True, 32.0)
         a16w4.check_group_size(group_size, 0)
     group_size = None if group_size == -1 else group_size
+    if v.needs_grad(x, w_scale, bias):  # (the weight frozen: gradients for x and bias)
+        autograd.check_frozen("gemm_a16w4", w_scale=w_scale)
+        autograd.check_grad_call("gemm_a16w4", y, config)
+        v.check_tensor("x", x)
+        K = x.shape[-1]
+        return autograd.gemm_a16w4(x, w_q, w_scale, w_zero, a16w4.check_group_size(group_size, K) if K else 1, bias,
+                                   activation, out_dtype)
+    _check_traced(x=x, w_q=w_q, w_scale=w_scale, w_zero=w_zero, bias=bias, y=y)
     return _traced("gemm_a16w4", (x, w_q, w_scale, w_zero, group_size, bias, activation), out_dtype, y, config)
 
 
@@ -516,6 +523,10 @@ _register_gemm_fakes(_a16wfp4, _a16wfp4_out, _a16w4_output)
 
 def traced_gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype, y, config):
     """gemm_a16wfp4 through torch.ops.gemmkit."""
+    if v.needs_grad(x, w_scale, bias):  # (the weight frozen: gradients for x and bias)
+        autograd.check_frozen("gemm_a16wfp4", w_scale=w_scale)
+        autograd.check_grad_call("gemm_a16wfp4", y, config)
+        return autograd.gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype)
     _check_traced(x=x, w=w, w_scale=w_scale, bias=bias, y=y)
     return _traced("gemm_a16wfp4", (x, w, w_scale, bias, activation), out_dtype, y, config)
 

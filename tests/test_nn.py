@@ -340,7 +340,7 @@ def test_bench_model_tolerates_every_scheme():
 
 def test_layers_in_a_training_step():
     """Buffers stay frozen; the bf16 layer passes the input's gradient on (adapters trained around it), the
-    quantized layers refuse an input that requires grad."""
+    8-bit layers refuse an input that requires grad (test_autograd_frozen: the 4-bit ones pass it)."""
     lin = _linear()
     layer = gnn.Linear.from_linear(lin)
     x = randn(6, K, dtype=DT).requires_grad_()

@@ -1,8 +1,8 @@
 """Drop-in replacements for nn.Linear running gemmkit's kernels (inference layers).
 
 Weights, scales and bias are buffers, not Parameters: they stay frozen in a training step (the bf16 Linear and
-GatedMLP pass gradients on to their inputs through gemmkit.autograd; the quantized layers refuse inputs that
-require grad). They follow
+GatedMLP, Int4Linear and MXFP4Linear pass gradients on to their inputs through gemmkit.autograd; the 8-bit layers
+refuse inputs that require grad). They follow
 `.to()`, `state_dict()` and `load_state_dict()` like parameters do, except that a dtype move
 (`.to(torch.float16)`, `.half()`, a model's `.bfloat16()`) changes only the activations' dtype and
 the tensors kept in it (bias, 16-bit weights): FP8 / INT8 / 4-bit weights and their scales keep their

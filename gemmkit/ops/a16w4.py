@@ -43,7 +43,7 @@ def gemm_a16w4(x, w_q, w_scale, w_zero=None, *, group_size=128, bias=None, activ
     the warp-specialized GEMM with the weight as A, core/hopper_w4.py; else the tuned table "a16w4", else derived; from M =
     DEQUANT_MIN_M rows, where no Hopper kernel takes the call, the weight is dequantized in one pass and
     the A16W16 GEMM runs on it: ops/packed_prefill.py), a dict or a GemmConfig (always the fused tl
-    kernel). No autograd.
+    kernel). Differentiable in x and bias (the weight frozen; gemmkit.autograd): dx = dy @ dequant(w).
     """
     if _is_compiling():  # torch.compile records torch.ops.gemmkit.gemm_a16w4 (gemmkit.library)
         return _library().traced_gemm_a16w4(x, w_q, w_scale, w_zero, group_size, bias, activation, out_dtype, y,
@@ -57,6 +57,19 @@ def gemm_a16w4(x, w_q, w_scale, w_zero=None, *, group_size=128, bias=None, activ
         plan = _plans.plan_for(key, _make_plan, x, w_q, w_scale, w_zero, group_size, bias, y, activation, out_dtype,
                                config)
     return plan.run(x, w_q, bias, y, None, w_scale, None, None, None, None, None, w_zero)  # (.., c2, b2, cat_src, b_zero)
+
+
+def _grad_plan(x, w_q, w_scale, w_zero, group_size, bias, y, activation, out_dtype, config):
+    """Calls whose x or bias require grad (the weight frozen): through gemmkit.autograd, after the checks of the same
+    call without."""
+    from .. import autograd
+
+    autograd.check_frozen("gemm_a16w4", w_scale=w_scale)
+    autograd.checked("gemm_a16w4", y, config, lambda: _make_plan(x, w_q, w_scale, w_zero, group_size, bias, None,
+                                                                 activation, out_dtype, None))
+    g = check_group_size(group_size, x.shape[-1]) if x.shape[-1] else 1
+    return autograd.GradPlan(lambda x, w_q, bias, y, _xs, w_scale, *rest: autograd.gemm_a16w4(
+        x, w_q, w_scale, rest[-1], g, bias, activation, out_dtype))
 
 
 def check_group_size(group_size, K: int) -> int:
@@ -107,6 +120,8 @@ def output_checks(x2, lead, N: int, K: int, bias, y, out_dtype, default_dtype, d
 
 
 def _make_plan(x, w_q, w_scale, w_zero, group_size, bias, y, activation, out_dtype, config):
+    if v.needs_grad(x, w_scale, bias):
+        return _grad_plan(x, w_q, w_scale, w_zero, group_size, bias, y, activation, out_dtype, config)
     v.check_tensor("x", x, _IN_DTYPES)
     activation = v.check_activation(activation)
     device = v.check_devices(x=x, w_q=w_q, w_scale=w_scale, w_zero=w_zero, bias=bias, y=y)

@@ -37,7 +37,8 @@ def gemm_a16wfp4(x, w, w_scale, *, bias=None, activation=None, out_dtype=None, y
     and the prefill kernel from 65 to 511 (1023 on wide layers), from 512 to 1024 where its tiles fill their waves (and
     no activation) the warp-specialized GEMM with the weight as A, core/hopper_w4.py; else table "a16wfp4", else derived; from
     M = DEQUANT_MIN_M, where no Hopper kernel takes the call, the weight is dequantized in one pass for
-    the A16W16 GEMM: ops/packed_prefill.py), dict or GemmConfig (always the fused kernel).
+    the A16W16 GEMM: ops/packed_prefill.py), dict or GemmConfig (always the fused kernel). Differentiable in x and
+    bias (the weight frozen; gemmkit.autograd): dx = dy @ dequant(w).
     """
     if _is_compiling():  # torch.compile records torch.ops.gemmkit.gemm_a16wfp4 (gemmkit.library)
         return _library().traced_gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype, y, config)
@@ -76,6 +77,8 @@ def _check_k(K: int) -> None:
 
 def _make_plan(x, x_scale, w, w_scale, bias, y, activation, out_dtype, config):
     fp4_x = x_scale is not None
+    if not fp4_x and v.needs_grad(x, w_scale, bias):
+        return _grad_plan(x, w, w_scale, bias, y, activation, out_dtype, config)
     v.check_tensor("x", x, (torch.uint8,) if fp4_x else _IN_DTYPES)
     activation = v.check_activation(activation)
     device = v.check_devices(x=x, x_scale=x_scale, w=w, w_scale=w_scale, bias=bias, y=y)
@@ -121,6 +124,18 @@ def _make_plan(x, x_scale, w, w_scale, bias, y, activation, out_dtype, config):
     if fp4_x and x_scale.ndim != 2:
         return _FlatScale(plan)
     return plan
+
+
+def _grad_plan(x, w, w_scale, bias, y, activation, out_dtype, config):
+    """gemm_a16wfp4 calls whose x or bias require grad (the weight frozen): through gemmkit.autograd, after the
+    checks of the same call without."""
+    from .. import autograd
+
+    autograd.check_frozen("gemm_a16wfp4", w_scale=w_scale)
+    autograd.checked("gemm_a16wfp4", y, config, lambda: _make_plan(x, None, w, w_scale, bias, None, activation,
+                                                                   out_dtype, None))
+    return autograd.GradPlan(lambda x, w, bias, y, x_scale, w_scale: autograd.gemm_a16wfp4(
+        x, w, w_scale, bias, activation, out_dtype))
 
 
 class _DequantMX:
