@@ -377,6 +377,46 @@ def _a16w4_op(name, dtypes, make_inputs, baseline, baseline_name, reads):
                   reads=(("x", "wq", "ws", "wz"), reads), scale_bytes=_int4_scale_bytes)
 
 
+@dataclass(frozen=True)
+class FrozenTrainingToolOp(ToolOp):
+    """The GEMMs of a frozen quantized layer's training step (adapters trained around it: gemmkit.autograd), the
+    forward y = x w^T and dx = dy w, two (M, N, K) problems per call, both through autograd; run / baseline return
+    (y, dx)."""
+
+    def flops(self, M, N, K) -> float:
+        return 2 * ToolOp.flops(self, M, N, K)
+
+    def nbytes(self, M, N, K) -> float:
+        return 2 * ToolOp.nbytes(self, M, N, K)
+
+
+def _frozen_step(forward, x, dy):
+    """(y, dx) of y = forward(x) through autograd (x a fresh leaf: what a training step runs)."""
+    x = x.detach().requires_grad_()
+    y = forward(x)
+    return y.detach(), torch.autograd.grad(y, x, dy)[0]
+
+
+def _a16w4_qlora_inputs(M, N, K, dtype, device):
+    return dict(_a16w4_inputs(M, N, K, dtype, device), dy=_rand((M, N), device).to(DTYPES[dtype]))
+
+
+def _a16w4_qlora_run(inp, config=None):
+    from ..ops.a16w4 import gemm_a16w4
+
+    g = _int4_group(inp["x"].shape[1])
+    return _frozen_step(lambda x: gemm_a16w4(x, inp["wq"], inp["ws"], inp["wz"], group_size=g), inp["x"], inp["dy"])
+
+
+def _a16w4_qlora_baseline(inp):
+    return _frozen_step(lambda x: _F.linear(x, inp["w16"]), inp["x"], inp["dy"])
+
+
+def _a16w4_qlora_reference(inp):
+    x, w, dy = inp["x"].float(), inp["w16"].float(), inp["dy"].float()
+    return x @ w.T, dy @ w
+
+
 def _a16wfp4_inputs(M, N, K, dtype, device):
     from ..quant import dequantize_mxfp4, quantize_mxfp4
 
@@ -464,6 +504,11 @@ OPS = {
                                 ("x", "w_tiny", "sz")),
     "a16w4_dequant": _a16w4_op("a16w4_dequant", ("bf16", "fp16"), _a16w4_inputs, _a16w4_dequant_linear,
                                "dequantize_int4 then F.linear (cuBLAS)", ("x", "wq", "ws", "wz")),
+    "a16w4_qlora": FrozenTrainingToolOp(
+        "a16w4_qlora", ("bf16", "fp16"), _a16w4_qlora_inputs, _a16w4_qlora_run, _a16w4_qlora_baseline,
+        "F.linear and its dx (cuBLAS, autograd) on the bf16 weight", _a16w4_qlora_reference, 1e-2, 2, 2, 16, None,
+        formats=(dense(torch.bfloat16), packed4(torch.bfloat16, Scale.GROUP, INT4_GROUP)),
+        reads=(("x", "wq", "ws", "wz", "dy"), ("x", "w16", "dy")), scale_bytes=_int4_scale_bytes),
     "a16wfp4": ToolOp(
         "a16wfp4", ("bf16", "fp16"), _a16wfp4_inputs, _a16wfp4_run, lambda i: _F.linear(i["x"], i["w16"]),
         "F.linear bf16 (cuBLAS) on the dequantized weight", lambda i: i["x"].float() @ i["w16"].float().T, 1e-2,
