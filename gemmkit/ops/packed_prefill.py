@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from ..core.device import interpreter_active
-from ..core.interpreter import apply_interpreter_fixes
+from ..core.launcher import CachedLaunch
+from ..core.plan import PlanCache, plan_key
 from .a16w16 import gemm_a16w16
 
 DEQUANT_MIN_M = 256
@@ -25,7 +26,7 @@ class DequantizeLaunch:
     """One launch of kernels/packed.py dequantize_kernel for packed weights with the facts of the
     example tensors (a plan key pins them): w (N, K // 2) uint8; INT4 scales (N, K // group) and
     uint8 zero points or None (8), or MXFP4 uint8 e8m0 scales (N, K // 32). Call (w, w_scale,
-    w_zero) -> the (N, K) `dtype` weight."""
+    w_zero) -> the (N, K) `dtype` weight. Through Triton the first time, directly after (core/launcher)."""
 
     def __init__(self, w, w_scale, w_zero, group: int, int4: bool, dtype: torch.dtype):
         from ..kernels.packed import dequantize_kernel  # (after the interpreter choice, as every kernel)
@@ -37,23 +38,26 @@ class DequantizeLaunch:
         z_sn, z_sk = (0, 0) if w_zero is None else w_zero.stride()
         one_group = w_scale.shape[1] == 1  # per channel: stride 0 along K
         self.shape, self.dtype, self.device = (N, K), dtype, w.device
-        # launched directly, not through core/launcher.launch_jit: the interpreter's fixes first
-        apply_interpreter_fixes()
-        self.kernel = dequantize_kernel[(-(-N // 128), -(-K // sub))]
-        self.strides = (w.stride(0), s_sn, 0 if one_group else s_sk, z_sn, 0 if one_group else z_sk, K)
-        self.flags = dict(BLOCK_N=128, SUB=sub, GROUP=group, INT4=int4, FAST_UNPACK=w.is_cuda and not interpreter_active(),
-                          EVEN_K=K % sub == 0, INDEX_64=N * K >= 2**31, num_warps=4)
+        self.launch = CachedLaunch(dequantize_kernel, (-(-N // 128), -(-K // sub)), 4, 3, w.device.index or 0)
+        self.tail = (N, K, w.stride(0), s_sn, 0 if one_group else s_sk, z_sn, 0 if one_group else z_sk, K,
+                     128, sub, group, int4, w.is_cuda and not interpreter_active(), K % sub == 0, N * K >= 2**31)
 
     def __call__(self, w, w_scale, w_zero) -> torch.Tensor:
         out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
-        self.kernel(w, w_scale, w_zero, out, *self.shape, *self.strides, **self.flags)
+        if out.numel():
+            self.launch((w, w_scale, w_zero, out), self.tail)
         return out
+
+
+_launches = PlanCache(256)
 
 
 def dequantize_packed(w, w_scale, w_zero, group: int, int4: bool, dtype: torch.dtype) -> torch.Tensor:
     """(N, K) `dtype` weight of a packed 4-bit (N, K // 2) uint8 `w`: INT4 ((q - z) * s, scales
-    (N, K // group), uint8 zero points or None for 8) or MXFP4 (uint8 e8m0 scales (N, K // 32))."""
-    return DequantizeLaunch(w, w_scale, w_zero, group, int4, dtype)(w, w_scale, w_zero)
+    (N, K // group), uint8 zero points or None for 8) or MXFP4 (uint8 e8m0 scales (N, K // 32)). Its launch
+    is kept per facts of the tensors (the backward of the frozen 4-bit ops: gemmkit.autograd)."""
+    key = plan_key((w, w_scale, w_zero), (group, int4, dtype))
+    return _launches.plan_for(key, DequantizeLaunch, w, w_scale, w_zero, group, int4, dtype)(w, w_scale, w_zero)
 
 
 class DequantThenGemm:
