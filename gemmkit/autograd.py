@@ -16,13 +16,15 @@ float32), where the fused inference epilogue rounds once.
 The gradients have their inputs' dtypes; dy enters the GEMMs in x's dtype (16-bit operands: a float32
 output's gradient is rounded once).
 
-Frozen 4-bit weights (gemm_a16w4, gemm_a16wfp4; QLoRA-style training of adapters around a quantized base layer):
-gradients for x and bias only, dx = dy @ W with W the dequantized weight in x's dtype, the weight the forward
-multiplied by (dequantized once per backward by kernels/packed.py's pass, N x K x 2 bytes held while dx's GEMM
-runs; under torch.compile by torch ops); their scales refuse requires_grad.
+Frozen quantized weights (QLoRA-style training of adapters around a quantized base layer): gemm_a16w4,
+gemm_a16wfp4, and gemm_a8w8 / gemm_a8w8_blockscale with a 16-bit x quantized in the op (dynamic): gradients for x
+and bias only, dx = dy @ W with W the dequantized weight in x's dtype (once per backward: the 4-bit weights by
+kernels/packed.py's pass, the 8-bit ones by torch ops, N x K x 2 bytes held while dx's GEMM runs; under
+torch.compile all by torch ops). For the 8-bit ops the gradient goes straight through x's quantization (as
+TransformerEngine's and bitsandbytes' FP8 / INT8 layers do). Scales refuse requires_grad ("frozen").
 
-Not differentiable (they refuse inputs that require grad): the FP8 / INT8 ops and gemm_afp4wfp4
-(fused_gemm_a8w8_split_cat included) and the grouped (mixture-of-experts) ops; nor a preallocated `y=` or `config=`.
+Not differentiable (they refuse inputs that require grad): the 8-bit ops on an already quantized x, gemm_afp4wfp4,
+fused_gemm_a8w8_split_cat and the grouped (mixture-of-experts) ops; nor a preallocated `y=` or `config=`.
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ def gemm_a16w4(x, w_q, w_scale, w_zero, group, bias, activation, out_dtype):
         y = _ops().gemm_a16w4(x, w_q, w_scale, w_zero, None if group == 2 * w_q.shape[1] else group, bias, None,
                               out_dtype)
     else:
-        y = _FrozenLinear.apply(x, bias, out_dtype, w_q, w_scale, w_zero, group, True)
+        y = _FrozenLinear.apply(x, bias, out_dtype, "int4", w_q, w_scale, w_zero, group)
     return torch_activation(y, activation)
 
 
@@ -133,7 +135,28 @@ def gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype):
     if is_compiling():
         y = _ops().gemm_a16wfp4(x, w, w_scale, bias, None, out_dtype)
     else:
-        y = _FrozenLinear.apply(x, bias, out_dtype, w, w_scale, None, 32, False)
+        y = _FrozenLinear.apply(x, bias, out_dtype, "mxfp4", w, w_scale, None, 32)
+    return torch_activation(y, activation)
+
+
+def gemm_a8w8_dynamic(x, w, w_scale, bias, activation, out_dtype, fast_accum):
+    """activation(q(x) @ (w * w_scale).T + bias) of a frozen FP8 / INT8 weight, x 16-bit and quantized per token in
+    the op, differentiable in x (straight through the quantization of x) and bias."""
+    activation = v.check_activation(activation)
+    if is_compiling():
+        y = _ops().gemm_a8w8(x, w, None, w_scale, bias, None, out_dtype, fast_accum)
+    else:
+        y = _FrozenLinear.apply(x, bias, out_dtype, "a8w8", w, w_scale, None, fast_accum)
+    return torch_activation(y, activation)
+
+
+def gemm_a8w8_blockscale_dynamic(x, w, w_scale, bias, activation, out_dtype):
+    """The block-scaled form (w_scale per 128 x 128 block; x quantized per 1 x 128 group in the op), likewise."""
+    activation = v.check_activation(activation)
+    if is_compiling():
+        y = _ops().gemm_a8w8_blockscale(x, w, None, w_scale, bias, None, out_dtype)
+    else:
+        y = _FrozenLinear.apply(x, bias, out_dtype, "blockscale", w, w_scale, None, None)
     return torch_activation(y, activation)
 
 
@@ -237,34 +260,63 @@ def frozen_linear_grads(x, bias, dy, needs, dequantized, gemm):
     return dx, db
 
 
+def weight_rows(w, w_scale, dtype):
+    """(N, K) `dtype` of an 8-bit weight scaled per channel ((N,) / (1, N) / (N, 1)) or per tensor: w times its
+    scale, the scale in `dtype` (one allocation of N x K x 2 bytes)."""
+    s = w_scale.to(dtype).reshape(-1)
+    return w.to(dtype).mul_(s if s.numel() == 1 else s[:, None])
+
+
+def weight_blocks(w, w_scale, dtype):
+    """(N, K) `dtype` of a block-scaled FP8 weight, w_scale (ceil(N / 128), ceil(K / 128)) (DeepSeek-V3)."""
+    N, K = w.shape
+    s = w_scale.to(dtype).repeat_interleave(128, 0)[:N].repeat_interleave(128, 1)[:, :K]
+    return w.to(dtype).mul_(s)
+
+
 class _FrozenLinear(torch.autograd.Function):
-    """x @ dequant(w).T + bias of a packed 4-bit weight (INT4: w_zero None or uint8, group its group size; MXFP4:
-    group 32), through gemmkit's inference op; backward: frozen_linear_grads, the weight dequantized by
-    kernels/packed.py."""
+    """x @ W.T + bias with a frozen quantized W, through gemmkit's inference op; kind: "int4" (w_zero None or uint8,
+    extra: the group size), "mxfp4", "a8w8" (x quantized per token in the op; extra: fast_accum) or "blockscale".
+    Backward: frozen_linear_grads, W dequantized to x's dtype (the 4-bit weights by kernels/packed.py's pass)."""
 
     @staticmethod
-    def forward(ctx, x, bias, out_dtype, w, w_scale, w_zero, group, int4):
+    def forward(ctx, x, bias, out_dtype, kind, w, w_scale, w_zero, extra):
         ctx.save_for_backward(x, bias, w, w_scale, w_zero)
-        ctx.group, ctx.int4 = group, int4
-        if int4:
+        ctx.kind, ctx.extra = kind, extra
+        if kind == "int4":
             from .ops.a16w4 import gemm_a16w4 as op
 
-            return op(x, w, w_scale, w_zero, group_size=group if group != 2 * w.shape[1] else None, bias=bias,
+            return op(x, w, w_scale, w_zero, group_size=extra if extra != 2 * w.shape[1] else None, bias=bias,
                       out_dtype=out_dtype)
-        from .ops.fp4 import gemm_a16wfp4 as op
+        if kind == "mxfp4":
+            from .ops.fp4 import gemm_a16wfp4 as op
 
-        return op(x, w, w_scale, bias=bias, out_dtype=out_dtype)
+            return op(x, w, w_scale, bias=bias, out_dtype=out_dtype)
+        if kind == "a8w8":
+            from .ops.a8w8 import gemm_a8w8 as op
+
+            return op(x, w, None, w_scale, bias, out_dtype=out_dtype, fast_accum=extra)
+        from .ops.a8w8_blockscale import gemm_a8w8_blockscale as op
+
+        return op(x, w, None, w_scale, bias, out_dtype=out_dtype)
 
     @staticmethod
     def backward(ctx, dy):
+        x, bias, w, w_scale, w_zero = ctx.saved_tensors
+        dx, db = frozen_linear_grads(x, bias, dy, ctx.needs_input_grad, lambda: _dequantized(
+            ctx.kind, w, w_scale, w_zero, ctx.extra, x.dtype), _eager_gemm)
+        return dx, db, None, None, None, None, None, None
+
+
+def _dequantized(kind, w, w_scale, w_zero, extra, dtype):
+    if kind in ("int4", "mxfp4"):
         from .ops.packed_prefill import dequantize_packed
 
-        x, bias, w, w_scale, w_zero = ctx.saved_tensors
         K = 2 * w.shape[1]
-        group = ctx.group if ctx.group != K else 1 << (K - 1).bit_length()  # (one group: the pass's power of two)
-        dx, db = frozen_linear_grads(x, bias, dy, ctx.needs_input_grad, lambda: dequantize_packed(
-            w, w_scale, w_zero, group, ctx.int4, x.dtype), _eager_gemm)
-        return dx, db, None, None, None, None, None, None
+        # (one group per channel: the pass takes a power of two)
+        group = 32 if kind == "mxfp4" else extra if extra != K else 1 << (K - 1).bit_length()
+        return dequantize_packed(w, w_scale, w_zero, group, kind == "int4", dtype)
+    return weight_rows(w, w_scale, dtype) if kind == "a8w8" else weight_blocks(w, w_scale, dtype)
 
 
 def _function(name, forward, grads):
@@ -367,10 +419,47 @@ def _a16wfp4_backward(ctx, dy):
     return dx, None, None, db, None, None
 
 
+def _setup_a8w8(ctx, inputs, output):
+    x, w, x_scale, w_scale, bias = inputs[:5]
+    check_frozen("gemm_a8w8", w_scale=w_scale)
+    _check_dynamic("gemm_a8w8", x, x_scale)
+    ctx.save_for_backward(x, w, w_scale, bias)
+    ctx.activation, ctx.blocks = inputs[5], False
+
+
+def _check_dynamic(op, x, x_scale):
+    if x_scale is not None and x.requires_grad:
+        raise ValueError(f"{op}: an already quantized x has no gradient; pass x in bf16 / fp16 with x_scale=None "
+                         "(quantized in the op; its gradient goes straight through the quantization)")
+
+
+def _setup_a8w8_blockscale(ctx, inputs, output):
+    x, w, x_scale, w_scale, bias = inputs[:5]
+    check_frozen("gemm_a8w8_blockscale", w_scale=w_scale)
+    _check_dynamic("gemm_a8w8_blockscale", x, x_scale)
+    ctx.save_for_backward(x, w, w_scale, bias)
+    ctx.activation, ctx.blocks = inputs[5], True
+
+
+def _a8w8_backward(ctx, dy):
+    x, w, w_scale, bias = ctx.saved_tensors
+    if ctx.blocks:
+        fwd = lambda: torch.ops.gemmkit.gemm_a8w8_blockscale(x, w, None, w_scale, bias, None, dy.dtype)  # noqa: E731
+    else:
+        fwd = lambda: torch.ops.gemmkit.gemm_a8w8(x, w, None, w_scale, bias, None, dy.dtype)  # noqa: E731
+    dy = _through_activation(ctx, dy, fwd)
+    dx, db = frozen_linear_grads(x, bias, dy, (ctx.needs_input_grad[0], ctx.needs_input_grad[4]), lambda: (
+        weight_blocks if ctx.blocks else weight_rows)(w, w_scale, x.dtype), _op_gemm)
+    return (dx, None, None, None, db) + (None,) * (2 if ctx.blocks else 3)
+
+
 def register() -> None:
-    """Registers the backward of torch.ops.gemmkit.gemm_a16w16, batched_gemm_a16w16, gemm_a16w4 and gemm_a16wfp4
-    (gemmkit.library calls it once, after defining the ops)."""
+    """Registers the backward of torch.ops.gemmkit.gemm_a16w16, batched_gemm_a16w16, gemm_a16w4, gemm_a16wfp4,
+    gemm_a8w8 and gemm_a8w8_blockscale (gemmkit.library calls it once, after defining the ops)."""
     torch.library.register_autograd("gemmkit::gemm_a16w16", _gemm_backward, setup_context=_setup)
     torch.library.register_autograd("gemmkit::batched_gemm_a16w16", _batched_backward, setup_context=_setup)
     torch.library.register_autograd("gemmkit::gemm_a16w4", _a16w4_backward, setup_context=_setup_a16w4)
     torch.library.register_autograd("gemmkit::gemm_a16wfp4", _a16wfp4_backward, setup_context=_setup_a16wfp4)
+    torch.library.register_autograd("gemmkit::gemm_a8w8", _a8w8_backward, setup_context=_setup_a8w8)
+    torch.library.register_autograd("gemmkit::gemm_a8w8_blockscale", _a8w8_backward,
+                                    setup_context=_setup_a8w8_blockscale)

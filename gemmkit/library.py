@@ -171,10 +171,17 @@ def _(x, w, x_scale, w_scale, bias, activation, out_dtype, y, fast_accum=True):
                                        else out_dtype))
 
 
+_DYNAMIC_X = (torch.bfloat16, torch.float16)  # (the 8-bit ops' x quantized in the op: differentiable)
+
+
 def traced_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config, fast_accum=True):
     """gemm_a8w8 through torch.ops.gemmkit (what the public op calls while being traced)."""
-    _check_traced(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias, y=y)
     a8w8.check_fast_accum(fast_accum)
+    if x_scale is None and v.needs_grad(x, w_scale, bias) and getattr(x, "dtype", None) in _DYNAMIC_X:
+        autograd.check_frozen("gemm_a8w8", w_scale=w_scale)  # (dynamic x: gradients for x and bias)
+        autograd.check_grad_call("gemm_a8w8", y, config)
+        return autograd.gemm_a8w8_dynamic(x, w, w_scale, bias, activation, out_dtype, fast_accum)
+    _check_traced(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias, y=y)
     _check_no_config(config)
     if y is None:
         return torch.ops.gemmkit.gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, fast_accum)
@@ -214,6 +221,10 @@ _register_gemm_fakes(_a8w8_blockscale, _a8w8_blockscale_out, _a8w8_blockscale_ou
 
 def traced_gemm_a8w8_blockscale(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config):
     """gemm_a8w8_blockscale through torch.ops.gemmkit (what the public op calls while being traced)."""
+    if x_scale is None and v.needs_grad(x, w_scale, bias) and getattr(x, "dtype", None) in _DYNAMIC_X:
+        autograd.check_frozen("gemm_a8w8_blockscale", w_scale=w_scale)  # (dynamic x: gradients for x and bias)
+        autograd.check_grad_call("gemm_a8w8_blockscale", y, config)
+        return autograd.gemm_a8w8_blockscale_dynamic(x, w, w_scale, bias, activation, out_dtype)
     _check_traced(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias, y=y)
     _check_no_config(config)
     if y is None:

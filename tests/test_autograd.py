@@ -225,8 +225,9 @@ def test_refused_with_grad():
         gemmkit.ff_a16w16_gated(x, randn(2 * N, K, dtype=BF16), randn(K, N, dtype=BF16),
                                 y=torch.empty(4, K, dtype=BF16, device=DEVICE))
     wq, ws = gemmkit.quant.quantize_fp8(w, "row")
-    with pytest.raises(ValueError, match="x requires grad"):  # (FP8: no backward)
-        gemmkit.gemm_a8w8(x, wq, None, ws)
+    xq, xs = gemmkit.quant.quantize_fp8(x.detach(), "row")
+    with pytest.raises(ValueError, match="x requires grad"):  # (an FP8 x: no backward; test_autograd_frozen: dynamic)
+        gemmkit.gemm_a8w8(xq.requires_grad_(), wq, xs, ws)
     with pytest.raises(ValueError, match="x requires grad"):
         gemmkit.grouped_gemm_a16w16(x, w.reshape(1, N, K), torch.tensor([0, 4], dtype=torch.int32, device=DEVICE))
 
@@ -363,8 +364,10 @@ def test_compiled_calls_check_like_eager():
     K, N = sizes((16, 12), (256, 128))
     x, w = _leaf(randn(4, K, dtype=BF16)), _leaf(randn(N, K, dtype=BF16))
     wq, ws = gemmkit.quant.quantize_fp8(w.detach(), "row")
+    xq, xs = gemmkit.quant.quantize_fp8(x.detach(), "row")
+    xq.requires_grad_()
     cases = [
-        (lambda x, w: gemmkit.gemm_a8w8(x, wq, None, ws), "requires grad"),
+        (lambda x, w: gemmkit.gemm_a8w8(xq, wq, xs, ws), "requires grad"),  # (an FP8 x; a 16-bit one: differentiable)
         (lambda x, w: gemmkit.quant.quantize_fp8(x), "requires grad"),
         (lambda x, w: gemmkit.fused_gemm_a16w16_mul_add(x, w, torch.ones(3, device=DEVICE), 0.0), "broadcastable"),
         (lambda x, w: gemmkit.fused_gemm_a16w16_mul_add(x.detach(), w.detach(), True, 0.0), "float or a tensor"),

@@ -162,3 +162,82 @@ def test_refused():
     with pytest.raises(Exception, match="frozen"):
         f(x)
     torch._dynamo.reset()
+
+
+# 8-bit weights with a 16-bit x quantized in the op (dynamic): dx goes straight through x's quantization
+
+def _dx_check(gx, dy, w_deq, tol=1e-2):
+    ref = dy.double() @ w_deq.double()
+    assert gx.dtype == dy.dtype and gx.shape == ref.shape
+    assert ((gx.double() - ref).norm() / ref.norm()).item() < tol
+
+
+@pytest.mark.parametrize("wdtype", [torch.float8_e4m3fn, torch.int8])
+@pytest.mark.parametrize("scale", ["channel", "tensor"])
+@pytest.mark.parametrize("activation", [None, "relu"])
+def test_a8w8_dynamic_grads(wdtype, scale, activation):
+    M, N, K = sizes((9, 40, 64), (300, 1000, 2048))
+    w = randn(N, K, dtype=FP32, scale=K ** -0.5)
+    wq, ws = (quant.quantize_fp8 if wdtype != torch.int8 else quant.quantize_int8)(
+        w, "row" if scale == "channel" else "tensor")
+    x, b = _leaf(randn(M, K, dtype=BF16)), _leaf(randn(N, dtype=FP32))
+    y = gemmkit.gemm_a8w8(x, wq, None, ws, b, activation=activation)
+    with torch.no_grad():  # (the forward is the inference op's)
+        assert torch.equal(y, gemmkit.gemm_a8w8(x, wq, None, ws, b, activation=activation))
+    dy = randn(M, N, dtype=BF16)
+    gx, gb = torch.autograd.grad(y, (x, b), dy)
+    if activation == "relu":
+        dy = dy * (y > 0)
+    _dx_check(gx, dy, wq.double() * ws.double().reshape(-1, 1 if ws.numel() > 1 else 1))
+    torch.testing.assert_close(gb, dy.float().sum(0), rtol=1e-5, atol=1e-4)
+
+
+def test_a8w8_blockscale_dynamic_grads():
+    M, N, K = sizes((5, 130, 200), (300, 1000, 2100))  # (ragged last 128-blocks along N and K)
+    w = randn(N, K, dtype=FP32, scale=K ** -0.5)
+    wq, ws = quant.quantize_fp8_blockwise(w, (128, 128))
+    x = _leaf(randn(2, M, K, dtype=FP16))
+    y = gemmkit.gemm_a8w8_blockscale(x, wq, None, ws, out_dtype=FP32)
+    dy = randn(*y.shape, dtype=FP32)
+    (gx,) = torch.autograd.grad(y, (x,), dy)
+    s = ws.repeat_interleave(128, 0)[:N].repeat_interleave(128, 1)[:, :K]
+    _dx_check(gx.reshape(-1, K), dy.to(FP16).reshape(-1, N), wq.double() * s.double())
+
+
+def test_8bit_layers_and_compile():
+    K, N = sizes((64, 48), (1024, 768))
+    base = torch.nn.Linear(K, N, dtype=BF16, device=DEVICE)
+    x = _leaf(randn(7, K, dtype=BF16))
+    for layer in (gemmkit.nn.FP8Linear.from_linear(base), gemmkit.nn.Int8Linear.from_linear(base)):
+        y = layer(x)
+        dy = randn(*y.shape, dtype=BF16)
+        (gx,) = torch.autograd.grad(y, (x,), dy)
+        _dx_check(gx, dy, layer.weight.double() * layer.weight_scale.double()[:, None])
+    wq, ws = quant.quantize_fp8(randn(N, K, dtype=FP32, scale=K ** -0.5), "row")
+
+    def step(x):
+        return gemmkit.gemm_a8w8(x, wq, None, ws, activation="silu").float().square().sum()
+
+    eager = torch.autograd.grad(step(x), (x,))[0]
+    torch._dynamo.reset()
+    got = torch.autograd.grad(torch.compile(step, fullgraph=True, backend="aot_eager")(x), (x,))[0]
+    assert ((got.double() - eager.double()).norm() / eager.double().norm()).item() < 1e-2
+    torch._dynamo.reset()
+    tests = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")  # (test_schema: no fp8 mul)
+    assert set(torch.library.opcheck(torch.ops.gemmkit.gemm_a8w8.default, (x, wq, None, ws, None, None, BF16, True),
+                                     test_utils=tests).values()) == {"SUCCESS"}
+
+
+def test_8bit_refused():
+    K, N = sizes((64, 40), (1024, 768))
+    wq, ws = quant.quantize_fp8(randn(N, K, dtype=FP32), "row")
+    x = _leaf(randn(3, K, dtype=BF16))
+    with pytest.raises(ValueError, match="w_scale requires grad.*frozen"):
+        gemmkit.gemm_a8w8(x, wq, None, _leaf(ws))
+    with pytest.raises(ValueError, match="y= .*autograd"):
+        gemmkit.gemm_a8w8(x, wq, None, ws, y=torch.empty(3, N, dtype=BF16, device=DEVICE))
+    xq, xs = quant.quantize_fp8(x.detach(), "row")
+    with pytest.raises(ValueError, match="requires grad"):  # (an already quantized x: no gradient)
+        gemmkit.gemm_a8w8(xq.requires_grad_(), wq, xs, ws)
+    with pytest.raises(ValueError, match="already quantized x has no gradient"):
+        torch.ops.gemmkit.gemm_a8w8(xq, wq, xs, ws, None, None, BF16, True)

@@ -340,7 +340,8 @@ def test_bench_model_tolerates_every_scheme():
 
 def test_layers_in_a_training_step():
     """Buffers stay frozen; the bf16 layer passes the input's gradient on (adapters trained around it), the
-    8-bit layers refuse an input that requires grad (test_autograd_frozen: the 4-bit ones pass it)."""
+    FP8 layer with a static activation scale refuses an input that requires grad (test_autograd_frozen: the
+    dynamic 8-bit and the 4-bit layers pass it)."""
     lin = _linear()
     layer = gnn.Linear.from_linear(lin)
     x = randn(6, K, dtype=DT).requires_grad_()
@@ -350,5 +351,5 @@ def test_layers_in_a_training_step():
                                 xd)
     assert_close(gx, rx, tol=2e-2)
     assert not any(b.requires_grad for b in layer.buffers()) and not list(layer.parameters())
-    with pytest.raises(ValueError, match="requires grad"):
-        gnn.FP8Linear.from_linear(lin)(x)
+    with pytest.raises(ValueError, match="requires grad"):  # (a static activation scale: x quantized outside)
+        gnn.FP8Linear.from_linear(lin, act_scale=1.0)(x)

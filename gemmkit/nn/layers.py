@@ -1,8 +1,8 @@
 """Drop-in replacements for nn.Linear running gemmkit's kernels (inference layers).
 
-Weights, scales and bias are buffers, not Parameters: they stay frozen in a training step (the bf16 Linear and
-GatedMLP, Int4Linear and MXFP4Linear pass gradients on to their inputs through gemmkit.autograd; the 8-bit layers
-refuse inputs that require grad). They follow
+Weights, scales and bias are buffers, not Parameters: they stay frozen in a training step (Linear, GatedMLP,
+Int4Linear, MXFP4Linear and the 8-bit layers with activations quantized in the op pass gradients on to their inputs
+through gemmkit.autograd; FP8Linear with a static act_scale refuses inputs that require grad). They follow
 `.to()`, `state_dict()` and `load_state_dict()` like parameters do, except that a dtype move
 (`.to(torch.float16)`, `.half()`, a model's `.bfloat16()`) changes only the activations' dtype and
 the tensors kept in it (bias, 16-bit weights): FP8 / INT8 / 4-bit weights and their scales keep their

@@ -52,7 +52,8 @@ def gemm_a8w8(x, w, x_scale, w_scale, bias=None, *, activation=None, out_dtype=t
     torch._scaled_mm(..., use_fast_accum=True). fast_accum=False: each K tile's partial sum is
     promoted to fp32 (every BLOCK_K, at most 128, elements of K), like _scaled_mm's default
     accumulation, with configs of its own (table a8w8_fp8_exact). INT8 accumulation is exact
-    either way.
+    either way. Differentiable in a 16-bit (dynamic) x and bias, the weight frozen (gemmkit.autograd): dx = dy @ (w *
+    w_scale), straight through x's quantization.
     """
     if _is_compiling():  # torch.compile records torch.ops.gemmkit.gemm_a8w8 (gemmkit.library)
         return _library().traced_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config,
@@ -94,6 +95,9 @@ def check_fast_accum(fast_accum) -> None:
 
 
 def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, fast_accum, dynamic_path="auto"):
+    if dynamic_path == "auto" and x_scale is None and v.needs_grad(x, w_scale, bias) \
+            and getattr(x, "dtype", None) in (torch.bfloat16, torch.float16):
+        return _grad_plan(x, w, w_scale, bias, y, activation, out_dtype, config, fast_accum)
     v.check_tensor("x", x, _X_DTYPES)
     v.check_tensor("w", w, _W_DTYPES)
     dynamic = x.dtype in (torch.bfloat16, torch.float16)
@@ -169,6 +173,18 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, f
         fused = DensePlan(x2, w, example_y, fused_a, b_fmt, epilogue, fused_cfg, dev,
                           inputs=dict(bias=bias, b_scale=w_scale), **common)
     return _Dynamic(quantize, gemm, fused, M, K, x.ndim != 2, always_fused=dynamic_path == "fused")
+
+
+def _grad_plan(x, w, w_scale, bias, y, activation, out_dtype, config, fast_accum):
+    """Dynamic calls whose x or bias require grad (the weight frozen): through gemmkit.autograd, after the checks of
+    the same call without."""
+    from .. import autograd
+
+    autograd.check_frozen("gemm_a8w8", w_scale=w_scale)
+    autograd.checked("gemm_a8w8", y, config, lambda: _make_plan(x, w, None, w_scale, bias, None, activation,
+                                                                out_dtype, None, fast_accum))
+    return autograd.GradPlan(lambda x, w, bias, y, x_scale, w_scale: autograd.gemm_a8w8_dynamic(
+        x, w, w_scale, bias, activation, out_dtype, fast_accum))
 
 
 def _exact_block_k(cfg: GemmConfig, given: bool) -> GemmConfig:

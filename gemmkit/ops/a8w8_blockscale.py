@@ -44,7 +44,8 @@ def gemm_a8w8_blockscale(x, w, x_scale, w_scale, bias=None, *, activation=None, 
     in the K loop (exactly the block structure; ragged last groups of K and N included).
     bias: (N,) bf16/fp16/fp32. activation: None, "relu", "gelu_tanh", "silu". out_dtype: bf16
     (default), fp16 or fp32. y: optional preallocated output. config: None (tuned table, else
-    derived; BLOCK_K must divide 128), a dict or a GemmConfig.
+    derived; BLOCK_K must divide 128), a dict or a GemmConfig. Differentiable in a 16-bit (dynamic) x and bias, the
+    weight frozen (gemmkit.autograd): dx = dy @ dequant(w), straight through x's quantization.
     """
     if _is_compiling():  # torch.compile records torch.ops.gemmkit.gemm_a8w8_blockscale (gemmkit.library)
         return _library().traced_gemm_a8w8_blockscale(x, w, x_scale, w_scale, bias, activation, out_dtype, y,
@@ -70,6 +71,18 @@ def _dynamic_path(x, w, w_scale, path, *, out_dtype=torch.bfloat16, config=None)
     return plan.run(x, w, None, None, None, w_scale)
 
 
+def _grad_plan(x, w, w_scale, bias, y, activation, out_dtype, config):
+    """Dynamic calls whose x or bias require grad (the weight frozen): through gemmkit.autograd, after the checks of
+    the same call without."""
+    from .. import autograd
+
+    autograd.check_frozen("gemm_a8w8_blockscale", w_scale=w_scale)
+    autograd.checked("gemm_a8w8_blockscale", y, config, lambda: _make_plan(x, w, None, w_scale, bias, None, activation,
+                                                                           out_dtype, None))
+    return autograd.GradPlan(lambda x, w, bias, y, x_scale, w_scale: autograd.gemm_a8w8_blockscale_dynamic(
+        x, w, w_scale, bias, activation, out_dtype))
+
+
 def _check_scale(name: str, s, shape) -> torch.Tensor:
     """A float32 scale tensor of this logical shape, as a 2-D view (any strides)."""
     v.check_tensor(name, s, (torch.float32,))
@@ -85,6 +98,9 @@ def _check_scale(name: str, s, shape) -> torch.Tensor:
 
 
 def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, dynamic_path="auto"):
+    if dynamic_path == "auto" and x_scale is None and v.needs_grad(x, w_scale, bias) \
+            and getattr(x, "dtype", None) in (torch.bfloat16, torch.float16):
+        return _grad_plan(x, w, w_scale, bias, y, activation, out_dtype, config)
     v.check_tensor("x", x, FP8 + (torch.bfloat16, torch.float16))
     v.check_tensor("w", w, FP8)
     dynamic = x.dtype in (torch.bfloat16, torch.float16)
