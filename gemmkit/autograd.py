@@ -397,8 +397,9 @@ def _a16w4_backward(ctx, dy):
     dy = _through_activation(ctx, dy, lambda: torch.ops.gemmkit.gemm_a16w4(x, w_q, w_scale, w_zero, ctx.group_size,
                                                                             bias, None, dy.dtype))
     # (the forward's weight: x's dtype((q - z) * x's dtype(s)))
+    group = ctx.group_size if not isinstance(ctx.group_size, torch.SymInt) else int(ctx.group_size)  # (dynamic shapes)
     dx, db = frozen_linear_grads(x, bias, dy, (ctx.needs_input_grad[0], ctx.needs_input_grad[5]), lambda: (
-        dequantize_int4(w_q, w_scale.to(x.dtype), w_zero, ctx.group_size, x.dtype)), _op_gemm)
+        dequantize_int4(w_q, w_scale.to(x.dtype), w_zero, group, x.dtype)), _op_gemm)
     return dx, None, None, None, None, db, None, None
 
 

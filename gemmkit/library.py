@@ -510,7 +510,7 @@ def traced_gemm_a16w4(x, w_q, w_scale, w_zero, group_size, bias, activation, out
         autograd.check_frozen("gemm_a16w4", w_scale=w_scale)
         autograd.check_grad_call("gemm_a16w4", y, config)
         v.check_tensor("x", x)
-        K = x.shape[-1]
+        K = v.as_rows("x", x)[0].shape[1]
         return autograd.gemm_a16w4(x, w_q, w_scale, w_zero, a16w4.check_group_size(group_size, K) if K else 1, bias,
                                    activation, out_dtype)
     _check_traced(x=x, w_q=w_q, w_scale=w_scale, w_zero=w_zero, bias=bias, y=y)

@@ -32,16 +32,19 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int):
     """
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.ndim != 2:
         raise ValueError(f"topk_ids must be a 2-D (T, k) tensor, got {getattr(topk_ids, 'shape', topk_ids)!r}")
-    if topk_ids.dtype.is_floating_point or topk_ids.dtype == torch.bool:
+    if topk_ids.dtype.is_floating_point or topk_ids.dtype.is_complex or topk_ids.dtype == torch.bool:
         raise TypeError(f"topk_ids must hold integer expert ids, got {topk_ids.dtype}")
-    if not isinstance(num_experts, int) or num_experts < 1:
-        raise ValueError(f"num_experts must be an int >= 1, got {num_experts!r}")
+    if not isinstance(num_experts, int) or isinstance(num_experts, bool) or not 1 <= num_experts < 2**31 - 1:
+        raise ValueError(f"num_experts must be an int in [1, 2**31 - 1) (int32 offsets), got {num_experts!r}")
     if is_compiling():  # torch.compile records torch.ops.gemmkit.sort_by_expert (gemmkit.library)
         return library().traced_sort_by_expert(topk_ids, num_experts)
     k = topk_ids.shape[1]
     flat = topk_ids.reshape(-1)
     if flat.dtype not in (torch.int32, torch.int64):  # (narrow ids: the bounds up to num_experts would wrap)
-        flat = flat.to(torch.int32 if flat.dtype.itemsize < 4 else torch.int64)
+        if flat.dtype.itemsize < 4:
+            flat = flat.to(torch.int32)
+        else:  # (unsigned 32 / 64-bit: values from 2**63 would wrap negative; only their order past E matters)
+            flat = flat.to(torch.float64).clamp_(max=num_experts).to(torch.int64)
     flat = flat.contiguous()
     if routing.kernels_take(flat, num_experts):
         return routing.sort_by_expert_kernels(flat, num_experts, k)

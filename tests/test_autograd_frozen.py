@@ -128,6 +128,24 @@ def test_compiled(backend):
     torch._dynamo.reset()
 
 
+def test_compiled_dynamic_group_size():
+    """A group size that torch.compile makes a symbol (dynamic=True): the registered backward takes it."""
+    N, K = sizes((24, 128), (512, 1024))
+    x = _leaf(randn(3, K, dtype=BF16))
+
+    def f(x, q, s, z, gs):
+        return gemmkit.gemm_a16w4(x, q, s, z, group_size=gs).float().sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=True)
+    for g in (64, 32):
+        wq, ws, wz, deq = _int4(N, K, g, False, BF16)
+        (gx,) = torch.autograd.grad(compiled(x, wq, ws, wz, g), (x,))
+        ref = deq.double().sum(0).expand(3, K)
+        assert ((gx.double() - ref).norm() / ref.norm()).item() < 1e-2
+    torch._dynamo.reset()
+
+
 def test_opcheck_with_grad():
     N, K = sizes((24, 64), (512, 1024))
     wq, ws, wz, _ = _int4(N, K, 32, False, BF16)
@@ -182,8 +200,9 @@ def test_a8w8_dynamic_grads(wdtype, scale, activation):
         w, "row" if scale == "channel" else "tensor")
     x, b = _leaf(randn(M, K, dtype=BF16)), _leaf(randn(N, dtype=FP32))
     y = gemmkit.gemm_a8w8(x, wq, None, ws, b, activation=activation)
-    with torch.no_grad():  # (the forward is the inference op's)
-        assert torch.equal(y, gemmkit.gemm_a8w8(x, wq, None, ws, b, activation=activation))
+    with torch.no_grad():  # (the forward is the inference op's; with an activation fused it may take another config)
+        ref = gemmkit.gemm_a8w8(x, wq, None, ws, b, activation=activation)
+    assert ((y.double() - ref.double()).norm() / ref.double().norm()).item() < 2e-3
     dy = randn(M, N, dtype=BF16)
     gx, gb = torch.autograd.grad(y, (x, b), dy)
     if activation == "relu":

@@ -144,6 +144,25 @@ def test_sort_by_expert_ids_outside(blocks, monkeypatch):
     routing._plans.clear()
 
 
+def test_sort_by_expert_edge_inputs():
+    """Unsigned 64-bit ids from 2**63 sort after every expert (not wrapped negative); the torch route orders ids
+    outside [0, E) as the kernels do; complex ids and a bool num_experts are refused."""
+    from gemmkit.ops import routing
+
+    if hasattr(torch, "uint64"):
+        ids = torch.tensor([[2**63 + 5, 1]], dtype=torch.uint64)
+        g, s, o = moe.sort_by_expert(ids.to(DEVICE), 4)
+        assert s.tolist() == [1, 0] and o.tolist() == [0, 0, 1, 1, 1]
+    ids = torch.tensor([[-1, -5], [3, -2], [9, 8], [10, 0]], device=DEVICE)
+    got = moe.sort_by_expert(ids, 8)
+    assert all(torch.equal(a, b) for a, b in zip(got, routing.sort_by_expert_torch(ids.reshape(-1), 8, 2)))
+    assert got[1].tolist() == [0, 1, 3, 7, 2, 4, 5, 6]
+    with pytest.raises(TypeError, match="integer expert ids"):
+        moe.sort_by_expert(ids.to(torch.complex64), 8)
+    with pytest.raises(ValueError, match="num_experts"):
+        moe.sort_by_expert(ids, True)
+
+
 def test_sort_by_expert_torch_route():
     """More experts than the kernels' bins take the torch sort; so do CPU ids outside the interpreter."""
     from gemmkit.ops import routing

@@ -27,9 +27,11 @@ _plans = PlanCache()
 
 def sort_by_expert_torch(flat: torch.Tensor, num_experts: int, k: int):
     """(gather_idx, scatter_idx, expert_offsets) of flat (T * k,) int32 / int64 ids by torch ops (a stable
-    argsort): the route for CPU tensors outside the interpreter and for more than MAX_BINS - 2 experts."""
-    order = torch.argsort(flat, stable=True)
-    sorted_ids = flat[order].contiguous()
+    argsort): the route for CPU tensors outside the interpreter and for more than MAX_BINS - 2 experts. Ids outside
+    [0, E) are clamped to -1 / E first, so that their slots keep flat order, as the kernels keep them."""
+    clamped = flat.clamp(-1, num_experts)
+    order = torch.argsort(clamped, stable=True)
+    sorted_ids = clamped[order].contiguous()
     # searchsorted instead of bincount: bincount on CUDA reads the maximum back to the host
     bounds = torch.arange(num_experts + 1, device=flat.device, dtype=sorted_ids.dtype)
     offsets = torch.searchsorted(sorted_ids, bounds, out_int32=True)
