@@ -117,47 +117,38 @@ def ff_a16w16(x, w_up, w_down, activation, out_dtype):
     return linear(gemm_a16w16(x, w_up, None, activation, None), w_down, None, out_dtype)
 
 
-def gemm_a16w4(x, w_q, w_scale, w_zero, group, bias, activation, out_dtype):
-    """activation(x @ dequant(w).T + bias) of a frozen INT4 weight (group: the checked group size, K for one per
-    channel), differentiable in x and bias."""
+def _frozen(kind, x, bias, activation, out_dtype, weight, traced):
+    """activation(x @ W.T + bias) with a frozen quantized W = weight (w, w_scale, w_zero, extra: _FrozenLinear's),
+    differentiable in x and bias: the Function eagerly, traced() (the torch.ops.gemmkit op, no activation) while
+    torch.compile traces."""
     activation = v.check_activation(activation)
-    if is_compiling():
-        y = _ops().gemm_a16w4(x, w_q, w_scale, w_zero, None if group == 2 * w_q.shape[1] else group, bias, None,
-                              out_dtype)
-    else:
-        y = _FrozenLinear.apply(x, bias, out_dtype, "int4", w_q, w_scale, w_zero, group)
+    y = traced() if is_compiling() else _FrozenLinear.apply(x, bias, out_dtype, kind, *weight)
     return torch_activation(y, activation)
+
+
+def gemm_a16w4(x, w_q, w_scale, w_zero, group, bias, activation, out_dtype):
+    """A frozen INT4 weight (group: the checked group size, K for one per channel)."""
+    per_channel = group == 2 * w_q.shape[1]
+    return _frozen("int4", x, bias, activation, out_dtype, (w_q, w_scale, w_zero, group), lambda: _ops().gemm_a16w4(
+        x, w_q, w_scale, w_zero, None if per_channel else group, bias, None, out_dtype))
 
 
 def gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype):
-    """activation(x @ dequant(w).T + bias) of a frozen MXFP4 weight, differentiable in x and bias."""
-    activation = v.check_activation(activation)
-    if is_compiling():
-        y = _ops().gemm_a16wfp4(x, w, w_scale, bias, None, out_dtype)
-    else:
-        y = _FrozenLinear.apply(x, bias, out_dtype, "mxfp4", w, w_scale, None, 32)
-    return torch_activation(y, activation)
+    """A frozen MXFP4 weight."""
+    return _frozen("mxfp4", x, bias, activation, out_dtype, (w, w_scale, None, 32), lambda: _ops().gemm_a16wfp4(
+        x, w, w_scale, bias, None, out_dtype))
 
 
 def gemm_a8w8_dynamic(x, w, w_scale, bias, activation, out_dtype, fast_accum):
-    """activation(q(x) @ (w * w_scale).T + bias) of a frozen FP8 / INT8 weight, x 16-bit and quantized per token in
-    the op, differentiable in x (straight through the quantization of x) and bias."""
-    activation = v.check_activation(activation)
-    if is_compiling():
-        y = _ops().gemm_a8w8(x, w, None, w_scale, bias, None, out_dtype, fast_accum)
-    else:
-        y = _FrozenLinear.apply(x, bias, out_dtype, "a8w8", w, w_scale, None, fast_accum)
-    return torch_activation(y, activation)
+    """A frozen FP8 / INT8 weight, x 16-bit and quantized per token in the op (x's gradient straight through)."""
+    return _frozen("a8w8", x, bias, activation, out_dtype, (w, w_scale, None, fast_accum), lambda: _ops().gemm_a8w8(
+        x, w, None, w_scale, bias, None, out_dtype, fast_accum))
 
 
 def gemm_a8w8_blockscale_dynamic(x, w, w_scale, bias, activation, out_dtype):
-    """The block-scaled form (w_scale per 128 x 128 block; x quantized per 1 x 128 group in the op), likewise."""
-    activation = v.check_activation(activation)
-    if is_compiling():
-        y = _ops().gemm_a8w8_blockscale(x, w, None, w_scale, bias, None, out_dtype)
-    else:
-        y = _FrozenLinear.apply(x, bias, out_dtype, "blockscale", w, w_scale, None, None)
-    return torch_activation(y, activation)
+    """A frozen block-scaled FP8 weight (128 x 128 blocks; x quantized per 1 x 128 group in the op)."""
+    return _frozen("blockscale", x, bias, activation, out_dtype, (w, w_scale, None, None),
+                   lambda: _ops().gemm_a8w8_blockscale(x, w, None, w_scale, bias, None, out_dtype))
 
 
 def check_frozen(op: str, **scales) -> None:
@@ -420,26 +411,19 @@ def _a16wfp4_backward(ctx, dy):
     return dx, None, None, db, None, None
 
 
-def _setup_a8w8(ctx, inputs, output):
-    x, w, x_scale, w_scale, bias = inputs[:5]
-    check_frozen("gemm_a8w8", w_scale=w_scale)
-    _check_dynamic("gemm_a8w8", x, x_scale)
-    ctx.save_for_backward(x, w, w_scale, bias)
-    ctx.activation, ctx.blocks = inputs[5], False
+def _setup_8bit(op: str, blocks: bool):
+    """The setup_context of gemm_a8w8 / gemm_a8w8_blockscale: a 16-bit x (quantized in the op) and frozen scales."""
 
+    def setup(ctx, inputs, output):
+        x, w, x_scale, w_scale, bias = inputs[:5]
+        check_frozen(op, w_scale=w_scale)
+        if x_scale is not None and x.requires_grad:
+            raise ValueError(f"{op}: an already quantized x has no gradient; pass x in bf16 / fp16 with x_scale=None "
+                             "(quantized in the op; its gradient goes straight through the quantization)")
+        ctx.save_for_backward(x, w, w_scale, bias)
+        ctx.activation, ctx.blocks = inputs[5], blocks
 
-def _check_dynamic(op, x, x_scale):
-    if x_scale is not None and x.requires_grad:
-        raise ValueError(f"{op}: an already quantized x has no gradient; pass x in bf16 / fp16 with x_scale=None "
-                         "(quantized in the op; its gradient goes straight through the quantization)")
-
-
-def _setup_a8w8_blockscale(ctx, inputs, output):
-    x, w, x_scale, w_scale, bias = inputs[:5]
-    check_frozen("gemm_a8w8_blockscale", w_scale=w_scale)
-    _check_dynamic("gemm_a8w8_blockscale", x, x_scale)
-    ctx.save_for_backward(x, w, w_scale, bias)
-    ctx.activation, ctx.blocks = inputs[5], True
+    return setup
 
 
 def _a8w8_backward(ctx, dy):
@@ -461,6 +445,7 @@ def register() -> None:
     torch.library.register_autograd("gemmkit::batched_gemm_a16w16", _batched_backward, setup_context=_setup)
     torch.library.register_autograd("gemmkit::gemm_a16w4", _a16w4_backward, setup_context=_setup_a16w4)
     torch.library.register_autograd("gemmkit::gemm_a16wfp4", _a16wfp4_backward, setup_context=_setup_a16wfp4)
-    torch.library.register_autograd("gemmkit::gemm_a8w8", _a8w8_backward, setup_context=_setup_a8w8)
+    torch.library.register_autograd("gemmkit::gemm_a8w8", _a8w8_backward,
+                                    setup_context=_setup_8bit("gemm_a8w8", False))
     torch.library.register_autograd("gemmkit::gemm_a8w8_blockscale", _a8w8_backward,
-                                    setup_context=_setup_a8w8_blockscale)
+                                    setup_context=_setup_8bit("gemm_a8w8_blockscale", True))
