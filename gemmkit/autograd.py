@@ -151,6 +151,20 @@ def gemm_a8w8_blockscale_dynamic(x, w, w_scale, bias, activation, out_dtype):
                    lambda: _ops().gemm_a8w8_blockscale(x, w, None, w_scale, bias, None, out_dtype))
 
 
+def frozen_plan(op: str, w_scale, y, config, inference_plan, run) -> GradPlan:
+    """The plan of an op with a frozen quantized weight for calls whose x or bias require grad: the scale refuses
+    requires_grad, then the checks of the differentiable path (`checked`); run(...) takes the op's plan arguments."""
+    check_frozen(op, w_scale=w_scale)
+    checked(op, y, config, inference_plan)
+    return GradPlan(run)
+
+
+def check_frozen_call(op: str, w_scale, y, config) -> None:
+    """The same checks while torch.compile traces (the inference checks run in the custom op's fake)."""
+    check_frozen(op, w_scale=w_scale)
+    check_grad_call(op, y, config)
+
+
 def check_frozen(op: str, **scales) -> None:
     """A quantized weight's scales do not take gradients."""
     for name, t in scales.items():

@@ -178,8 +178,7 @@ def traced_gemm_a8w8(x, w, x_scale, w_scale, bias, activation, out_dtype, y, con
     """gemm_a8w8 through torch.ops.gemmkit (what the public op calls while being traced)."""
     a8w8.check_fast_accum(fast_accum)
     if x_scale is None and v.needs_grad(x, w_scale, bias) and getattr(x, "dtype", None) in _DYNAMIC_X:
-        autograd.check_frozen("gemm_a8w8", w_scale=w_scale)  # (dynamic x: gradients for x and bias)
-        autograd.check_grad_call("gemm_a8w8", y, config)
+        autograd.check_frozen_call("gemm_a8w8", w_scale, y, config)  # (dynamic x: gradients for x and bias)
         return autograd.gemm_a8w8_dynamic(x, w, w_scale, bias, activation, out_dtype, fast_accum)
     _check_traced(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias, y=y)
     _check_no_config(config)
@@ -222,8 +221,7 @@ _register_gemm_fakes(_a8w8_blockscale, _a8w8_blockscale_out, _a8w8_blockscale_ou
 def traced_gemm_a8w8_blockscale(x, w, x_scale, w_scale, bias, activation, out_dtype, y, config):
     """gemm_a8w8_blockscale through torch.ops.gemmkit (what the public op calls while being traced)."""
     if x_scale is None and v.needs_grad(x, w_scale, bias) and getattr(x, "dtype", None) in _DYNAMIC_X:
-        autograd.check_frozen("gemm_a8w8_blockscale", w_scale=w_scale)  # (dynamic x: gradients for x and bias)
-        autograd.check_grad_call("gemm_a8w8_blockscale", y, config)
+        autograd.check_frozen_call("gemm_a8w8_blockscale", w_scale, y, config)  # (dynamic x: gradients for x and bias)
         return autograd.gemm_a8w8_blockscale_dynamic(x, w, w_scale, bias, activation, out_dtype)
     _check_traced(x=x, w=w, x_scale=x_scale, w_scale=w_scale, bias=bias, y=y)
     _check_no_config(config)
@@ -507,8 +505,7 @@ def traced_gemm_a16w4(x, w_q, w_scale, w_zero, group_size, bias, activation, out
         a16w4.check_group_size(group_size, 0)
     group_size = None if group_size == -1 else group_size
     if v.needs_grad(x, w_scale, bias):  # (the weight frozen: gradients for x and bias)
-        autograd.check_frozen("gemm_a16w4", w_scale=w_scale)
-        autograd.check_grad_call("gemm_a16w4", y, config)
+        autograd.check_frozen_call("gemm_a16w4", w_scale, y, config)
         v.check_tensor("x", x)
         K = v.as_rows("x", x)[0].shape[1]
         return autograd.gemm_a16w4(x, w_q, w_scale, w_zero, a16w4.check_group_size(group_size, K) if K else 1, bias,
@@ -535,8 +532,7 @@ _register_gemm_fakes(_a16wfp4, _a16wfp4_out, _a16w4_output)
 def traced_gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype, y, config):
     """gemm_a16wfp4 through torch.ops.gemmkit."""
     if v.needs_grad(x, w_scale, bias):  # (the weight frozen: gradients for x and bias)
-        autograd.check_frozen("gemm_a16wfp4", w_scale=w_scale)
-        autograd.check_grad_call("gemm_a16wfp4", y, config)
+        autograd.check_frozen_call("gemm_a16wfp4", w_scale, y, config)
         return autograd.gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype)
     _check_traced(x=x, w=w, w_scale=w_scale, bias=bias, y=y)
     return _traced("gemm_a16wfp4", (x, w, w_scale, bias, activation), out_dtype, y, config)

@@ -20,38 +20,24 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from gemmkit.tools.registry import get_op  # noqa: E402
-from gemmkit.tools.timing import time_graphs_us  # noqa: E402
+from gemmkit.tools.timing import CapturedCalls, time_graphs_us  # noqa: E402
 
 
-def graph_of(fn):
-    fn()
-    torch.cuda.synchronize()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    torch.cuda.synchronize()
-    return g
-
-
-def kernels(g, reps: int):
-    """[(name, mean us per replay, launches per replay)] of a graph's kernels, longest first."""
-    g.replay()
-    torch.cuda.synchronize()
+def kernels(fn, reps: int):
+    """[(name, mean us per call, launches per call)] of fn's kernels captured in a CUDA graph (tools/timing's
+    capture) and replayed `reps` times under torch.profiler, longest first."""
+    cap = CapturedCalls([fn], 0, torch.cuda.Stream())
+    calls = reps * cap.per_replay
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            g.replay()
+            cap.graph.replay()
         torch.cuda.synchronize()
     total, count = collections.Counter(), collections.Counter()
     for e in prof.events():
         if e.device_type.name == "CUDA":
             total[e.name] += e.device_time
             count[e.name] += 1
-    return sorted(((n, t / reps, count[n] / reps) for n, t in total.items()), key=lambda r: -r[1])
+    return sorted(((n, t / calls, count[n] / calls) for n, t in total.items()), key=lambda r: -r[1])
 
 
 def main():
@@ -73,7 +59,7 @@ def main():
         tb, to = time_graphs_us([base], [own], rep_ms=10, retries=3)
         print(f"\n== M={M} N={N} K={K}: gemmkit {to:.1f} us, baseline {tb:.1f} us, ratio {tb / to:.3f}", file=out)
         for side, fn in (("gemmkit", own), ("baseline", base)):
-            rows = kernels(graph_of(fn), a.reps)
+            rows = kernels(fn, a.reps)
             busy = sum(r[1] for r in rows)
             print(f"-- {side}: {busy:.1f} us of kernels per call", file=out)
             for name, us, n in rows:

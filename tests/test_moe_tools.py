@@ -90,3 +90,13 @@ def test_tables_registered_and_keyed_by_rows_per_expert(tmp_path):
     out = tmp_path / "t.json"
     table = tune.write_table("grouped_a16w16", "bf16", cache, out, "test", "DEV")
     assert set(table["shapes"]["4096,7168"]) == {cfgmod.m_bucket(2), cfgmod.m_bucket(1024)}  # E 8, top-2: T k / E
+
+
+def test_moe_sort_op_binds_the_variant():
+    """moe_sort@<model>: run, baseline and reference sort among that model's experts (bench's correctness check)."""
+    for name, E in (("moe_sort@qwen3-30b-a3b-moe:zipf", 128), ("moe_sort@mixtral-8x7b-moe", 8)):
+        op = registry.get_op(name)
+        inp = op.make_inputs(23, 1, 1, "int64", DEVICE)
+        g, s, o = op.run(inp)
+        assert o.shape == (E + 1,) and tune.rel_error(op.run(inp), op.reference(inp)) == 0.0
+        assert all(torch.equal(a, b) for a, b in zip((g, s, o), op.baseline(inp)))

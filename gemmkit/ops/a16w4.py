@@ -60,16 +60,14 @@ def gemm_a16w4(x, w_q, w_scale, w_zero=None, *, group_size=128, bias=None, activ
 
 
 def _grad_plan(x, w_q, w_scale, w_zero, group_size, bias, y, activation, out_dtype, config):
-    """Calls whose x or bias require grad (the weight frozen): through gemmkit.autograd, after the checks of the same
-    call without."""
+    """Calls whose x or bias require grad (the weight frozen): through gemmkit.autograd."""
     from .. import autograd
 
-    autograd.check_frozen("gemm_a16w4", w_scale=w_scale)
-    autograd.checked("gemm_a16w4", y, config, lambda: _make_plan(x, w_q, w_scale, w_zero, group_size, bias, None,
-                                                                 activation, out_dtype, None))
-    g = check_group_size(group_size, x.shape[-1]) if x.shape[-1] else 1
-    return autograd.GradPlan(lambda x, w_q, bias, y, _xs, w_scale, *rest: autograd.gemm_a16w4(
-        x, w_q, w_scale, rest[-1], g, bias, activation, out_dtype))
+    g = check_group_size(group_size, x.shape[-1]) if x.ndim and x.shape[-1] else 1
+    return autograd.frozen_plan("gemm_a16w4", w_scale, y, config, lambda: _make_plan(
+        x, w_q, w_scale, w_zero, group_size, bias, None, activation, out_dtype, None),
+        lambda x, w_q, bias, y, _xs, w_scale, *rest: autograd.gemm_a16w4(x, w_q, w_scale, rest[-1], g, bias,
+                                                                          activation, out_dtype))
 
 
 def check_group_size(group_size, K: int) -> int:

@@ -176,15 +176,13 @@ def _make_plan(x, w, x_scale, w_scale, bias, y, activation, out_dtype, config, f
 
 
 def _grad_plan(x, w, w_scale, bias, y, activation, out_dtype, config, fast_accum):
-    """Dynamic calls whose x or bias require grad (the weight frozen): through gemmkit.autograd, after the checks of
-    the same call without."""
+    """Dynamic calls whose x or bias require grad (the weight frozen): through gemmkit.autograd."""
     from .. import autograd
 
-    autograd.check_frozen("gemm_a8w8", w_scale=w_scale)
-    autograd.checked("gemm_a8w8", y, config, lambda: _make_plan(x, w, None, w_scale, bias, None, activation,
-                                                                out_dtype, None, fast_accum))
-    return autograd.GradPlan(lambda x, w, bias, y, x_scale, w_scale: autograd.gemm_a8w8_dynamic(
-        x, w, w_scale, bias, activation, out_dtype, fast_accum))
+    return autograd.frozen_plan("gemm_a8w8", w_scale, y, config, lambda: _make_plan(
+        x, w, None, w_scale, bias, None, activation, out_dtype, None, fast_accum),
+        lambda x, w, bias, y, x_scale, w_scale: autograd.gemm_a8w8_dynamic(x, w, w_scale, bias, activation,
+                                                                            out_dtype, fast_accum))
 
 
 def _exact_block_k(cfg: GemmConfig, given: bool) -> GemmConfig:

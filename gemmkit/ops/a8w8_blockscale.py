@@ -72,15 +72,13 @@ def _dynamic_path(x, w, w_scale, path, *, out_dtype=torch.bfloat16, config=None)
 
 
 def _grad_plan(x, w, w_scale, bias, y, activation, out_dtype, config):
-    """Dynamic calls whose x or bias require grad (the weight frozen): through gemmkit.autograd, after the checks of
-    the same call without."""
+    """Dynamic calls whose x or bias require grad (the weight frozen): through gemmkit.autograd."""
     from .. import autograd
 
-    autograd.check_frozen("gemm_a8w8_blockscale", w_scale=w_scale)
-    autograd.checked("gemm_a8w8_blockscale", y, config, lambda: _make_plan(x, w, None, w_scale, bias, None, activation,
-                                                                           out_dtype, None))
-    return autograd.GradPlan(lambda x, w, bias, y, x_scale, w_scale: autograd.gemm_a8w8_blockscale_dynamic(
-        x, w, w_scale, bias, activation, out_dtype))
+    return autograd.frozen_plan("gemm_a8w8_blockscale", w_scale, y, config, lambda: _make_plan(
+        x, w, None, w_scale, bias, None, activation, out_dtype, None),
+        lambda x, w, bias, y, x_scale, w_scale: autograd.gemm_a8w8_blockscale_dynamic(x, w, w_scale, bias,
+                                                                                       activation, out_dtype))
 
 
 def _check_scale(name: str, s, shape) -> torch.Tensor:

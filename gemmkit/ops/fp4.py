@@ -127,15 +127,12 @@ def _make_plan(x, x_scale, w, w_scale, bias, y, activation, out_dtype, config):
 
 
 def _grad_plan(x, w, w_scale, bias, y, activation, out_dtype, config):
-    """gemm_a16wfp4 calls whose x or bias require grad (the weight frozen): through gemmkit.autograd, after the
-    checks of the same call without."""
+    """gemm_a16wfp4 calls whose x or bias require grad (the weight frozen): through gemmkit.autograd."""
     from .. import autograd
 
-    autograd.check_frozen("gemm_a16wfp4", w_scale=w_scale)
-    autograd.checked("gemm_a16wfp4", y, config, lambda: _make_plan(x, None, w, w_scale, bias, None, activation,
-                                                                   out_dtype, None))
-    return autograd.GradPlan(lambda x, w, bias, y, x_scale, w_scale: autograd.gemm_a16wfp4(
-        x, w, w_scale, bias, activation, out_dtype))
+    return autograd.frozen_plan("gemm_a16wfp4", w_scale, y, config, lambda: _make_plan(
+        x, None, w, w_scale, bias, None, activation, out_dtype, None),
+        lambda x, w, bias, y, x_scale, w_scale: autograd.gemm_a16wfp4(x, w, w_scale, bias, activation, out_dtype))
 
 
 class _DequantMX:

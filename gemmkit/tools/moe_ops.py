@@ -8,6 +8,8 @@ Problem sizes stay (M, N, K) so bench and tune need nothing new:
   expert ceil(T k / E) (ToolOp.table_m), what the op looks its config up with.
 - moe_mlp: M = T, (N, K) = (intermediate I, hidden H) per expert (models.json "<model>-moe-mlp").
 - batched_*: B problems of (M, N, K); B from the variant `@b<B>` (default 8).
+- moe_sort: sort_by_expert of T = M tokens' routing (N, K unused: `--shape T 1`), against the torch sort with the
+  same contract (ops/routing.sort_by_expert_torch).
 Routing: "balanced" (round-robin: token t's slot j on expert (t k + j) mod E) or "zipf" (seeded:
 expert e drawn with probability ~ 1 / (e + 1)^1.2, top-k distinct experts per token).
 """
@@ -162,6 +164,42 @@ def _grouped_fp8_run(inp, config=None):
 def _grouped_fp8_torch(inp):
     return torch._scaled_grouped_mm(inp["x_sorted"], inp["w"].transpose(-2, -1), inp["xs_sorted"], inp["ws"],
                                     offs=inp["offs"], out_dtype=torch.bfloat16, use_fast_accum=True)
+
+
+# moe_sort: sort_by_expert of T = M tokens ---------------------------------------------------------
+
+@dataclass(frozen=True)
+class RoutingToolOp(MoEToolOp):
+    """gemmkit.moe.sort_by_expert of M tokens' top-k ids among E experts (an elementwise op: no FLOPs; bytes: the
+    int64 ids read, the two int32 index vectors and the offsets written). run / baseline / reference are bound to
+    the variant's E, as make_inputs is."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "run", lambda inp, config=None: _sort(inp["ids"], self.experts))
+        object.__setattr__(self, "baseline", lambda inp: _sort_torch(inp["ids"], self.experts))
+        object.__setattr__(self, "reference", lambda inp: tuple(t.float() for t in _sort_torch(inp["ids"],
+                                                                                               self.experts)))
+
+    def flops(self, M, N, K) -> float:
+        return 0.0
+
+    def nbytes(self, M, N, K) -> float:
+        return M * self.top_k * (8 + 4 + 4) + 4 * (self.experts + 1)
+
+
+def _sort(ids, E):
+    from ..moe import sort_by_expert
+
+    return sort_by_expert(ids, E)
+
+
+def _sort_torch(ids, E):
+    """The torch sort with the same contract (ops/routing.sort_by_expert_torch: clamp, stable argsort, index,
+    searchsorted, casts), what gemmkit ran before its kernels."""
+    from ..ops.routing import sort_by_expert_torch
+
+    return sort_by_expert_torch(ids.reshape(-1), E, ids.shape[1])
 
 
 # moe_mlp: (M, N, K) = (T, I, H) -----------------------------------------------------------------
@@ -425,6 +463,10 @@ OPS = {
         "_scaled_grouped_mm, weighted sum) on the same values", _mlp_fp8_reference, 8e-2, 2, 2, 8, None,
         formats=(dense(torch.float8_e4m3fn, Scale.KBLOCK, 128), dense(torch.float8_e4m3fn, Scale.KBLOCK, 128, 128)),
         block=True, inputs_for=lambda op: _mlp_fp8_inputs(op, True)),
+    "moe_sort": RoutingToolOp(
+        "moe_sort", ("int64",), None, None, None,
+        "torch: clamp, stable argsort, index, searchsorted, casts", None, 1e-9, 8, 4, 16, None, gemm=False,
+        inputs_for=lambda op: lambda M, N, K, dtype, device: {"ids": op.ids(M).to(device)}),
     "batched_a16w16": BatchedToolOp(
         "batched_a16w16", ("bf16", "fp16"), None, _batched_run, lambda i: torch.bmm(i["x"], i["w"].transpose(1, 2)),
         "torch.bmm (cuBLAS batched)", lambda i: i["x"].float() @ i["w"].float().transpose(1, 2), 1e-2, 2, 2, 16,

@@ -25,9 +25,9 @@ def rotation_count(bytes_per_set: int, l2_bytes: int, max_sets: int = 32) -> int
     return int(max(1, min(max_sets, -(-3 * max(l2_bytes, 1) // bytes_per_set))))
 
 
-class _CapturedCalls:
+class CapturedCalls:
     """`calls` (zero-argument callables, run in turn) captured `rounds` times into one CUDA graph
-    lasting about `rep_ms`."""
+    lasting about `rep_ms` (at least once); `graph` replays them, `per_replay` calls a replay."""
 
     def __init__(self, calls, rep_ms: float, stream):
         with torch.cuda.stream(stream):
@@ -67,7 +67,7 @@ def time_graphs_us(*call_lists, rep_ms: float = 25, retries: int = 10) -> list[f
     triton.testing.do_bench_cudagraph). With several lists, their replays alternate (A, B, A, B,
     ...) so that clock and temperature drift during the measurement affects all of them alike."""
     stream = torch.cuda.Stream()
-    captured = [_CapturedCalls(calls, rep_ms, stream) for calls in call_lists]
+    captured = [CapturedCalls(calls, rep_ms, stream) for calls in call_lists]
     samples = [[] for _ in captured]
     for _ in range(retries):
         for cap, out in zip(captured, samples):
