@@ -1051,6 +1051,48 @@ def test_grouped_scatter_weighted(built, monkeypatch, dtype, bias_kind, k, E, T,
 
 
 @needs_hopper
+@pytest.mark.parametrize("kind", ["plain", "gated", "scattered", "fp8"])
+def test_grouped_tile_rows_past_half(built, monkeypatch, kind):
+    """Experts whose last tile-row ends just before, at and just after the second consumer warp group's rows (64 of
+    a 128-row tile: that group skips its products where all its rows lie past the expert's end, SKIP_PAST_END):
+    every expert's rows right, nothing stored past them (the poisoned rows of the next expert are its own)."""
+    from test_grouped import _ref
+
+    monkeypatch.setattr(hopper_ws, "GROUPED_MIN_ROWS", 0)
+    monkeypatch.setattr(hopper_ws, "GROUPED_GATED_MIN_ROWS", 0)
+    monkeypatch.setattr(hopper_ws, "GROUPED_FP8_MIN_ROWS", 0)
+    sizes = torch.tensor([0, 1, 63, 64, 65, 127, 128, 129, 191, 192, 193, 64, 0, 700], dtype=torch.int32)
+    E, R, N, K = sizes.numel(), int(sizes.sum()), 1000, 1040
+    o = grouped_op.offsets_from_sizes(sizes.to(DEVICE))
+    x = randn(R, K, dtype=BF16)
+    if kind == "gated":
+        wgu = randn(E, 2 * N, K, dtype=BF16, scale=K**-0.5)
+        y = grouped_op.grouped_gated_a16w16(x, wgu, o)
+        h = _ref(x, wgu, o, None)
+        ref = torch.nn.functional.silu(h[:, :N]) * h[:, N:]
+    elif kind == "fp8":
+        xq, xs = quant.quantize_fp8(x, "row")
+        w = randn(E, N, K, dtype=BF16, scale=K**-0.5)
+        ws = w.float().abs().amax(2).clamp_min(1e-12) / 448
+        wq = (w.float() / ws[:, :, None]).to(E4M3)
+        y = gemmkit.grouped_gemm_a8w8(xq, wq, xs.reshape(R), ws, o)
+        ref = _ref(xq.float() * xs.reshape(R, 1), wq.float() * ws[:, :, None], o, None)
+    else:
+        w = randn(E, N, K, dtype=BF16, scale=K**-0.5)
+        if kind == "plain":
+            y = gemmkit.grouped_gemm_a16w16(x, w, o)
+            ref = _ref(x, w, o, None)
+        else:  # (each row to a row of its own, weighted: pointer stores)
+            dest = torch.randperm(R, device=DEVICE).to(torch.int32)
+            rw = torch.rand(R, device=DEVICE)
+            y = gemmkit.grouped_gemm_a16w16(x, w, o, scatter_idx=dest, routing_weights=rw)
+            ref = torch.empty(R, N, dtype=torch.float64, device=DEVICE)
+            ref[dest.long()] = _ref(x, w, o, None) * rw[dest.long()].double()[:, None]
+    assert len(built) == 1 and built[0].experts is not None and built[0].rows == 128
+    assert_close(y, ref.to(BF16))
+
+
+@needs_hopper
 @pytest.mark.parametrize("gather", [False, True])
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 def test_grouped_gated_expert_map(built, monkeypatch, gather, activation):
