@@ -2,7 +2,9 @@
 for A/B runs of the warp-specialized kernel's compile-time switches, one process per setting (the kernel reads them
 at compile time; Triton refuses a global changed after a compile).
 
-    python3 scripts/ws_variant.py SKIP_PAST_END=0 EXPERT_SPREAD=1 -- bench moe_mlp@qwen3-30b-a3b-moe-mlp:zipf ...
+    python3 scripts/ws_variant.py DEC_WORK=0 -- bench a16w4 --model llama3-8b --m-sweep 1024 ...
+
+(ba336a9 measured two switches it has since dropped, SKIP_PAST_END and EXPERT_SPREAD: BENCHMARKS.md, twenty-first session.)
 """
 
 import os

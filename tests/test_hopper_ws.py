@@ -1054,8 +1054,8 @@ def test_grouped_scatter_weighted(built, monkeypatch, dtype, bias_kind, k, E, T,
 @pytest.mark.parametrize("kind", ["plain", "gated", "scattered", "fp8"])
 def test_grouped_tile_rows_past_half(built, monkeypatch, kind):
     """Experts whose last tile-row ends just before, at and just after the second consumer warp group's rows (64 of
-    a 128-row tile: that group skips its products where all its rows lie past the expert's end, SKIP_PAST_END):
-    every expert's rows right, nothing stored past them (the poisoned rows of the next expert are its own)."""
+    a 128-row tile), empty ones among them: every expert's rows right, nothing of a tile stored past its expert's
+    rows (those are the next expert's)."""
     from test_grouped import _ref
 
     monkeypatch.setattr(hopper_ws, "GROUPED_MIN_ROWS", 0)

@@ -71,10 +71,6 @@ W_INT4 = gl.constexpr(1)
 W_MXFP4 = gl.constexpr(2)
 DEC_ROWS = gl.constexpr(64)  # weight rows the decoder turns into A's values at a time (a consumer's rows)
 DEC_WORK = gl.constexpr(2)  # (probes, scripts/w4_tile_ab.py: 0 no decoding, 1 no stores; wrong products)
-# the second consumer warp group skips its products where its rows all lie past the tile's end (probes: False)
-SKIP_PAST_END = gl.constexpr(True)
-# the expert map's units in two streams (_spread; probes: True)
-EXPERT_SPREAD = gl.constexpr(False)
 DEC_WARPS = gl.constexpr(4)  # the decoder's warps: 4 of 80 registers ran 1.05x to 1.16x 8 of 48 (the consumers at
 DEC_REGS = gl.constexpr(80)  # 192 / 184; tuning/w4_tile/w4_tile_ab_decoder_a256111_h100.txt) ...
 DEC_CONSUMER_REGS = gl.constexpr(192)  # ... and the second consumer's registers beside them
@@ -164,26 +160,11 @@ def _add(a, b):
 
 
 @gluon.jit
-def _spread(unit, units):
-    """The unit run at position `unit` of the launch's order (p, p + programs, ... for program p), a bijection
-    of [0, units): the first half of the programs walk the units from the first on, the others from the last
-    back, so that programs running at once work at both ends of the map (a skewed routing: the large experts'
-    compute-bound tiles beside the small experts' bandwidth-bound ones)."""
-    P = gl.num_programs(0)
-    H = P // 2
-    i = unit // P
-    p = unit - i * P
-    return gl.where(p < H, i * H + p, units - 1 - (i * (P - H) + p - H))
-
-
-@gluon.jit
 def _expert_unit(unit, cum, expert_offsets, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                  GROUP_M: gl.constexpr):
     """(expert, first row, off_n, end row) of work unit `unit` of the expert map (_expert_units): the
     experts' tile-rows one after the other, walked in grouped order; rows are x's (sorted) rows, the end at most
     M (unchecked offsets past the rows store none past them)."""
-    if EXPERT_SPREAD:
-        unit = _spread(unit, gl.max(cum, 0) * gl.cdiv(N, BLOCK_N))
     pid_m, pid_n = _grouped_pid(unit, gl.max(cum, 0), gl.cdiv(N, BLOCK_N), GROUP_M)
     before = cum <= pid_m
     expert = gl.sum(before.to(gl.int32), 0)
@@ -533,17 +514,6 @@ def _consumer(a_bufs, b0_bufs, b1_bufs, xs_bufs, ready, empty, decoded, c, c0_de
                     sa_cur = sa_nxt
                     sb0 = sb0_nxt
                     sb1 = sb1_nxt
-                it += 1
-        elif SKIP_PAST_END and ROLE == 1 and off_m + HALF >= row_end:
-            # every row of this warp group lies past its tile's end (an expert's last tile-row, M's last tile):
-            # no products, its stages released as they come, so that the other group's run at the tensor
-            # cores' full rate (a tile with at most HALF rows costs a 64-row tile's product time)
-            for ki in range(k0, k1):
-                s = it % STAGES
-                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
-                if PACKED:
-                    mbarrier.wait(decoded.index(s), (it // STAGES) & 1)
-                mbarrier.arrive(empty.index(s), count=1)
                 it += 1
         else:  # the tensor cores accumulate: this K block's products run while the next block's are issued
             prev = 0
