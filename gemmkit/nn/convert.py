@@ -10,6 +10,7 @@ from torch import nn
 
 from .layers import _DTYPES, BlockFP8Linear, FP8Linear, Int4Linear, Int8Linear, Linear, MXFP4Linear
 from .mlp import SCHEMES as MLP_SCHEMES, GatedMLP, mlp_linears
+from .moe import SCHEMES as MOE_SCHEMES, MoEExperts, experts_weights
 
 # scheme name -> layer class (with from_linear(linear, **options) and unsupported(linear));
 # a new scheme ("fp8_block", "int4", ...) is one entry here.
@@ -32,12 +33,13 @@ class ConversionReport:
     skipped: list = dataclasses.field(default_factory=list)  # by the caller's skip=
     unsupported: dict = dataclasses.field(default_factory=dict)  # name -> why it was left alone
     fused: list = dataclasses.field(default_factory=list)  # gated MLP modules replaced by GatedMLP (fuse_mlp)
+    experts: list = dataclasses.field(default_factory=list)  # MoE experts modules replaced by MoEExperts
 
     def __str__(self) -> str:
         lines = [f"gemmkit.nn.convert(scheme={self.scheme!r}): {len(self.converted)} converted, "
                  f"{len(self.skipped)} skipped, {len(self.unsupported)} left alone (unsupported)"]
         for title, names in (("converted", self.converted), ("skipped", self.skipped),
-                             ("fused MLPs", self.fused)):
+                             ("fused MLPs", self.fused), ("MoE experts", self.experts)):
             if names:
                 lines.append(f"  {title}: {', '.join(names)}")
         lines += [f"  left alone: {name} ({why})" for name, why in self.unsupported.items()]
@@ -104,7 +106,30 @@ def _fuse_mlps(model, scheme, skipped, report, dtype=None) -> None:
         report.fused.extend(names)
 
 
-def convert(model: nn.Module, scheme: str = "fp8", skip=None, fuse_mlp: bool = False, **options) -> ConversionReport:
+def _convert_experts(model, scheme, skipped, report, dtype=None) -> None:
+    """Replace each transformers-style MoE experts module (3-D gate_up_proj / down_proj, act_fn: moe.experts_weights)
+    by a MoEExperts of the scheme, unless skipped; schemes without grouped kernels and modules MoEExperts cannot take
+    are reported as left alone."""
+    todo = []
+    for module, names in _by_object(model, nn.Module):
+        if isinstance(experts_weights(module), str):
+            continue
+        if any(skipped(name, module) for name in names):
+            report.skipped.extend(names)
+        elif scheme not in MOE_SCHEMES:
+            report.unsupported.update(dict.fromkeys(
+                names, f"MoE experts: scheme {scheme!r} has no grouped kernels (MoEExperts takes {MOE_SCHEMES})"))
+        elif why := MoEExperts.unsupported(module, scheme, dtype):
+            report.unsupported.update(dict.fromkeys(names, f"MoE experts: {why}"))
+        else:
+            todo.append((module, names))
+    for module, names in todo:
+        _replace(model, names, MoEExperts.from_module(module, scheme=scheme, dtype=dtype))
+        report.experts.extend(names)
+
+
+def convert(model: nn.Module, scheme: str = "fp8", skip=None, fuse_mlp: bool = False, experts: bool = True,
+            **options) -> ConversionReport:
     """Replace every nn.Linear in `model` (exactly nn.Linear, not subclasses, which may be used
     by their parent in other ways) by the scheme's gemmkit layer, in place.
 
@@ -116,7 +141,11 @@ def convert(model: nn.Module, scheme: str = "fp8", skip=None, fuse_mlp: bool = F
     (e.g. dtype=). fuse_mlp=True (schemes "bf16", "fp8"): first replace each Llama/Qwen-style
     gated MLP module (attributes gate_proj + up_proj or gate_up_proj, down_proj, act_fn) by a
     gemmkit.nn.GatedMLP (the gate and up GEMMs fused, two launches per MLP); its linears are then
-    not converted one by one. Returns a ConversionReport (MLPs replaced: report.fused)."""
+    not converted one by one. experts=True (default; schemes "bf16", "fp8", "fp8_block"): each mixture-of-experts
+    experts module of transformers' form (3-D gate_up_proj (E, 2I, H) and down_proj (E, H, I), act_fn, called as
+    experts(hidden_states, top_k_index, top_k_weights): Mixtral, Qwen3-MoE, ...) is replaced by a
+    gemmkit.nn.MoEExperts (moe_mlp: inference only), the router left as it is; with other schemes such modules are
+    left alone and reported. Returns a ConversionReport (MLPs replaced: report.fused, experts: report.experts)."""
     if scheme not in SCHEMES:
         raise ValueError(f"scheme={scheme!r} is not one of {sorted(SCHEMES)}")
     if not isinstance(model, nn.Module):
@@ -136,6 +165,8 @@ def convert(model: nn.Module, scheme: str = "fp8", skip=None, fuse_mlp: bool = F
             raise ValueError(f"fuse_mlp=True takes no options but dtype= (GatedMLP has no {extra}); convert the MLPs "
                              "and the other linears in two calls")
         _fuse_mlps(model, scheme, skipped, report, options.get("dtype"))
+    if experts:
+        _convert_experts(model, scheme, skipped, report, options.get("dtype"))
     todo = []  # (every layer decided before any is replaced: a refusal leaves the model as it was)
     for module, names in _by_object(model, nn.Linear):
         if any(skipped(name, module) for name in names):
