@@ -290,3 +290,22 @@ def test_cuda_graph_with_new_routings():
             graph.replay()
             torch.cuda.synchronize()
             torch.testing.assert_close(out, model(x), rtol=0, atol=0)
+
+
+def test_bench_model_moe(capsys):
+    """bench-model with sparse MoE blocks (--experts): the converted model's experts are MoEExperts, its logits within
+    the MoE tolerance (CPU: the tiny model; GPU: a small one, timed)."""
+    from gemmkit import cli
+
+    argv = ["bench-model", "--schemes", "bf16", "fp8", "--experts", "8", "--top-k", "2"]
+    if ON_GPU:
+        argv += ["--layers", "1", "--hidden", "256", "--intermediate", "512", "--moe-intermediate", "128", "--heads",
+                 "4", "--kv-heads", "2", "--vocab", "512", "--prefill", "64", "--decode-batch", "1", "4", "--context",
+                 "32", "--rep-ms", "2", "--no-compile"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "2 MoE experts modules" in out or "1 MoE experts modules" in out
+    assert "| ok |" in out and "FAIL" not in out
+    for bad in (["--experts", "4", "--top-k", "5"], ["--experts", "-1"], ["--experts", "4", "--hf"]):
+        with pytest.raises(SystemExit):
+            cli.main(["bench-model", *bad])

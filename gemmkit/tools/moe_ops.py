@@ -224,9 +224,14 @@ def _mlp_run(inp, config=None, fused_activation=True):
 
 
 def _mlp_torch(inp, reference=False):
-    """The same block in torch: sort by expert, index, _grouped_mm, silu * mul, _grouped_mm,
-    weighted sum over the k slots (reference=True: float32 matmuls per expert instead)."""
-    x, ids, tw, wgu, wd = inp["x"], inp["ids"], inp["tw"], inp["w_gate_up"], inp["w_down"]
+    """The same block in torch (experts_torch; reference=True: float32 matmuls per expert instead)."""
+    return experts_torch(inp["x"], inp["ids"], inp["tw"], inp["w_gate_up"], inp["w_down"], reference)
+
+
+def experts_torch(x, ids, tw, wgu, wd, reference=False):
+    """moe_mlp's block in torch ops, as transformers' "grouped_mm" experts implementation runs it: sort by expert,
+    index, _grouped_mm, silu * mul, _grouped_mm, weighted sum over the k slots (no host synchronization unless
+    reference=True: float32 matmuls per expert, in float32). x (T, H), ids / tw (T, k), wgu (E, 2I, H), wd (E, H, I)."""
     T, k = ids.shape
     E, H = wgu.shape[0], x.shape[1]
     flat = ids.reshape(-1)
