@@ -1061,6 +1061,7 @@ def test_grouped_tile_rows_past_half(built, monkeypatch, kind):
     monkeypatch.setattr(hopper_ws, "GROUPED_MIN_ROWS", 0)
     monkeypatch.setattr(hopper_ws, "GROUPED_GATED_MIN_ROWS", 0)
     monkeypatch.setattr(hopper_ws, "GROUPED_FP8_MIN_ROWS", 0)
+    monkeypatch.setattr(hopper_ws, "ws_tiles", lambda M, N, sms, fp8: (128, hopper_ws.ws_parts(M, N, sms, fp8)))
     sizes = torch.tensor([0, 1, 63, 64, 65, 127, 128, 129, 191, 192, 193, 64, 0, 700], dtype=torch.int32)
     E, R, N, K = sizes.numel(), int(sizes.sum()), 1000, 1040
     o = grouped_op.offsets_from_sizes(sizes.to(DEVICE))

@@ -147,10 +147,14 @@ def test_convert_moe_model():
         ref = model(x)
         for scheme, tol in (("bf16", 2e-2), ("fp8", 0.1), ("fp8_block", 0.1)):
             m = copy.deepcopy(model)
-            report = gnn.convert(m, scheme)
+            assert sorted(gnn.convert(m, scheme).converted) == ["head", "up"]
+            # (the layer before the router left as it is: the routing then is the original's, not one a rounding
+            # difference flips for a token between two experts of near scores)
+            m = copy.deepcopy(model)
+            report = gnn.convert(m, scheme, skip=["up"])
             assert report.experts == ["moe.experts"] and isinstance(m.moe.experts, gnn.MoEExperts)
             assert m.moe.experts.scheme == scheme and type(m.moe.gate) is Router
-            assert sorted(report.converted) == ["head", "up"] and "MoE experts" in str(report)
+            assert report.converted == ["head"] and "MoE experts" in str(report)
             assert_close(m(x), ref.double(), tol=tol)
         m = copy.deepcopy(model)
         assert gnn.convert(m, "bf16", skip=["*.experts"]).skipped == ["moe.experts"]
