@@ -154,3 +154,14 @@ def spy_plans(monkeypatch, cls, clear_caches):
     clear_caches()
     yield plans
     clear_caches()
+
+
+def assert_compiles(model, x, backend):
+    """model(x) under torch.compile(fullgraph=True, backend): no graph break, the eager result (no grad)."""
+    with torch.no_grad():
+        ref = model(x)
+        torch._dynamo.reset()
+        assert torch._dynamo.explain(model)(x).graph_break_count == 0
+        torch._dynamo.reset()
+        out = torch.compile(model, fullgraph=True, backend=backend)(x)
+    torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)

@@ -10,7 +10,7 @@ from torch import nn
 
 import gemmkit.nn as gnn
 from gemmkit import quant
-from conftest import DEVICE, ON_GPU, TOL, assert_close, randn, reference, sizes
+from conftest import DEVICE, ON_GPU, assert_compiles, TOL, assert_close, randn, reference, sizes
 
 K, N = sizes((64, 48), (1024, 768))
 LEAD = sizes((2, 3), (4, 33))
@@ -268,15 +268,7 @@ def _small_model():
 
 @pytest.mark.parametrize("backend", sizes(["eager", "aot_eager"], ["eager", "aot_eager", "inductor"]))
 def test_compile_model(backend):
-    model = _small_model()
-    x = randn(*LEAD, K, dtype=DT)
-    with torch.no_grad():
-        ref = model(x)
-        torch._dynamo.reset()
-        assert torch._dynamo.explain(model)(x).graph_break_count == 0
-        torch._dynamo.reset()
-        out = torch.compile(model, fullgraph=True, backend=backend)(x)
-    torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)
+    assert_compiles(_small_model(), randn(*LEAD, K, dtype=DT), backend)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")

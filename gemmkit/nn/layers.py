@@ -93,6 +93,14 @@ class PaddedRowsModule(nn.Module):
                 self._buffers[name] = align_rows(w)
 
 
+def check_scheme(scheme: str, schemes: tuple, dtype) -> None:
+    """A layer constructor's scheme (one of `schemes`) and activations' dtype (bfloat16 / float16), or the error."""
+    if scheme not in schemes:
+        raise ValueError(f"scheme={scheme!r} is not one of {schemes}")
+    if dtype not in _DTYPES:
+        raise TypeError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
+
+
 def _is_code(dtype) -> bool:
     """Integer and 8-bit float dtypes: quantized codes, whose values mean nothing in another dtype."""
     return not dtype.is_floating_point or torch.finfo(dtype).bits <= 8

@@ -16,7 +16,7 @@ from torch import nn
 from .. import quant
 from ..core.rows import empty_aligned
 from ..ops.fused import ff_a8w8_gated, ff_a16w16_gated
-from .layers import ALIGN, PaddedRowsModule, _name
+from .layers import ALIGN, PaddedRowsModule, _name, check_scheme
 
 SCHEMES = ("bf16", "fp8")
 _DTYPES = (torch.bfloat16, torch.float16)
@@ -63,10 +63,7 @@ class GatedMLP(PaddedRowsModule):
     def __init__(self, hidden: int, intermediate: int, *, out_features: int | None = None, activation: str = "silu",
                  scheme: str = "bf16", dtype=torch.bfloat16, device=None):
         super().__init__()
-        if scheme not in SCHEMES:
-            raise ValueError(f"scheme={scheme!r} is not one of {SCHEMES}")
-        if dtype not in _DTYPES:
-            raise TypeError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
+        check_scheme(scheme, SCHEMES, dtype)
         out_features = hidden if out_features is None else out_features
         for name, n in (("hidden", hidden), ("intermediate", intermediate), ("out_features", out_features)):
             if not isinstance(n, int) or n < 1:

@@ -19,7 +19,7 @@ from torch import nn
 
 from .. import quant
 from ..moe import moe_mlp
-from .layers import PaddedRowsModule, _name
+from .layers import PaddedRowsModule, _name, check_scheme
 from .mlp import activation_of
 
 SCHEMES = ("bf16", "fp8", "fp8_block")
@@ -62,10 +62,7 @@ class MoEExperts(PaddedRowsModule):
     def __init__(self, num_experts: int, hidden: int, intermediate: int, *, activation: str = "silu",
                  scheme: str = "bf16", dtype=torch.bfloat16, device=None):
         super().__init__()
-        if scheme not in SCHEMES:
-            raise ValueError(f"scheme={scheme!r} is not one of {SCHEMES}")
-        if dtype not in _DTYPES:
-            raise TypeError(f"dtype must be torch.bfloat16 or torch.float16, got {dtype}")
+        check_scheme(scheme, SCHEMES, dtype)
         for name, n in (("num_experts", num_experts), ("hidden", hidden), ("intermediate", intermediate)):
             if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                 raise ValueError(f"{name} must be a positive int, got {n!r}")
