@@ -16,10 +16,9 @@ from torch import nn
 from .. import quant
 from ..core.rows import empty_aligned
 from ..ops.fused import ff_a8w8_gated, ff_a16w16_gated
-from .layers import ALIGN, PaddedRowsModule, _name, check_scheme
+from .layers import _DTYPES, ALIGN, PaddedRowsModule, _name, check_scheme
 
 SCHEMES = ("bf16", "fp8")
-_DTYPES = (torch.bfloat16, torch.float16)
 # act_fn class names of torch and HF transformers -> gemmkit's activation
 _ACTIVATIONS = {"SiLU": "silu", "SiLUActivation": "silu", "ReLU": "relu", "GELUTanh": "gelu_tanh",
                 "PytorchGELUTanh": "gelu_tanh", "NewGELUActivation": "gelu_tanh", "FastGELUActivation": "gelu_tanh"}

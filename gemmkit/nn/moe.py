@@ -19,11 +19,10 @@ from torch import nn
 
 from .. import quant
 from ..moe import moe_mlp
-from .layers import PaddedRowsModule, _name, check_scheme
+from .layers import _DTYPES, PaddedRowsModule, _name, check_scheme
 from .mlp import activation_of
 
 SCHEMES = ("bf16", "fp8", "fp8_block")
-_DTYPES = (torch.bfloat16, torch.float16)
 ALIGN = 16  # (FP8 schemes: H and I multiples of 16, as the 8-bit dense layers)
 BLOCK = 128
 
@@ -132,9 +131,7 @@ class MoEExperts(PaddedRowsModule):
     def from_module(cls, module: nn.Module, *, scheme: str = "bf16", dtype=None) -> "MoEExperts":
         """A MoEExperts computing what a transformers-style experts module does (experts_weights), on its device;
         dtype: the activations' (default: the weights', which must then be bfloat16 or float16)."""
-        if scheme not in SCHEMES:
-            raise ValueError(f"scheme={scheme!r} is not one of {SCHEMES}")
-        if dtype is not None and dtype not in _DTYPES:
+        if dtype is not None and dtype not in _DTYPES:  # (the scheme: checked by the constructor)
             raise TypeError(f"dtype={dtype}: the activations' dtype must be torch.bfloat16 or torch.float16")
         reason = cls.unsupported(module, scheme, dtype)
         if reason:
